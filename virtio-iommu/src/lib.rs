@@ -1,0 +1,1 @@
+//! virtio-iommu device library.
