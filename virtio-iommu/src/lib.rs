@@ -1,1 +1,3 @@
 //! virtio-iommu device library.
+
+pub mod wire;

@@ -1,0 +1,701 @@
+//! Exact little-endian wire layouts of the virtio-iommu device (virtio 1.2/1.3,
+//! "IOMMU device" section), plus the bounds-checked reader/writer helpers used
+//! to parse guest bytes.
+//!
+//! WHY a hand-written reader instead of `#[repr(C)]` structs and transmutes:
+//! every byte here comes from a hostile guest, buffers can be short, unaligned
+//! or split oddly by the transport, and a transmute would silently accept all
+//! of that. [`LeReader`] makes every field access an explicit, checked read
+//! that returns [`WireError`] instead of panicking.
+//!
+//! Layouts (offsets in bytes, all little-endian):
+//!
+//! | struct                 | layout |
+//! |------------------------|--------|
+//! | `req_head` (4)         | type u8, reserved\[3\] |
+//! | `req_tail` (4)         | status u8, reserved\[3\] |
+//! | ATTACH (readable 20)   | head, domain le32, endpoint le32, flags le32, reserved\[4\] |
+//! | DETACH (readable 20)   | head, domain le32, endpoint le32, reserved\[8\] |
+//! | MAP (readable 36)      | head, domain le32, virt_start le64, virt_end le64, phys_start le64, flags le32 |
+//! | UNMAP (readable 28)    | head, domain le32, virt_start le64, virt_end le64, reserved\[4\] |
+//! | PROBE (readable 72)    | head, endpoint le32, reserved\[64\]; writable: properties\[probe_size\], tail |
+//! | probe property (4+len) | type le16 (12 bits type, 4 reserved), length le16, value\[length\] |
+//! | RESV_MEM value (20)    | subtype u8, reserved\[3\], start le64, end le64 |
+//! | fault event (24)       | reason u8, reserved\[3\], flags le32, endpoint le32, reserved1 le32, address le64 |
+//! | config (40)            | page_size_mask le64, input_range {start,end le64}, domain_range {start,end le32}, probe_size le32, bypass u8, reserved\[3\] |
+
+use thiserror::Error;
+
+/// Feature bit numbers (device-specific range 0..=23).
+pub mod feature {
+    /// `input_range` in config space is valid.
+    pub const INPUT_RANGE: u32 = 0;
+    /// `domain_range` in config space is valid.
+    pub const DOMAIN_RANGE: u32 = 1;
+    /// MAP and UNMAP requests are available.
+    pub const MAP_UNMAP: u32 = 2;
+    /// Legacy: unattached endpoints bypass (superseded by BYPASS_CONFIG).
+    pub const BYPASS: u32 = 3;
+    /// PROBE request is available.
+    pub const PROBE: u32 = 4;
+    /// VIRTIO_IOMMU_MAP_F_MMIO is available.
+    pub const MMIO: u32 = 5;
+    /// `bypass` config field and VIRTIO_IOMMU_ATTACH_F_BYPASS are available.
+    pub const BYPASS_CONFIG: u32 = 6;
+    /// Generic virtio: the device is a modern (1.0+) device.
+    pub const VIRTIO_F_VERSION_1: u32 = 32;
+
+    /// The feature bit as a mask.
+    pub const fn bit(n: u32) -> u64 {
+        1u64 << n
+    }
+}
+
+/// Request types.
+pub mod req_type {
+    pub const ATTACH: u8 = 1;
+    pub const DETACH: u8 = 2;
+    pub const MAP: u8 = 3;
+    pub const UNMAP: u8 = 4;
+    pub const PROBE: u8 = 5;
+}
+
+/// VIRTIO_IOMMU_ATTACH_F_BYPASS: create/attach to a bypass (identity) domain.
+pub const ATTACH_F_BYPASS: u32 = 1 << 0;
+/// Every ATTACH flag this device recognizes (when BYPASS_CONFIG is negotiated).
+pub const ATTACH_F_ALL: u32 = ATTACH_F_BYPASS;
+
+/// MAP flags; equal to the bits of `mapping::Perm`.
+pub const MAP_F_READ: u32 = 1 << 0;
+pub const MAP_F_WRITE: u32 = 1 << 1;
+pub const MAP_F_MMIO: u32 = 1 << 2;
+/// Every MAP flag this device recognizes.
+pub const MAP_F_ALL: u32 = MAP_F_READ | MAP_F_WRITE | MAP_F_MMIO;
+
+/// Probe property types.
+pub const PROBE_T_NONE: u16 = 0;
+pub const PROBE_T_RESV_MEM: u16 = 1;
+/// Only the low 12 bits of a property's type word are the type.
+pub const PROBE_T_MASK: u16 = 0x0fff;
+
+/// RESV_MEM subtypes.
+pub const RESV_MEM_T_RESERVED: u8 = 0;
+pub const RESV_MEM_T_MSI: u8 = 1;
+
+/// Fault reasons.
+pub const FAULT_R_UNKNOWN: u8 = 0;
+pub const FAULT_R_DOMAIN: u8 = 1;
+pub const FAULT_R_MAPPING: u8 = 2;
+
+/// Fault flags.
+pub const FAULT_F_READ: u32 = 1 << 0;
+pub const FAULT_F_WRITE: u32 = 1 << 1;
+pub const FAULT_F_EXEC: u32 = 1 << 2;
+pub const FAULT_F_ADDRESS: u32 = 1 << 8;
+
+/// Sizes of the fixed structures.
+pub const HEAD_SIZE: usize = 4;
+pub const TAIL_SIZE: usize = 4;
+pub const ATTACH_SIZE: usize = HEAD_SIZE + 16;
+pub const DETACH_SIZE: usize = HEAD_SIZE + 16;
+pub const MAP_SIZE: usize = HEAD_SIZE + 32;
+pub const UNMAP_SIZE: usize = HEAD_SIZE + 24;
+pub const PROBE_SIZE: usize = HEAD_SIZE + 4 + 64;
+pub const PROP_HEAD_SIZE: usize = 4;
+/// Value length of a RESV_MEM property (without its 4-byte header).
+pub const RESV_MEM_LEN: u16 = 20;
+/// Total bytes of one RESV_MEM property.
+pub const RESV_MEM_PROP_SIZE: usize = PROP_HEAD_SIZE + RESV_MEM_LEN as usize;
+pub const FAULT_SIZE: usize = 24;
+pub const CONFIG_SIZE: usize = 40;
+
+/// Status codes written into `req_tail.status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Status {
+    /// All good.
+    Ok = 0,
+    /// Virtio communication error.
+    IoErr = 1,
+    /// Unsupported request.
+    Unsupp = 2,
+    /// Internal device error.
+    DevErr = 3,
+    /// Invalid parameters.
+    Inval = 4,
+    /// Out-of-range parameters.
+    Range = 5,
+    /// Entry not found.
+    NoEnt = 6,
+    /// Bad address.
+    Fault = 7,
+    /// Insufficient resources.
+    NoMem = 8,
+}
+
+impl Status {
+    /// Decodes a status byte (used by tests and by drivers written in Rust).
+    pub fn from_u8(v: u8) -> Option<Status> {
+        Some(match v {
+            0 => Status::Ok,
+            1 => Status::IoErr,
+            2 => Status::Unsupp,
+            3 => Status::DevErr,
+            4 => Status::Inval,
+            5 => Status::Range,
+            6 => Status::NoEnt,
+            7 => Status::Fault,
+            8 => Status::NoMem,
+            _ => return None,
+        })
+    }
+}
+
+/// Why guest bytes could not be parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum WireError {
+    /// The buffer ends before the field at `offset` of `need` bytes.
+    #[error("buffer too short: need {need} bytes at offset {offset}, have {have}")]
+    TooShort {
+        offset: usize,
+        need: usize,
+        have: usize,
+    },
+    /// The request type byte is not one of the spec's types.
+    #[error("unknown request type {0}")]
+    UnknownType(u8),
+}
+
+/// Sequential, bounds-checked little-endian reader over guest bytes.
+#[derive(Debug, Clone)]
+pub struct LeReader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> LeReader<'a> {
+    pub fn new(buf: &'a [u8]) -> Self {
+        Self { buf, pos: 0 }
+    }
+
+    /// Current offset from the start of the buffer.
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    /// Takes the next `N` bytes, or reports how short the buffer is.
+    pub fn bytes<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
+        let short = WireError::TooShort {
+            offset: self.pos,
+            need: N,
+            have: self.buf.len(),
+        };
+        let end = self.pos.checked_add(N).ok_or(short)?;
+        let slice = self.buf.get(self.pos..end).ok_or(short)?;
+        let mut out = [0u8; N];
+        out.copy_from_slice(slice);
+        self.pos = end;
+        Ok(out)
+    }
+
+    pub fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(u8::from_le_bytes(self.bytes::<1>()?))
+    }
+
+    pub fn u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_le_bytes(self.bytes::<2>()?))
+    }
+
+    pub fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.bytes::<4>()?))
+    }
+
+    pub fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.bytes::<8>()?))
+    }
+}
+
+/// Sequential little-endian writer into a fixed buffer; writes that do not fit
+/// fail with [`WireError::TooShort`] and leave the buffer untouched.
+#[derive(Debug)]
+pub struct LeWriter<'a> {
+    buf: &'a mut [u8],
+    pos: usize,
+}
+
+impl<'a> LeWriter<'a> {
+    pub fn new(buf: &'a mut [u8]) -> Self {
+        Self { buf, pos: 0 }
+    }
+
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    pub fn put(&mut self, data: &[u8]) -> Result<(), WireError> {
+        let short = WireError::TooShort {
+            offset: self.pos,
+            need: data.len(),
+            have: self.buf.len(),
+        };
+        let end = self.pos.checked_add(data.len()).ok_or(short)?;
+        let dst = self.buf.get_mut(self.pos..end).ok_or(short)?;
+        dst.copy_from_slice(data);
+        self.pos = end;
+        Ok(())
+    }
+
+    pub fn u8(&mut self, v: u8) -> Result<(), WireError> {
+        self.put(&[v])
+    }
+
+    pub fn u16(&mut self, v: u16) -> Result<(), WireError> {
+        self.put(&v.to_le_bytes())
+    }
+
+    pub fn u32(&mut self, v: u32) -> Result<(), WireError> {
+        self.put(&v.to_le_bytes())
+    }
+
+    pub fn u64(&mut self, v: u64) -> Result<(), WireError> {
+        self.put(&v.to_le_bytes())
+    }
+}
+
+/// ATTACH request body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttachReq {
+    pub domain: u32,
+    pub endpoint: u32,
+    pub flags: u32,
+    /// Must be zero (device MUST answer S_INVAL otherwise).
+    pub reserved: [u8; 4],
+}
+
+/// DETACH request body (its reserved bytes are ignored, as the spec says).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DetachReq {
+    pub domain: u32,
+    pub endpoint: u32,
+}
+
+/// MAP request body; `virt_end` is inclusive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapReq {
+    pub domain: u32,
+    pub virt_start: u64,
+    pub virt_end: u64,
+    pub phys_start: u64,
+    pub flags: u32,
+}
+
+/// UNMAP request body; `virt_end` is inclusive; reserved bytes are ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnmapReq {
+    pub domain: u32,
+    pub virt_start: u64,
+    pub virt_end: u64,
+}
+
+/// PROBE request body (device-readable part; reserved bytes are ignored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeReq {
+    pub endpoint: u32,
+}
+
+/// One parsed request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    Attach(AttachReq),
+    Detach(DetachReq),
+    Map(MapReq),
+    Unmap(UnmapReq),
+    Probe(ProbeReq),
+}
+
+/// Reads the type byte of a request head; the head's reserved bytes are ignored
+/// (device MUST ignore them).
+pub fn request_type(readable: &[u8]) -> Result<u8, WireError> {
+    let mut r = LeReader::new(readable);
+    let t = r.u8()?;
+    r.bytes::<3>()?;
+    Ok(t)
+}
+
+/// Parses the device-readable part of a request. The readable part must hold
+/// the whole spec structure (without the tail) for its type; trailing bytes are
+/// ignored so that a future, longer layout is still accepted.
+pub fn parse_request(readable: &[u8]) -> Result<Request, WireError> {
+    let t = request_type(readable)?;
+    let mut r = LeReader::new(readable);
+    r.bytes::<HEAD_SIZE>()?;
+    Ok(match t {
+        req_type::ATTACH => Request::Attach(AttachReq {
+            domain: r.u32()?,
+            endpoint: r.u32()?,
+            flags: r.u32()?,
+            reserved: r.bytes::<4>()?,
+        }),
+        req_type::DETACH => {
+            let domain = r.u32()?;
+            let endpoint = r.u32()?;
+            r.bytes::<8>()?;
+            Request::Detach(DetachReq { domain, endpoint })
+        }
+        req_type::MAP => Request::Map(MapReq {
+            domain: r.u32()?,
+            virt_start: r.u64()?,
+            virt_end: r.u64()?,
+            phys_start: r.u64()?,
+            flags: r.u32()?,
+        }),
+        req_type::UNMAP => {
+            let domain = r.u32()?;
+            let virt_start = r.u64()?;
+            let virt_end = r.u64()?;
+            r.bytes::<4>()?;
+            Request::Unmap(UnmapReq {
+                domain,
+                virt_start,
+                virt_end,
+            })
+        }
+        req_type::PROBE => {
+            let endpoint = r.u32()?;
+            r.bytes::<64>()?;
+            Request::Probe(ProbeReq { endpoint })
+        }
+        other => return Err(WireError::UnknownType(other)),
+    })
+}
+
+/// Encodes a request tail (status + zeroed reserved bytes).
+pub fn encode_tail(status: Status) -> [u8; TAIL_SIZE] {
+    [status as u8, 0, 0, 0]
+}
+
+/// Serializes requests; used by tests, the fuzzer and any Rust-side driver.
+impl Request {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(PROBE_SIZE);
+        match *self {
+            Request::Attach(a) => {
+                v.extend_from_slice(&[req_type::ATTACH, 0, 0, 0]);
+                v.extend_from_slice(&a.domain.to_le_bytes());
+                v.extend_from_slice(&a.endpoint.to_le_bytes());
+                v.extend_from_slice(&a.flags.to_le_bytes());
+                v.extend_from_slice(&a.reserved);
+            }
+            Request::Detach(d) => {
+                v.extend_from_slice(&[req_type::DETACH, 0, 0, 0]);
+                v.extend_from_slice(&d.domain.to_le_bytes());
+                v.extend_from_slice(&d.endpoint.to_le_bytes());
+                v.extend_from_slice(&[0u8; 8]);
+            }
+            Request::Map(m) => {
+                v.extend_from_slice(&[req_type::MAP, 0, 0, 0]);
+                v.extend_from_slice(&m.domain.to_le_bytes());
+                v.extend_from_slice(&m.virt_start.to_le_bytes());
+                v.extend_from_slice(&m.virt_end.to_le_bytes());
+                v.extend_from_slice(&m.phys_start.to_le_bytes());
+                v.extend_from_slice(&m.flags.to_le_bytes());
+            }
+            Request::Unmap(u) => {
+                v.extend_from_slice(&[req_type::UNMAP, 0, 0, 0]);
+                v.extend_from_slice(&u.domain.to_le_bytes());
+                v.extend_from_slice(&u.virt_start.to_le_bytes());
+                v.extend_from_slice(&u.virt_end.to_le_bytes());
+                v.extend_from_slice(&[0u8; 4]);
+            }
+            Request::Probe(p) => {
+                v.extend_from_slice(&[req_type::PROBE, 0, 0, 0]);
+                v.extend_from_slice(&p.endpoint.to_le_bytes());
+                v.extend_from_slice(&[0u8; 64]);
+            }
+        }
+        v
+    }
+}
+
+/// A reserved IOVA region reported through a RESV_MEM probe property.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResvMem {
+    /// RESV_MEM_T_RESERVED or RESV_MEM_T_MSI.
+    pub subtype: u8,
+    pub start: u64,
+    /// Inclusive.
+    pub end: u64,
+}
+
+impl ResvMem {
+    /// Writes this region as one RESV_MEM property.
+    pub fn encode(&self, w: &mut LeWriter<'_>) -> Result<(), WireError> {
+        let mut prop = [0u8; RESV_MEM_PROP_SIZE];
+        let mut pw = LeWriter::new(&mut prop);
+        pw.u16(PROBE_T_RESV_MEM)?;
+        pw.u16(RESV_MEM_LEN)?;
+        pw.u8(self.subtype)?;
+        pw.put(&[0u8; 3])?;
+        pw.u64(self.start)?;
+        pw.u64(self.end)?;
+        w.put(&prop)
+    }
+}
+
+/// One decoded probe property (for tests and Rust-side drivers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeProp {
+    ResvMem(ResvMem),
+    /// A property of a type this decoder does not know (type, length).
+    Other(u16, u16),
+}
+
+/// Decodes a probe property list as a driver would: stops at a NONE property
+/// or at the end of the buffer.
+pub fn decode_probe_props(props: &[u8]) -> Result<Vec<ProbeProp>, WireError> {
+    let mut out = Vec::new();
+    let mut r = LeReader::new(props);
+    while r.pos() < props.len() {
+        let ty = r.u16()? & PROBE_T_MASK;
+        let len = r.u16()?;
+        if ty == PROBE_T_NONE {
+            break;
+        }
+        if ty == PROBE_T_RESV_MEM && len >= RESV_MEM_LEN {
+            let mut vr = r.clone();
+            let subtype = vr.u8()?;
+            vr.bytes::<3>()?;
+            let start = vr.u64()?;
+            let end = vr.u64()?;
+            out.push(ProbeProp::ResvMem(ResvMem {
+                subtype,
+                start,
+                end,
+            }));
+        } else {
+            out.push(ProbeProp::Other(ty, len));
+        }
+        for _ in 0..len {
+            r.u8()?;
+        }
+    }
+    Ok(out)
+}
+
+/// A fault event as written into an event-queue buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultEvent {
+    pub reason: u8,
+    pub flags: u32,
+    pub endpoint: u32,
+    pub address: u64,
+}
+
+impl FaultEvent {
+    pub fn encode(&self) -> [u8; FAULT_SIZE] {
+        let mut out = [0u8; FAULT_SIZE];
+        let mut w = LeWriter::new(&mut out);
+        // The buffer is exactly FAULT_SIZE long, so these writes cannot fail;
+        // the results are still checked rather than unwrapped.
+        let ok = w.u8(self.reason).is_ok()
+            && w.put(&[0u8; 3]).is_ok()
+            && w.u32(self.flags).is_ok()
+            && w.u32(self.endpoint).is_ok()
+            && w.u32(0).is_ok()
+            && w.u64(self.address).is_ok();
+        debug_assert!(ok);
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<FaultEvent, WireError> {
+        let mut r = LeReader::new(buf);
+        let reason = r.u8()?;
+        r.bytes::<3>()?;
+        let flags = r.u32()?;
+        let endpoint = r.u32()?;
+        r.u32()?;
+        let address = r.u64()?;
+        Ok(FaultEvent {
+            reason,
+            flags,
+            endpoint,
+            address,
+        })
+    }
+}
+
+/// The device configuration space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConfigSpace {
+    pub page_size_mask: u64,
+    pub input_start: u64,
+    pub input_end: u64,
+    pub domain_start: u32,
+    pub domain_end: u32,
+    pub probe_size: u32,
+    pub bypass: u8,
+}
+
+/// Byte offset of the `bypass` field, the only driver-writable field.
+pub const CONFIG_BYPASS_OFFSET: usize = 36;
+
+impl ConfigSpace {
+    pub fn encode(&self) -> [u8; CONFIG_SIZE] {
+        let mut out = [0u8; CONFIG_SIZE];
+        let mut w = LeWriter::new(&mut out);
+        let ok = w.u64(self.page_size_mask).is_ok()
+            && w.u64(self.input_start).is_ok()
+            && w.u64(self.input_end).is_ok()
+            && w.u32(self.domain_start).is_ok()
+            && w.u32(self.domain_end).is_ok()
+            && w.u32(self.probe_size).is_ok()
+            && w.u8(self.bypass).is_ok()
+            && w.put(&[0u8; 3]).is_ok();
+        debug_assert!(ok);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reader_rejects_short_buffers() {
+        let mut r = LeReader::new(&[1, 2, 3]);
+        assert_eq!(r.u16().unwrap(), 0x0201);
+        assert!(matches!(
+            r.u16(),
+            Err(WireError::TooShort { offset: 2, .. })
+        ));
+        // A failed read does not advance.
+        assert_eq!(r.u8().unwrap(), 3);
+    }
+
+    #[test]
+    fn requests_roundtrip_and_have_spec_sizes() {
+        let reqs = [
+            (
+                Request::Attach(AttachReq {
+                    domain: 7,
+                    endpoint: 8,
+                    flags: 1,
+                    reserved: [0; 4],
+                }),
+                ATTACH_SIZE,
+            ),
+            (
+                Request::Detach(DetachReq {
+                    domain: 7,
+                    endpoint: 8,
+                }),
+                DETACH_SIZE,
+            ),
+            (
+                Request::Map(MapReq {
+                    domain: 1,
+                    virt_start: 0x1000,
+                    virt_end: 0x1fff,
+                    phys_start: 0xa000,
+                    flags: 3,
+                }),
+                MAP_SIZE,
+            ),
+            (
+                Request::Unmap(UnmapReq {
+                    domain: 1,
+                    virt_start: 0x1000,
+                    virt_end: 0x1fff,
+                }),
+                UNMAP_SIZE,
+            ),
+            (Request::Probe(ProbeReq { endpoint: 9 }), PROBE_SIZE),
+        ];
+        for (req, size) in reqs {
+            let bytes = req.encode();
+            assert_eq!(bytes.len(), size);
+            assert_eq!(parse_request(&bytes).unwrap(), req);
+            // Any truncation fails to parse.
+            for cut in 0..size {
+                assert!(parse_request(&bytes[..cut]).is_err(), "{req:?} cut {cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn map_layout_is_little_endian_at_spec_offsets() {
+        let bytes = Request::Map(MapReq {
+            domain: 0x0403_0201,
+            virt_start: 0x1122_3344_5566_7788,
+            virt_end: 0,
+            phys_start: 0,
+            flags: 0x5,
+        })
+        .encode();
+        assert_eq!(bytes[0], 3);
+        assert_eq!(&bytes[4..8], &[1, 2, 3, 4]);
+        assert_eq!(bytes[8], 0x88);
+        assert_eq!(bytes[15], 0x11);
+        assert_eq!(bytes[32], 5);
+    }
+
+    #[test]
+    fn unknown_type_is_reported() {
+        assert_eq!(
+            parse_request(&[9, 0, 0, 0, 0, 0]),
+            Err(WireError::UnknownType(9))
+        );
+    }
+
+    #[test]
+    fn fault_and_config_layouts() {
+        let f = FaultEvent {
+            reason: FAULT_R_MAPPING,
+            flags: FAULT_F_WRITE | FAULT_F_ADDRESS,
+            endpoint: 0x10,
+            address: 0xdead_b000,
+        };
+        let b = f.encode();
+        assert_eq!(b[0], 2);
+        assert_eq!(&b[4..8], &0x102u32.to_le_bytes());
+        assert_eq!(&b[8..12], &0x10u32.to_le_bytes());
+        assert_eq!(&b[12..16], &[0; 4]);
+        assert_eq!(&b[16..24], &0xdead_b000u64.to_le_bytes());
+        assert_eq!(FaultEvent::decode(&b).unwrap(), f);
+
+        let c = ConfigSpace {
+            page_size_mask: 0x1000,
+            input_start: 0,
+            input_end: u64::MAX,
+            domain_start: 1,
+            domain_end: 9,
+            probe_size: 512,
+            bypass: 1,
+        }
+        .encode();
+        assert_eq!(&c[0..8], &0x1000u64.to_le_bytes());
+        assert_eq!(&c[16..24], &u64::MAX.to_le_bytes());
+        assert_eq!(&c[24..28], &1u32.to_le_bytes());
+        assert_eq!(&c[28..32], &9u32.to_le_bytes());
+        assert_eq!(&c[32..36], &512u32.to_le_bytes());
+        assert_eq!(c[CONFIG_BYPASS_OFFSET], 1);
+    }
+
+    #[test]
+    fn resv_mem_property_roundtrip() {
+        let mut buf = [0u8; 64];
+        let mut w = LeWriter::new(&mut buf);
+        let r = ResvMem {
+            subtype: RESV_MEM_T_MSI,
+            start: 0xfee0_0000,
+            end: 0xfeef_ffff,
+        };
+        r.encode(&mut w).unwrap();
+        assert_eq!(w.pos(), RESV_MEM_PROP_SIZE);
+        assert_eq!(&buf[0..4], &[1, 0, 20, 0]);
+        assert_eq!(
+            decode_probe_props(&buf).unwrap(),
+            vec![ProbeProp::ResvMem(r)]
+        );
+    }
+}
