@@ -1,3 +1,4 @@
 //! virtio-iommu device library.
 
+pub mod events;
 pub mod wire;
