@@ -1,0 +1,3 @@
+//! Platform devices and the address-range buses that dispatch guest accesses.
+
+pub mod bus;

@@ -1,0 +1,73 @@
+//! PCI root complex: one segment, bus 0, reachable through ECAM (MMIO) and
+//! the legacy 0xcf8/0xcfc ports.
+//!
+//! # API for device authors
+//!
+//! A device implements [`PciDevice`] and usually embeds a
+//! [`PciConfiguration`] that holds its header, BARs and capability list:
+//!
+//! ```ignore
+//! let mut config = PciConfiguration::new(PciHeader { vendor_id: 0x1af4, .. });
+//! config.add_bar(0, 0x4000, BarKind::Mem64 { prefetchable: false })?;
+//! config.add_capability(0x09, &vendor_cap_body)?;      // returns its offset
+//! let dev: Arc<Mutex<dyn PciDevice>> = Arc::new(Mutex::new(MyDevice { config, .. }));
+//! let bdf = pci_root.add_device(dev)?;                   // allocates BARs, maps them
+//! ```
+//!
+//! - [`PciRoot::add_device`] takes the next free slot on bus 0, allocates
+//!   every declared BAR from the host bridge windows (I/O, 32-bit MMIO or
+//!   64-bit MMIO, naturally aligned), writes the addresses into the device's
+//!   configuration space via [`PciConfiguration::set_bar_address`] and
+//!   registers each BAR on the I/O or MMIO [`Bus`](crate::devices::bus::Bus).
+//! - Guest accesses to a BAR arrive at [`PciDevice::read_bar`] /
+//!   [`PciDevice::write_bar`] with the BAR index and the offset inside it,
+//!   under the device's own mutex only (no global lock).
+//! - Configuration accesses arrive at [`PciDevice::read_config_register`] /
+//!   [`PciDevice::write_config_register`]; the defaults forward to the
+//!   embedded [`PciConfiguration`]. Override them to react to capability
+//!   writes (e.g. MSI-X enable), then call the default logic for the rest.
+//!   If the guest moves a BAR the write returns a [`BarReprogram`] and the
+//!   root moves the bus range.
+//! - Interrupts: devices are expected to use MSI-X routed through KVM irqfds
+//!   (see the VM's interrupt routing); legacy INTx is not wired.
+//! - Windows (also published in the DSDT `_CRS`): see
+//!   [`crate::memory::layout`] `PCI_MMIO32_*`, `PCI_IO_*` and
+//!   `pci_mmio64_window()`.
+
+pub mod config;
+pub mod config_access;
+pub mod host_bridge;
+pub mod root;
+
+pub use config::{Bar, BarKind, BarReprogram, PciConfigError, PciConfiguration, PciHeader};
+pub use root::{PciAddress, PciError, PciRoot, PciWindows};
+
+/// An emulated PCI function.
+pub trait PciDevice: Send {
+    /// The embedded configuration space.
+    fn config(&self) -> &PciConfiguration;
+    /// The embedded configuration space, mutable.
+    fn config_mut(&mut self) -> &mut PciConfiguration;
+
+    /// Reads configuration register `reg` (byte offset `reg * 4`).
+    fn read_config_register(&mut self, reg: usize) -> u32 {
+        self.config().read_reg(reg)
+    }
+
+    /// Writes 1, 2 or 4 bytes at byte `offset` (0..=3) of register `reg`.
+    /// Returns the BAR move this caused, if any.
+    fn write_config_register(
+        &mut self,
+        reg: usize,
+        offset: u64,
+        data: &[u8],
+    ) -> Option<BarReprogram> {
+        self.config_mut().write_reg(reg, offset, data)
+    }
+
+    /// Guest read of `data.len()` bytes at `offset` inside BAR `bar`.
+    fn read_bar(&mut self, bar: usize, offset: u64, data: &mut [u8]);
+
+    /// Guest write of `data` at `offset` inside BAR `bar`.
+    fn write_bar(&mut self, bar: usize, offset: u64, data: &[u8]);
+}
