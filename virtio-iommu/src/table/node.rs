@@ -1,0 +1,105 @@
+//! Table nodes: 512 atomic entries plus the two counters the lock-free
+//! reclamation protocol needs.
+//!
+//! WHY type-stable memory: a translator walks the table without any lock, so
+//! it may still read a node after an UNMAP unlinked it. Nodes are therefore
+//! never handed back to the system allocator while any table or worker of
+//! their [`crate::mapping::Depot`] exists; they only move between tables,
+//! magazines and the depot. A reader that raced with an unlink detects it
+//! through the node's generation (see `entry.rs`) and retries.
+
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU64;
+
+/// Entries per node (9 IOVA bits per level).
+pub const ENTRIES: usize = 512;
+
+/// One node of a domain's radix table.
+#[repr(C, align(64))]
+pub struct Node {
+    /// The entries; their encoding is in `entry.rs`.
+    pub entries: [AtomicU64; ENTRIES],
+    /// Non-zero entries plus the pins of operations working inside the node.
+    /// A node is unlinked only when this is zero (see `retire` in `ops.rs`).
+    pub live: AtomicU64,
+    /// Incremented every time the node is unlinked; its low 16 bits are also
+    /// stored in the parent entry that links it, so a reader can tell the
+    /// incarnation it followed from a later one.
+    pub gen: AtomicU64,
+}
+
+/// Bytes one node costs (reported in `table_bytes`).
+pub const NODE_BYTES: u64 = std::mem::size_of::<Node>() as u64;
+
+/// An owned pointer to a node that is not linked in any table (in a
+/// magazine, the depot, or a worker's deferred list) or the root of a table.
+#[derive(Debug)]
+pub struct NodePtr(NonNull<Node>);
+
+// SAFETY: a `NodePtr` is a unique owner of a heap node made of atomics; the
+// node may be moved to and used from any thread.
+unsafe impl Send for NodePtr {}
+
+impl NodePtr {
+    /// Allocates a zeroed node from the system allocator.
+    pub fn alloc() -> NodePtr {
+        let node = Box::new(Node {
+            entries: std::array::from_fn(|_| AtomicU64::new(0)),
+            live: AtomicU64::new(0),
+            gen: AtomicU64::new(0),
+        });
+        NodePtr(NonNull::from(Box::leak(node)))
+    }
+
+    /// Address of the node (what a directory entry stores).
+    pub fn addr(&self) -> u64 {
+        self.0.as_ptr() as u64
+    }
+
+    /// Shared view of the node.
+    pub fn node(&self) -> &Node {
+        // SAFETY: the pointer came from `Box::leak` and the node is only
+        // released by `free_to_system`, which consumes `self`.
+        unsafe { self.0.as_ref() }
+    }
+
+    /// Takes ownership back of a node that was linked at `addr` and has just
+    /// been unlinked by the caller.
+    ///
+    /// # Safety
+    /// `addr` must be the address of a node created by [`NodePtr::alloc`]
+    /// that no other `NodePtr` owns (it was linked in a table and the caller
+    /// unlinked it, or it is the root of a table being dropped).
+    pub unsafe fn from_addr(addr: u64) -> NodePtr {
+        // SAFETY: per the contract, addr is a live, leaked Box<Node>.
+        NodePtr(unsafe { NonNull::new_unchecked(addr as *mut Node) })
+    }
+
+    /// Gives up ownership: the node is now linked in a table, which owns it.
+    pub fn into_addr(self) -> u64 {
+        let a = self.addr();
+        std::mem::forget(self);
+        a
+    }
+
+    /// Returns the memory to the system allocator. Only the depot's `Drop`
+    /// calls this, when no table that could still be read exists.
+    pub fn free_to_system(self) {
+        let p = self.0.as_ptr();
+        std::mem::forget(self);
+        // SAFETY: p came from Box::leak in `alloc` and is owned uniquely here.
+        drop(unsafe { Box::from_raw(p) });
+    }
+}
+
+/// Reads the node at an address taken from a directory entry.
+///
+/// # Safety
+/// `addr` must come from a directory entry of a table whose depot is alive:
+/// such nodes are never freed to the system while the depot lives (see the
+/// module doc), so the reference is valid even if the node was unlinked.
+#[inline]
+pub unsafe fn node_at<'a>(addr: u64) -> &'a Node {
+    // SAFETY: per the contract.
+    unsafe { &*(addr as *const Node) }
+}
