@@ -1,0 +1,37 @@
+//! Where things live: the checkout, its build directory, the resources.
+
+use std::path::{Path, PathBuf};
+
+/// Top of the checkout (two levels above this crate's manifest).
+pub fn repo_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = manifest.join("..").join("..");
+    root.canonicalize().unwrap_or(root)
+}
+
+/// The cache/build directory shared with the resources scripts
+/// (`DMAVISOR_BUILD_DIR`, default `<repo>/build`).
+pub fn build_dir() -> PathBuf {
+    match std::env::var_os("DMAVISOR_BUILD_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => repo_root().join("build"),
+    }
+}
+
+/// A script or tool under `resources/`.
+pub fn resource(name: &str) -> PathBuf {
+    repo_root().join("resources").join(name)
+}
+
+/// A guest script shipped with this crate (`tests/integration/guest/`).
+pub fn guest_script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("guest")
+        .join(name)
+}
+
+/// Scratch directory for test files that must be visible inside the nested
+/// runner (which shares the checkout read-write but has its own `/tmp`).
+pub fn scratch_dir() -> PathBuf {
+    build_dir().join("tests")
+}
