@@ -1,9 +1,11 @@
 //! virtio-iommu device library.
 
-pub mod events;
-pub mod wire;
 pub mod baseline;
+pub mod device;
+pub mod events;
 pub mod invalidation;
 pub mod magazine;
 pub mod mapping;
 pub mod table;
+pub mod translate;
+pub mod wire;

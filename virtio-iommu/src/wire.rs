@@ -42,6 +42,8 @@ pub mod feature {
     pub const MMIO: u32 = 5;
     /// `bypass` config field and VIRTIO_IOMMU_ATTACH_F_BYPASS are available.
     pub const BYPASS_CONFIG: u32 = 6;
+    /// Project proposal: several request queues (see docs/multiqueue.md).
+    pub const MULTIQUEUE: u32 = 23;
     /// Generic virtio: the device is a modern (1.0+) device.
     pub const VIRTIO_F_VERSION_1: u32 = 32;
 

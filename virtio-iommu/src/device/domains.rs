@@ -1,0 +1,121 @@
+//! Domains and the domain registry.
+//!
+//! WHY this shape: MAP/UNMAP (the hot path, possibly from several request
+//! queues at once) only needs "domain id -> its table". The registry is a
+//! `RwLock<HashMap>` taken for reading just long enough to clone an `Arc`,
+//! after which the request works on the domain's own concurrent table with no
+//! device-wide lock held. Creating and destroying domains (ATTACH/DETACH,
+//! rare) take the write lock briefly, serialized by the device's topology
+//! mutex so membership bookkeeping never races.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+
+use super::sync::{lock, read, write};
+
+use crate::mapping::DomainSpace;
+use crate::wire::ResvMem;
+
+/// What a domain does with its endpoints' DMA.
+pub enum DomainKind {
+    /// Created with VIRTIO_IOMMU_ATTACH_F_BYPASS: identity translation, no
+    /// MAP/UNMAP.
+    Bypass,
+    /// A translated address space.
+    Mapped(Arc<dyn DomainSpace>),
+}
+
+/// One domain: its table plus the membership the device tracks for it.
+pub struct Domain {
+    id: u32,
+    kind: DomainKind,
+    /// Attached endpoints. Changed only under the device's topology lock.
+    members: Mutex<BTreeSet<u32>>,
+    /// Per-endpoint reserved regions of the members (global ones are checked
+    /// separately); MAP over them is refused. Rebuilt on membership change.
+    member_resv: RwLock<Vec<ResvMem>>,
+}
+
+impl Domain {
+    pub fn new(id: u32, kind: DomainKind) -> Self {
+        Self {
+            id,
+            kind,
+            members: Mutex::new(BTreeSet::new()),
+            member_resv: RwLock::new(Vec::new()),
+        }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    pub fn is_bypass(&self) -> bool {
+        matches!(self.kind, DomainKind::Bypass)
+    }
+
+    /// The translated space, or `None` for a bypass domain.
+    pub fn space(&self) -> Option<&Arc<dyn DomainSpace>> {
+        match &self.kind {
+            DomainKind::Bypass => None,
+            DomainKind::Mapped(s) => Some(s),
+        }
+    }
+
+    pub fn member_count(&self) -> usize {
+        lock(&self.members).len()
+    }
+
+    /// Adds a member and its reserved regions. Topology lock held by caller.
+    pub fn add_member(&self, endpoint: u32, resv: &[ResvMem]) {
+        lock(&self.members).insert(endpoint);
+        write(&self.member_resv).extend_from_slice(resv);
+    }
+
+    /// Removes a member; `resv_of` gives each remaining member's regions so
+    /// the union can be rebuilt. Returns the remaining member count.
+    pub fn remove_member(&self, endpoint: u32, resv_of: impl Fn(u32) -> Vec<ResvMem>) -> usize {
+        let mut m = lock(&self.members);
+        m.remove(&endpoint);
+        let rebuilt: Vec<ResvMem> = m.iter().flat_map(|&e| resv_of(e)).collect();
+        *write(&self.member_resv) = rebuilt;
+        m.len()
+    }
+
+    /// True if `[start, end]` intersects a member's reserved region.
+    pub fn overlaps_member_resv(&self, start: u64, end: u64) -> bool {
+        read(&self.member_resv)
+            .iter()
+            .any(|r| r.start <= end && start <= r.end)
+    }
+}
+
+/// Live domains by id.
+#[derive(Default)]
+pub struct DomainRegistry {
+    map: RwLock<HashMap<u32, Arc<Domain>>>,
+}
+
+impl DomainRegistry {
+    /// Read-mostly lookup for the request hot path.
+    pub fn get(&self, id: u32) -> Option<Arc<Domain>> {
+        read(&self.map).get(&id).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        read(&self.map).len()
+    }
+
+    pub fn insert(&self, d: Arc<Domain>) {
+        write(&self.map).insert(d.id(), d);
+    }
+
+    pub fn remove(&self, id: u32) -> Option<Arc<Domain>> {
+        write(&self.map).remove(&id)
+    }
+
+    /// Removes every domain (device reset).
+    pub fn drain(&self) -> Vec<Arc<Domain>> {
+        write(&self.map).drain().map(|(_, d)| d).collect()
+    }
+}

@@ -1,0 +1,306 @@
+//! The virtio-iommu device model, independent of any virtio transport.
+//!
+//! A transport (virtio-pci in the VMM, or a test) drives it like this:
+//!
+//! 1. `IommuDevice::new(IommuConfig)`, then `add_endpoint(bdf)` for every PCI
+//!    endpoint behind the vIOMMU (and `add_invalidator` for every DMA consumer
+//!    that caches translations: vhost-user back-ends, VFIO containers).
+//! 2. Feature negotiation: `device_features()` / `ack_features()`; config
+//!    space accesses: `read_config()` / `write_config()` (bounds-checked; only
+//!    `bypass` is writable, and only with BYPASS_CONFIG negotiated).
+//!    `num_request_queues()` tells how many request queues to serve (more
+//!    than one only when the project multi-queue feature is negotiated); the
+//!    event queue comes after the request queues.
+//! 3. One thread per request queue, each with its own `Worker` from
+//!    `new_worker()`. On a kick: for every available descriptor chain, gather
+//!    the device-readable bytes and a device-writable buffer, call
+//!    `handle_request()`, and remember the returned used length; then call
+//!    `complete_kick()` ONCE, and only after it returns publish the used-ring
+//!    entries and notify. This ordering is what guarantees the guest never
+//!    sees an UNMAP complete while a DMA consumer can still reach the page.
+//! 4. Event queue: whenever buffers are available, drain
+//!    `pop_fault_event()` into them (24 bytes each).
+//! 5. DMA from an endpoint goes through `endpoint_dma(id)`, an
+//!    [`EndpointDma`](crate::translate::EndpointDma) handle that translates
+//!    IOVA ranges and reports faults.
+//! 6. `reset()` on virtio device reset (all domains and mappings go, the
+//!    `bypass` field stays), `system_reset()` on VM reset (also restores
+//!    `bypass`).
+//!
+//! Locking: the hot path (MAP/UNMAP, translation) takes only read locks on
+//! the domain registry and on one endpoint slot; ATTACH/DETACH/reset are
+//! serialized by a topology mutex and take the registry's write lock briefly.
+
+pub mod config;
+mod dispatch;
+mod domains;
+mod endpoints;
+mod features;
+mod maps;
+mod probe;
+mod sync;
+mod topology;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use thiserror::Error;
+
+pub use config::{ConfigError, DeviceLimits, IommuConfig, X86_MSI_END, X86_MSI_START};
+pub use features::MULTIQUEUE;
+
+use crate::events::FaultQueue;
+use crate::mapping::{Depot, Invalidator, SpaceStats, Worker};
+use crate::translate::EndpointDma;
+use crate::wire::{feature, ConfigSpace, ResvMem, CONFIG_BYPASS_OFFSET, FAULT_SIZE};
+pub(crate) use domains::Domain;
+use domains::DomainRegistry;
+pub(crate) use endpoints::Endpoint;
+use endpoints::EndpointTable;
+use features::Features;
+use sync::{lock, read, write};
+
+/// Size of the config-space extension carrying `num_request_queues` (le16 +
+/// 2 reserved bytes), present only when the multi-queue feature is offered.
+pub const CONFIG_MQ_EXT_SIZE: usize = 4;
+
+/// Host-side API misuse (never caused by guest requests).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DeviceError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("endpoint {0:#x} is not managed by this device")]
+    UnknownEndpoint(u32),
+    #[error("endpoint {0:#x} already exists")]
+    EndpointExists(u32),
+    #[error("endpoint limit {0} reached")]
+    TooManyEndpoints(u32),
+}
+
+/// The virtio-iommu device state shared by all queue threads.
+pub struct IommuDevice {
+    cfg: IommuConfig,
+    /// `cfg.global_resv()`, computed once.
+    global_resv: Vec<ResvMem>,
+    features: Features,
+    depot: Arc<Depot>,
+    /// The `bypass` config field; shared with every EndpointDma.
+    bypass: Arc<AtomicBool>,
+    endpoints: EndpointTable,
+    domains: DomainRegistry,
+    /// Serializes ATTACH, DETACH and reset (membership changes).
+    topology: Mutex<()>,
+    invalidators: RwLock<Vec<Arc<dyn Invalidator>>>,
+    faults: Arc<FaultQueue>,
+}
+
+impl IommuDevice {
+    pub fn new(cfg: IommuConfig) -> Result<Self, DeviceError> {
+        cfg.validate()?;
+        let features = Features::new(cfg.probe_size > 0, cfg.num_request_queues > 1);
+        Ok(Self {
+            global_resv: cfg.global_resv(),
+            features,
+            depot: Arc::new(Depot::new()),
+            bypass: Arc::new(AtomicBool::new(cfg.bypass)),
+            endpoints: EndpointTable::default(),
+            domains: DomainRegistry::default(),
+            topology: Mutex::new(()),
+            invalidators: RwLock::new(Vec::new()),
+            faults: Arc::new(FaultQueue::new(
+                cfg.fault_queue_capacity,
+                cfg.fault_logs_per_sec,
+            )),
+            cfg,
+        })
+    }
+
+    pub fn config(&self) -> &IommuConfig {
+        &self.cfg
+    }
+
+    /// Registers an endpoint (PCI requester ID) behind this vIOMMU.
+    pub fn add_endpoint(&self, endpoint_id: u32) -> Result<(), DeviceError> {
+        self.add_endpoint_with_resv(endpoint_id, Vec::new())
+    }
+
+    /// Registers an endpoint with reserved regions of its own, reported by
+    /// PROBE after the global ones and refused for MAP in its domain.
+    pub fn add_endpoint_with_resv(
+        &self,
+        endpoint_id: u32,
+        resv: Vec<ResvMem>,
+    ) -> Result<(), DeviceError> {
+        self.cfg.check_regions(&resv)?;
+        self.cfg.check_probe_fits(resv.len())?;
+        let max = self.cfg.limits.max_endpoints;
+        if self.endpoints.len() >= max as usize {
+            return Err(DeviceError::TooManyEndpoints(max));
+        }
+        if !self.endpoints.insert(Endpoint::new(endpoint_id, resv)) {
+            return Err(DeviceError::EndpointExists(endpoint_id));
+        }
+        Ok(())
+    }
+
+    /// Feature bits the device offers (device-specific bits plus
+    /// VIRTIO_F_VERSION_1; the transport adds its ring features).
+    pub fn device_features(&self) -> u64 {
+        self.features.offered()
+    }
+
+    pub fn ack_features(&self, acked: u64) {
+        self.features.ack(acked);
+    }
+
+    pub fn acked_features(&self) -> u64 {
+        self.features.acked()
+    }
+
+    /// Request queues the transport must serve: the configured number when
+    /// the multi-queue feature was negotiated, otherwise exactly one.
+    pub fn num_request_queues(&self) -> u16 {
+        if self.features.is_acked(MULTIQUEUE) {
+            self.cfg.num_request_queues
+        } else {
+            1
+        }
+    }
+
+    /// The standard config space (40 bytes), followed when multi-queue is
+    /// offered by le16 num_request_queues and 2 reserved bytes.
+    pub fn config_bytes(&self) -> Vec<u8> {
+        let cs = ConfigSpace {
+            page_size_mask: self.cfg.page_size_mask,
+            input_start: self.cfg.input_start,
+            input_end: self.cfg.input_end,
+            domain_start: self.cfg.domain_start,
+            domain_end: self.cfg.domain_end,
+            probe_size: self.cfg.probe_size,
+            bypass: u8::from(self.bypass.load(Ordering::Acquire)),
+        };
+        let mut v = cs.encode().to_vec();
+        if self.features.is_offered(MULTIQUEUE) {
+            v.extend_from_slice(&self.cfg.num_request_queues.to_le_bytes());
+            v.extend_from_slice(&[0, 0]);
+        }
+        v
+    }
+
+    /// Config-space read. Bytes outside the config space read as zero.
+    pub fn read_config(&self, offset: u64, data: &mut [u8]) {
+        data.fill(0);
+        let cfg = self.config_bytes();
+        let Ok(start) = usize::try_from(offset) else {
+            return;
+        };
+        if let Some(src) = cfg.get(start..) {
+            for (d, s) in data.iter_mut().zip(src) {
+                *d = *s;
+            }
+        }
+    }
+
+    /// Config-space write. Only `bypass` is writable, and only when
+    /// BYPASS_CONFIG was negotiated; bit 0 is the value. Everything else is
+    /// ignored (the driver MUST NOT write it).
+    pub fn write_config(&self, offset: u64, data: &[u8]) {
+        if !self.features.is_acked(feature::BYPASS_CONFIG) {
+            log::debug!("virtio-iommu: config write without BYPASS_CONFIG ignored");
+            return;
+        }
+        let Ok(start) = usize::try_from(offset) else {
+            return;
+        };
+        let Some(idx) = CONFIG_BYPASS_OFFSET.checked_sub(start) else {
+            return;
+        };
+        if let Some(v) = data.get(idx) {
+            self.bypass.store(v & 1 == 1, Ordering::Release);
+        }
+    }
+
+    /// Current value of the `bypass` config field.
+    pub fn bypass(&self) -> bool {
+        self.bypass.load(Ordering::Acquire)
+    }
+
+    /// A worker context for one request-queue thread.
+    pub fn new_worker(&self) -> Worker {
+        Worker::new(&self.depot)
+    }
+
+    /// Ends a kick: one invalidation per consumer covering every UNMAP (and
+    /// domain teardown) of the kick. Only after this returns may the transport
+    /// publish the kick's used-ring entries.
+    pub fn complete_kick(&self, w: &mut Worker) {
+        let consumers = read(&self.invalidators).clone();
+        w.flush(&consumers);
+    }
+
+    /// Registers a DMA consumer that caches translations.
+    pub fn add_invalidator(&self, inv: Arc<dyn Invalidator>) {
+        write(&self.invalidators).push(inv);
+    }
+
+    /// The DMA handle of an endpoint, for the device model doing its DMA.
+    pub fn endpoint_dma(&self, endpoint_id: u32) -> Result<EndpointDma, DeviceError> {
+        let ep = self
+            .endpoints
+            .get(endpoint_id)
+            .ok_or(DeviceError::UnknownEndpoint(endpoint_id))?;
+        Ok(EndpointDma::new(
+            ep,
+            Arc::clone(&self.bypass),
+            Arc::clone(&self.faults),
+        ))
+    }
+
+    /// Next fault event for the event queue, encoded.
+    pub fn pop_fault_event(&self) -> Option<[u8; FAULT_SIZE]> {
+        self.faults.pop()
+    }
+
+    /// The fault queue (counters for statistics and tests).
+    pub fn faults(&self) -> &FaultQueue {
+        &self.faults
+    }
+
+    /// Domain an endpoint is attached to, if any.
+    pub fn endpoint_domain(&self, endpoint_id: u32) -> Option<u32> {
+        self.endpoints
+            .get(endpoint_id)
+            .and_then(|e| e.domain())
+            .map(|d| d.id())
+    }
+
+    /// Live domains.
+    pub fn domain_count(&self) -> usize {
+        self.domains.len()
+    }
+
+    /// Statistics of a live, non-bypass domain.
+    pub fn domain_stats(&self, domain: u32) -> Option<SpaceStats> {
+        self.domains
+            .get(domain)
+            .and_then(|d| d.space().map(|s| s.stats()))
+    }
+
+    /// Virtio device reset: every endpoint detached, every domain and mapping
+    /// gone (invalidated at consumers before returning), pending fault events
+    /// dropped, features to be renegotiated. `bypass` keeps its value.
+    pub fn reset(&self) {
+        let _t = lock(&self.topology);
+        let mut w = self.new_worker();
+        self.reset_locked(&mut w);
+        self.complete_kick(&mut w);
+        self.faults.clear();
+        self.features.reset();
+    }
+
+    /// VM (system) reset: a device reset that also restores `bypass`.
+    pub fn system_reset(&self) {
+        self.reset();
+        self.bypass.store(self.cfg.bypass, Ordering::Release);
+    }
+}

@@ -1,0 +1,142 @@
+//! ATTACH, DETACH and reset: changes of which endpoint is in which domain.
+//!
+//! WHY serialized: these are rare and must update three things consistently
+//! (registry, domain membership, endpoint slot), so they run under the
+//! device's topology mutex. They never block MAP/UNMAP for longer than a
+//! registry insert/remove.
+//!
+//! A domain lives while it has members: when its last endpoint leaves, it is
+//! removed from the registry and its mappings are cleared through the
+//! caller's `Worker`, so consumers are invalidated in the same flush as the
+//! kick's UNMAPs.
+
+use std::sync::Arc;
+
+use super::domains::{Domain, DomainKind};
+use super::sync::lock;
+use super::IommuDevice;
+use crate::mapping::{new_space, Limits, Worker};
+use crate::wire::{feature, AttachReq, DetachReq, Status, ATTACH_F_ALL, ATTACH_F_BYPASS};
+
+impl IommuDevice {
+    pub(super) fn attach(&self, w: &mut Worker, req: &AttachReq) -> Status {
+        if req.reserved != [0u8; 4] {
+            return Status::Inval;
+        }
+        // ATTACH_F_BYPASS is a recognized flag only with BYPASS_CONFIG.
+        let known = if self.features.is_acked(feature::BYPASS_CONFIG) {
+            ATTACH_F_ALL
+        } else {
+            0
+        };
+        if req.flags & !known != 0 {
+            return Status::Inval;
+        }
+        let want_bypass = req.flags & ATTACH_F_BYPASS != 0;
+        let Some(ep) = self.endpoints.get(req.endpoint) else {
+            return Status::NoEnt;
+        };
+        if req.domain < self.cfg.domain_start || req.domain > self.cfg.domain_end {
+            return Status::Range;
+        }
+
+        let _t = lock(&self.topology);
+        let old = ep.domain();
+        let target = match self.domains.get(req.domain) {
+            Some(d) => {
+                if d.is_bypass() != want_bypass {
+                    return Status::Inval;
+                }
+                if old.as_ref().is_some_and(|o| Arc::ptr_eq(o, &d)) {
+                    return Status::Ok;
+                }
+                d
+            }
+            None => {
+                // Leaving a single-member domain frees its slot first.
+                let freed = old.as_ref().is_some_and(|o| o.member_count() <= 1);
+                let live = self.domains.len().saturating_sub(usize::from(freed));
+                if live >= self.cfg.limits.max_domains as usize {
+                    return Status::NoMem;
+                }
+                let kind = if want_bypass {
+                    DomainKind::Bypass
+                } else {
+                    let limits = Limits {
+                        max_mappings: self.cfg.limits.max_mappings_per_domain,
+                        max_table_bytes: self.cfg.limits.max_table_bytes_per_domain,
+                    };
+                    DomainKind::Mapped(new_space(
+                        self.cfg.space_impl,
+                        req.domain,
+                        &limits,
+                        &self.depot,
+                    ))
+                };
+                let d = Arc::new(Domain::new(req.domain, kind));
+                self.domains.insert(Arc::clone(&d));
+                d
+            }
+        };
+        // As if the driver had sent DETACH from the old domain first. The
+        // endpoint is repointed before the old domain may be torn down, so
+        // its DMA never observes a half-cleared table.
+        target.add_member(req.endpoint, ep.resv());
+        ep.set_domain(Some(target));
+        if let Some(o) = old {
+            self.leave(w, &o, req.endpoint);
+        }
+        Status::Ok
+    }
+
+    pub(super) fn detach(&self, w: &mut Worker, req: &DetachReq) -> Status {
+        let Some(ep) = self.endpoints.get(req.endpoint) else {
+            return Status::NoEnt;
+        };
+        let _t = lock(&self.topology);
+        let Some(cur) = ep.domain() else {
+            return Status::Inval;
+        };
+        if cur.id() != req.domain {
+            return Status::Inval;
+        }
+        ep.set_domain(None);
+        self.leave(w, &cur, req.endpoint);
+        Status::Ok
+    }
+
+    /// Removes `endpoint` from `d`; destroys `d` if it was the last member.
+    /// Caller holds the topology lock and has already repointed the endpoint.
+    fn leave(&self, w: &mut Worker, d: &Arc<Domain>, endpoint: u32) {
+        let remaining = d.remove_member(endpoint, |e| {
+            self.endpoints
+                .get(e)
+                .map(|ep| ep.resv().to_vec())
+                .unwrap_or_default()
+        });
+        if remaining == 0 {
+            // Only remove the registry entry if it is still this domain.
+            if let Some(cur) = self.domains.get(d.id()) {
+                if Arc::ptr_eq(&cur, d) {
+                    self.domains.remove(d.id());
+                }
+            }
+            if let Some(space) = d.space() {
+                space.clear(w);
+            }
+        }
+    }
+
+    /// Detaches everything and destroys every domain. Caller holds the
+    /// topology lock and flushes `w`.
+    pub(super) fn reset_locked(&self, w: &mut Worker) {
+        for ep in self.endpoints.all() {
+            ep.set_domain(None);
+        }
+        for d in self.domains.drain() {
+            if let Some(space) = d.space() {
+                space.clear(w);
+            }
+        }
+    }
+}
