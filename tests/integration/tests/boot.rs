@@ -1,0 +1,252 @@
+//! Issue 2: the VMM boots stock Debian guests (bzImage and PVH vmlinux)
+//! with SMP and the requested memory, and powering the guest off ends the
+//! VMM with status 0. A QEMU boot of the same kernel + initramfs in the same
+//! session is the reference: if it passes and dmavisor fails, the VMM is at
+//! fault, not the images or the runner.
+//!
+//! All guest boots run in ONE KVM-environment session (nested boots are
+//! slow); each test inspects its own case.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use integration_tests::images::{build_initramfs, ensure_images, InitramfsSpec};
+use integration_tests::markers::{guest_script_exit, marker_int};
+use integration_tests::paths::guest_script;
+use integration_tests::session::{run_session, Case, CaseResult, SessionResult};
+use integration_tests::vmm::dmavisor_binary;
+
+const CMDLINE: &str = "console=ttyS0 quiet panic=-1";
+const CASE_TIMEOUT_SECS: u32 = 300;
+const SESSION_TIMEOUT: Duration = Duration::from_secs(1800);
+
+struct Boots {
+    session: Result<SessionResult, String>,
+    /// Why the dmavisor cases are missing, if the binary could not be built.
+    vmm_error: Option<String>,
+}
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+fn dmavisor_case(name: &str, bin: &Path, kernel: &Path, initrd: &Path) -> Case {
+    Case::new(
+        name,
+        vec![
+            s(bin),
+            "--kernel".into(),
+            s(kernel),
+            "--initramfs".into(),
+            s(initrd),
+            "--cmdline".into(),
+            CMDLINE.into(),
+            "--cpus".into(),
+            "boot=2".into(),
+            "--memory".into(),
+            "size=512M".into(),
+            "--serial".into(),
+            "tty".into(),
+        ],
+        CASE_TIMEOUT_SECS,
+    )
+}
+
+fn qemu_case(name: &str, kernel: &Path, initrd: &Path) -> Case {
+    let argv = [
+        "qemu-system-x86_64",
+        "-enable-kvm",
+        "-cpu",
+        "host",
+        "-M",
+        "q35",
+        "-smp",
+        "2",
+        "-m",
+        "512",
+        "-nographic",
+        "-nodefaults",
+        "-no-reboot",
+        "-serial",
+        "stdio",
+        "-append",
+        CMDLINE,
+    ];
+    let mut v: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+    v.extend(["-kernel".into(), s(kernel), "-initrd".into(), s(initrd)]);
+    Case::new(name, v, CASE_TIMEOUT_SECS)
+}
+
+fn boots() -> &'static Boots {
+    static BOOTS: OnceLock<Boots> = OnceLock::new();
+    BOOTS.get_or_init(|| {
+        let prepare = || -> Result<(Vec<Case>, Option<String>), String> {
+            let script = guest_script("boot-info.sh");
+            let bookworm = ensure_images("bookworm").map_err(|e| e.to_string())?;
+            let trixie = ensure_images("trixie").map_err(|e| e.to_string())?;
+            let bw_initrd = build_initramfs(&InitramfsSpec::new("bookworm", &script))
+                .map_err(|e| e.to_string())?;
+            let tx_initrd = build_initramfs(&InitramfsSpec::new("trixie", &script))
+                .map_err(|e| e.to_string())?;
+            let mut cases = vec![qemu_case("qemu_bookworm", &bookworm.vmlinuz, &bw_initrd)];
+            let vmm_error = match dmavisor_binary() {
+                Ok(bin) => {
+                    cases.push(dmavisor_case(
+                        "dmavisor_bookworm",
+                        &bin,
+                        &bookworm.vmlinuz,
+                        &bw_initrd,
+                    ));
+                    cases.push(dmavisor_case(
+                        "dmavisor_trixie_bzimage",
+                        &bin,
+                        &trixie.vmlinuz,
+                        &tx_initrd,
+                    ));
+                    if let Some(vmlinux) = &trixie.vmlinux {
+                        cases.push(dmavisor_case(
+                            "dmavisor_trixie_pvh",
+                            &bin,
+                            vmlinux,
+                            &tx_initrd,
+                        ));
+                    }
+                    None
+                }
+                Err(e) => Some(e.to_string()),
+            };
+            Ok((cases, vmm_error))
+        };
+        match prepare() {
+            Ok((cases, vmm_error)) => Boots {
+                session: run_session("boot", &cases, SESSION_TIMEOUT, None)
+                    .map_err(|e| e.to_string()),
+                vmm_error,
+            },
+            Err(e) => Boots {
+                session: Err(e),
+                vmm_error: None,
+            },
+        }
+    })
+}
+
+/// The case's result, or a panic message explaining why it is missing.
+fn case(name: &str) -> CaseResult {
+    let b = boots();
+    if let Some(e) = &b.vmm_error {
+        if name.starts_with("dmavisor") {
+            panic!("dmavisor could not be built: {e}");
+        }
+    }
+    match &b.session {
+        Ok(sess) => {
+            let r = sess.case(name).unwrap_or_else(|e| panic!("{e}"));
+            eprintln!(
+                "case {name}: exit {:?} in {:.2} s (session {:.1} s)",
+                r.exit,
+                r.secs.unwrap_or(f64::NAN),
+                sess.run.elapsed.as_secs_f64()
+            );
+            r.clone()
+        }
+        Err(e) => panic!("boot session failed: {e}"),
+    }
+}
+
+/// Asserts a clean boot to userspace with 2 CPUs and ~512 MiB.
+fn assert_booted(name: &str) {
+    let r = case(name);
+    let out = &r.output;
+    assert_eq!(r.exit, Some(0), "{name}: VMM exit status; output:\n{out}");
+    assert_eq!(
+        guest_script_exit(out),
+        Some(0),
+        "{name}: guest script did not finish; output:\n{out}"
+    );
+    assert_eq!(
+        marker_int(out, "cpus"),
+        Some(2),
+        "{name}: CPUs; output:\n{out}"
+    );
+    let mem_kb = marker_int(out, "memtotal_kb").unwrap_or(0);
+    // MemTotal excludes firmware/kernel reservations: expect 384..=512 MiB.
+    assert!(
+        (384 * 1024..=512 * 1024).contains(&mem_kb),
+        "{name}: MemTotal {mem_kb} kB not plausible for 512 MiB; output:\n{out}"
+    );
+    assert!(
+        !out.contains("Kernel panic"),
+        "{name}: guest panicked:\n{out}"
+    );
+}
+
+#[test]
+fn reference_qemu_boots_bookworm_guest() {
+    assert_booted("qemu_bookworm");
+}
+
+#[test]
+fn boot_bookworm_guest_smp() {
+    assert_booted("dmavisor_bookworm");
+}
+
+#[test]
+fn boot_trixie_guest() {
+    assert_booted("dmavisor_trixie_bzimage");
+}
+
+#[test]
+fn boot_trixie_guest_pvh() {
+    let b = boots();
+    if let Ok(sess) = &b.session {
+        assert!(
+            sess.cases.contains_key("dmavisor_trixie_pvh") || b.vmm_error.is_some(),
+            "no vmlinux was extracted for trixie (resources/guest-images)"
+        );
+    }
+    assert_booted("dmavisor_trixie_pvh");
+}
+
+#[test]
+fn missing_kernel_is_clear_error() {
+    let bin = dmavisor_binary().expect("build dmavisor");
+    let missing = "/nonexistent/dmavisor-test/vmlinuz";
+    let out = Command::new(&bin)
+        .args([
+            "--kernel",
+            missing,
+            "--cmdline",
+            CMDLINE,
+            "--cpus",
+            "boot=1",
+            "--memory",
+            "size=128M",
+            "--serial",
+            "off",
+        ])
+        .output()
+        .expect("run dmavisor");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let all = format!("{stdout}{stderr}");
+    assert!(
+        matches!(out.status.code(), Some(c) if c != 0),
+        "expected a non-zero exit status, got {:?}; output:\n{all}",
+        out.status
+    );
+    assert!(!all.contains("panicked"), "dmavisor panicked:\n{all}");
+    let lines: Vec<&str> = all.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "expected exactly one error line, got:\n{all}"
+    );
+    assert!(
+        lines[0].contains(missing),
+        "the error line does not name the path: {}",
+        lines[0]
+    );
+}
