@@ -1,0 +1,263 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * vviommu - virtio-iommu guest driver for kernels that have none.
+ * Internal definitions shared by the files of the module.
+ */
+#ifndef _VVIOMMU_H
+#define _VVIOMMU_H
+
+#include <linux/types.h>
+#include <linux/spinlock.h>
+#include <linux/mutex.h>
+#include <linux/list.h>
+#include <linux/hashtable.h>
+#include <linux/dma-map-ops.h>
+#include <linux/iova.h>
+#include <linux/idr.h>
+#include <linux/pci.h>
+#include <linux/virtio.h>
+#include <uapi/linux/virtio_iommu.h>
+
+#define VVI_FQ_MAX		256	/* hard cap of one flush queue */
+#define VVI_MAG_SIZE		64	/* IOVAs per magazine */
+#define VVI_MAG_ORDERS		4	/* cached sizes: 1, 2, 4, 8 pages */
+#define VVI_DEPOT_MAX		32	/* full magazines per order in the depot */
+#define VVI_ID_MAX_PAGES	16	/* identity mappings up to 64 KiB */
+#define VVI_MAX_RESV		16
+#define VVI_MAX_RANGES		16
+#define VVI_NR_EVTS		32
+#define VVI_PM_HASH_BITS	10
+
+/* identity page state word: reference count plus two flags */
+#define VVI_ID_CNT_MASK		0x00ffffff
+#define VVI_ID_PENDING		BIT(29)	/* mapped, UNMAP queued in a flush queue */
+#define VVI_ID_BUSY		BIT(30)	/* MAP or UNMAP in flight */
+
+/* identity regions, selected by the two permission bits of the IOVA */
+#define VVI_REG_RW		0
+#define VVI_REG_R		1
+#define VVI_REG_W		2
+#define VVI_NR_REGS		3
+
+#define VVI_MSI_START		0xfee00000ULL
+#define VVI_MSI_END		0xfeefffffULL
+
+enum vvi_policy {
+	VVI_POL_IDENTITY,
+	VVI_POL_KMALLOC,
+	VVI_POL_MAGAZINE,
+	VVI_POL_GLOBAL,
+	VVI_POL_PERSISTENT,
+	VVI_POL_PASSTHROUGH,
+	VVI_NR_POLICIES,
+};
+
+enum vvi_inval {
+	VVI_INV_STRICT,
+	VVI_INV_LAZY_GLOBAL,
+	VVI_INV_LAZY_PERCPU,
+	VVI_NR_INVALS,
+};
+
+enum vvi_stat {
+	VVI_ST_MAPS,
+	VVI_ST_UNMAPS,
+	VVI_ST_MAP_REQS,
+	VVI_ST_UNMAP_REQS,
+	VVI_ST_KICKS,
+	VVI_ST_FLUSHES,
+	VVI_ST_FLUSH_ENTS,
+	VVI_ST_FAST,
+	VVI_ST_DEPOT,
+	VVI_ST_SLOW,
+	VVI_ST_FALLBACKS,
+	VVI_ST_ERRORS,
+	VVI_NR_STATS,
+};
+
+struct vvi_stats {
+	u64 c[VVI_NR_STATS];
+};
+
+/* one request in flight; the tail is the last 4 bytes of the buffer */
+struct vvi_req {
+	union {
+		struct virtio_iommu_req_head head;
+		struct virtio_iommu_req_attach attach;
+		struct virtio_iommu_req_detach detach;
+		struct virtio_iommu_req_map map;
+		struct virtio_iommu_req_unmap unmap;
+	} u;
+	void *buf;		/* NULL: the request lives in u */
+	u32 len;		/* whole buffer, tail included */
+	u32 in_len;		/* device-writable part at the end */
+	int done;
+	int err;
+};
+
+struct vvi_fq_ent {
+	struct vvi_ep *ep;
+	u64 iova;
+	u32 npages;
+	u32 skip;
+};
+
+/* per-CPU scratch, only used with interrupts disabled on its CPU */
+struct vvi_pcpu {
+	struct vvi_fq_ent ents[VVI_FQ_MAX];
+	struct vvi_req reqs[VVI_FQ_MAX];
+};
+
+struct vvi_fq {
+	spinlock_t lock;
+	unsigned int n;
+	struct vvi_fq_ent ents[VVI_FQ_MAX];
+};
+
+struct vvi_mag {
+	unsigned int n;
+	unsigned long pfn[VVI_MAG_SIZE];
+};
+
+struct vvi_mag_cpu {
+	struct vvi_mag m[VVI_MAG_ORDERS][2];
+	u8 cur[VVI_MAG_ORDERS];
+};
+
+struct vvi_depot {
+	spinlock_t lock;
+	unsigned int n;
+	struct vvi_mag *mags;	/* VVI_DEPOT_MAX of them */
+};
+
+struct vvi_pm {
+	struct hlist_node hk;
+	struct hlist_node hi;
+	struct list_head lru;
+	unsigned long pfn;
+	u64 iova;
+	u32 npages;
+	u32 prot;
+	int refs;
+};
+
+struct vvi_resv {
+	u64 start;
+	u64 end;
+	u8 subtype;
+};
+
+enum vvi_owner {
+	VVI_OWN_NONE,
+	VVI_OWN_PCI,		/* DMA owned through the PCI driver */
+	VVI_OWN_VIRTIO,		/* DMA owned through the virtio driver */
+};
+
+struct vvi_dev;
+
+struct vvi_ep {
+	struct dma_map_ops ops;	/* installed on the device; container_of */
+	struct list_head node;
+	struct vvi_dev *vd;
+	struct pci_dev *pdev;
+	u32 id;
+	u32 domain;		/* own domain while owned, else 0 */
+	enum vvi_owner owner;
+	bool refused;
+	bool in_bypass;		/* attached to the shared bypass domain */
+	struct vvi_resv resv[VVI_MAX_RESV];
+	int nresv;
+	u64 limit;		/* highest IOVA this endpoint may use */
+	bool iovad_ready;
+	struct iova_domain iovad;
+	atomic_t *idst;		/* identity states, VVI_NR_REGS * id_npfn */
+	unsigned long id_npfn;
+	struct vvi_mag_cpu __percpu *mags;
+	struct vvi_depot depot[VVI_MAG_ORDERS];
+	spinlock_t pm_lock;
+	DECLARE_HASHTABLE(pm_key, VVI_PM_HASH_BITS);
+	DECLARE_HASHTABLE(pm_iova, VVI_PM_HASH_BITS);
+	struct list_head pm_lru;
+	unsigned int pm_idle;
+	unsigned int pm_total;
+	struct vvi_stats __percpu *stats;
+	atomic64_t faults;
+	atomic_long_t live;
+	struct dentry *dbg;
+};
+
+struct vvi_range {
+	u16 seg_start;
+	u16 seg_end;
+	u16 bdf_start;
+	u16 bdf_end;
+	u32 ep_start;
+};
+
+struct vvi_dev {
+	struct virtio_device *vdev;
+	struct pci_dev *self;
+	struct virtqueue *reqvq;
+	struct virtqueue *evtvq;
+	spinlock_t reqlock;
+	struct mutex lock;
+	struct list_head eps;
+	struct vvi_range ranges[VVI_MAX_RANGES];
+	int nranges;
+	u64 pgsize_mask;
+	u64 in_start;
+	u64 in_end;
+	u32 dom_start;
+	u32 dom_end;
+	u32 probe_size;
+	bool has_probe;
+	bool has_bypass_cfg;
+	bool bypass_dom;	/* shared bypass domain works */
+	u32 bypass_domain;
+	struct ida domain_ida;
+	struct virtio_iommu_fault *evts;
+	struct notifier_block pci_nb;
+	struct notifier_block virtio_nb;
+	struct bus_type *virtio_bus;
+	bool nb_pci;
+	bool nb_virtio;
+	struct dentry *dbg;
+	atomic64_t faults;
+	atomic64_t kicks;
+	atomic64_t reqs;
+	u64 max_phys;		/* end of the highest System RAM range */
+	u64 rbit;		/* IOVA bit selecting the read-only region */
+	u64 wbit;		/* IOVA bit selecting the write-only region */
+	u64 fb_base;		/* first IOVA of the fallback allocator */
+};
+
+/* vviommu_dma.c */
+extern int vvi_policy_sel;
+extern int vvi_inval_sel;
+extern unsigned int vvi_fq_size;
+extern unsigned int vvi_fq_timeout_ms;
+extern unsigned int vvi_persistent_cap;
+extern const char * const vvi_policy_names[VVI_NR_POLICIES];
+extern const char * const vvi_inval_names[VVI_NR_INVALS];
+extern const char * const vvi_stat_names[VVI_NR_STATS];
+
+int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
+	       struct vvi_ep *ep);
+int vvi_send_one(struct vvi_dev *vd, struct vvi_req *tmpl, struct vvi_ep *ep);
+void vvi_fill_map(struct vvi_req *r, u32 dom, u64 iova, u64 last, u64 phys,
+		  u32 flags);
+void vvi_fill_unmap(struct vvi_req *r, u32 dom, u64 iova, u64 last);
+void vvi_fill_attach(struct vvi_req *r, u32 dom, u32 epid, u32 flags);
+void vvi_fill_detach(struct vvi_req *r, u32 dom, u32 epid);
+u64 vvi_map(struct vvi_ep *ep, phys_addr_t phys, size_t size,
+	    enum dma_data_direction dir, u64 mask);
+void vvi_unmap(struct vvi_ep *ep, u64 dma, size_t size, bool strict);
+void vvi_init_ops(struct dma_map_ops *ops);
+int vvi_policy_setup(struct vvi_ep *ep);
+void vvi_policy_teardown(struct vvi_ep *ep);
+void vvi_flush_all(void);
+void vvi_flush_sync(void);
+int vvi_dma_init(void);
+void vvi_dma_exit(void);
+
+#endif /* _VVIOMMU_H */

@@ -1,0 +1,1363 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * vviommu - requests to the virtio-iommu device, IOVA policies,
+ * invalidation (strict and deferred) and the dma_map_ops of the endpoints.
+ *
+ * Locking rules:
+ *  - vd->reqlock is only held to add buffers to and take buffers from the
+ *    request queue; nobody waits for the device while holding it.
+ *  - Code that waits for the device runs with local interrupts disabled and
+ *    uses this CPU's scratch buffers (struct vvi_pcpu); the only locks it
+ *    holds are ones no other CPU needs on its DMA path.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/kernel.h>
+#include <linux/slab.h>
+#include <linux/vmalloc.h>
+#include <linux/sort.h>
+#include <linux/log2.h>
+#include <linux/percpu.h>
+#include <linux/workqueue.h>
+#include <linux/scatterlist.h>
+#include <linux/virtio_config.h>
+#include <linux/ioport.h>
+#include "vviommu.h"
+
+int vvi_policy_sel;
+int vvi_inval_sel;
+unsigned int vvi_fq_size = 250;
+unsigned int vvi_fq_timeout_ms = 10;
+unsigned int vvi_persistent_cap = 1024;
+
+static struct vvi_pcpu **vvi_pcpu;
+static struct vvi_fq __percpu *vvi_cpu_fq;
+static struct vvi_fq *vvi_global_fq;
+static struct delayed_work vvi_flush_work;
+
+const char * const vvi_policy_names[VVI_NR_POLICIES] = {
+	"identity", "kmalloc", "magazine", "global", "persistent",
+	"passthrough",
+};
+
+const char * const vvi_inval_names[VVI_NR_INVALS] = {
+	"strict", "lazy-global", "lazy-percpu",
+};
+
+const char * const vvi_stat_names[VVI_NR_STATS] = {
+	"maps", "unmaps", "map_reqs", "unmap_reqs", "kicks", "flushes",
+	"flush_entries", "alloc_fast", "alloc_depot", "alloc_slow",
+	"fallbacks", "errors",
+};
+
+static inline void vvi_inc(struct vvi_ep *ep, enum vvi_stat s)
+{
+	this_cpu_inc(ep->stats->c[s]);
+}
+
+static inline void vvi_add(struct vvi_ep *ep, enum vvi_stat s, u64 v)
+{
+	this_cpu_add(ep->stats->c[s], v);
+}
+
+/* ------------------------------------------------------------------ */
+/* request queue                                                       */
+/* ------------------------------------------------------------------ */
+
+static int vvi_status_errno(u8 status)
+{
+	switch (status) {
+	case VIRTIO_IOMMU_S_OK:
+		return 0;
+	case VIRTIO_IOMMU_S_UNSUPP:
+		return -EOPNOTSUPP;
+	case VIRTIO_IOMMU_S_INVAL:
+		return -EINVAL;
+	case VIRTIO_IOMMU_S_RANGE:
+		return -ERANGE;
+	case VIRTIO_IOMMU_S_NOENT:
+		return -ENOENT;
+	case VIRTIO_IOMMU_S_FAULT:
+		return -EFAULT;
+	case VIRTIO_IOMMU_S_NOMEM:
+		return -ENOMEM;
+	default:
+		return -EIO;
+	}
+}
+
+static void *vvi_req_buf(struct vvi_req *r)
+{
+	return r->buf ? r->buf : (void *)&r->u;
+}
+
+/*
+ * Send @n requests with one kick (more only if the ring is full) and poll
+ * until the device has completed all of them. The request lock is taken
+ * only around adding and harvesting buffers.
+ */
+int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
+	       struct vvi_ep *ep)
+{
+	struct scatterlist out, in, *sgs[2] = { &out, &in };
+	int next = 0, checked = 0, i, ret = 0;
+	unsigned long flags;
+	unsigned int len;
+
+	for (i = 0; i < n; i++) {
+		reqs[i].done = 0;
+		reqs[i].err = 0;
+	}
+
+	while (checked < n) {
+		bool kick = false;
+		struct vvi_req *r;
+
+		spin_lock_irqsave(&vd->reqlock, flags);
+		while (next < n) {
+			void *b;
+			int rc;
+
+			r = &reqs[next];
+			b = vvi_req_buf(r);
+			sg_init_one(&out, b, r->len - r->in_len);
+			sg_init_one(&in, b + r->len - r->in_len, r->in_len);
+			rc = virtqueue_add_sgs(vd->reqvq, sgs, 1, 1, r,
+					       GFP_ATOMIC);
+			if (rc == -ENOSPC)
+				break;	/* ring full: wait for completions */
+			if (rc) {
+				r->err = rc;
+				WRITE_ONCE(r->done, 1);
+			} else {
+				kick = true;
+			}
+			next++;
+		}
+		if (kick)
+			kick = virtqueue_kick_prepare(vd->reqvq);
+		while ((r = virtqueue_get_buf(vd->reqvq, &len)))
+			smp_store_release(&r->done, 1);
+		spin_unlock_irqrestore(&vd->reqlock, flags);
+
+		if (kick) {
+			virtqueue_notify(vd->reqvq);
+			atomic64_inc(&vd->kicks);
+			if (ep)
+				vvi_inc(ep, VVI_ST_KICKS);
+		}
+		while (checked < n && smp_load_acquire(&reqs[checked].done))
+			checked++;
+		if (checked < n) {
+			if (virtqueue_is_broken(vd->reqvq))
+				return -EIO;
+			cpu_relax();
+		}
+	}
+	atomic64_add(n, &vd->reqs);
+
+	for (i = 0; i < n; i++) {
+		struct vvi_req *r = &reqs[i];
+		struct virtio_iommu_req_tail *t;
+
+		if (r->err) {
+			ret = r->err;
+			continue;
+		}
+		t = vvi_req_buf(r) + r->len - sizeof(*t);
+		if (t->status) {
+			ret = vvi_status_errno(t->status);
+			pr_debug("request type %u failed: status %u\n",
+				 ((struct virtio_iommu_req_head *)
+				  vvi_req_buf(r))->type, t->status);
+		}
+	}
+	return ret;
+}
+
+static void vvi_fill(struct vvi_req *r, u8 type, u32 len)
+{
+	memset(&r->u, 0, sizeof(r->u));
+	r->buf = NULL;
+	r->u.head.type = type;
+	r->len = len;
+	r->in_len = sizeof(struct virtio_iommu_req_tail);
+}
+
+void vvi_fill_map(struct vvi_req *r, u32 dom, u64 iova, u64 last, u64 phys,
+		  u32 flags)
+{
+	vvi_fill(r, VIRTIO_IOMMU_T_MAP, sizeof(r->u.map));
+	r->u.map.domain = cpu_to_le32(dom);
+	r->u.map.virt_start = cpu_to_le64(iova);
+	r->u.map.virt_end = cpu_to_le64(last);
+	r->u.map.phys_start = cpu_to_le64(phys);
+	r->u.map.flags = cpu_to_le32(flags);
+}
+
+void vvi_fill_unmap(struct vvi_req *r, u32 dom, u64 iova, u64 last)
+{
+	vvi_fill(r, VIRTIO_IOMMU_T_UNMAP, sizeof(r->u.unmap));
+	r->u.unmap.domain = cpu_to_le32(dom);
+	r->u.unmap.virt_start = cpu_to_le64(iova);
+	r->u.unmap.virt_end = cpu_to_le64(last);
+}
+
+void vvi_fill_attach(struct vvi_req *r, u32 dom, u32 epid, u32 flags)
+{
+	vvi_fill(r, VIRTIO_IOMMU_T_ATTACH, sizeof(r->u.attach));
+	r->u.attach.domain = cpu_to_le32(dom);
+	r->u.attach.endpoint = cpu_to_le32(epid);
+	r->u.attach.flags = cpu_to_le32(flags);
+}
+
+void vvi_fill_detach(struct vvi_req *r, u32 dom, u32 epid)
+{
+	vvi_fill(r, VIRTIO_IOMMU_T_DETACH, sizeof(r->u.detach));
+	r->u.detach.domain = cpu_to_le32(dom);
+	r->u.detach.endpoint = cpu_to_le32(epid);
+}
+
+/* one request from process context (setup and teardown) */
+int vvi_send_one(struct vvi_dev *vd, struct vvi_req *tmpl, struct vvi_ep *ep)
+{
+	struct vvi_req *r;
+	int ret;
+
+	r = kmemdup(tmpl, sizeof(*r), GFP_KERNEL);
+	if (!r)
+		return -ENOMEM;
+	ret = vvi_submit(vd, r, 1, ep);
+	kfree(r);
+	return ret;
+}
+
+/* ------------------------------------------------------------------ */
+/* hot-path request helpers: interrupts off, this CPU's scratch        */
+/* ------------------------------------------------------------------ */
+
+static int vvi_hot_map(struct vvi_ep *ep, u64 iova, u64 size, u64 phys,
+		       u32 prot)
+{
+	struct vvi_pcpu *pc;
+	unsigned long flags;
+	int ret;
+
+	local_irq_save(flags);
+	pc = vvi_pcpu[smp_processor_id()];
+	vvi_fill_map(&pc->reqs[0], ep->domain, iova, iova + size - 1, phys,
+		     prot);
+	ret = vvi_submit(ep->vd, pc->reqs, 1, ep);
+	local_irq_restore(flags);
+	vvi_inc(ep, VVI_ST_MAP_REQS);
+	return ret;
+}
+
+static int vvi_hot_unmap(struct vvi_ep *ep, u64 iova, u64 size)
+{
+	struct vvi_pcpu *pc;
+	unsigned long flags;
+	int ret;
+
+	local_irq_save(flags);
+	pc = vvi_pcpu[smp_processor_id()];
+	vvi_fill_unmap(&pc->reqs[0], ep->domain, iova, iova + size - 1);
+	ret = vvi_submit(ep->vd, pc->reqs, 1, ep);
+	local_irq_restore(flags);
+	vvi_inc(ep, VVI_ST_UNMAP_REQS);
+	return ret;
+}
+
+/*
+ * Send MAPs (or UNMAPs) for a sorted list of single pages, adjacent pages
+ * merged into one request; all in one kick. Interrupts must be off.
+ */
+static int vvi_pages_req(struct vvi_ep *ep, const unsigned long *pfn, int n,
+			 u64 bits, u32 prot, bool map)
+{
+	struct vvi_pcpu *pc = vvi_pcpu[smp_processor_id()];
+	int i = 0, nr = 0, ret;
+
+	while (i < n) {
+		int j = i + 1;
+		u64 start, last;
+
+		while (j < n && pfn[j] == pfn[j - 1] + 1)
+			j++;
+		start = PFN_PHYS(pfn[i]);
+		last = PFN_PHYS(pfn[j - 1]) + PAGE_SIZE - 1;
+		if (map)
+			vvi_fill_map(&pc->reqs[nr], ep->domain, start | bits,
+				     last | bits, start, prot);
+		else
+			vvi_fill_unmap(&pc->reqs[nr], ep->domain,
+				       start | bits, last | bits);
+		nr++;
+		i = j;
+	}
+	ret = vvi_submit(ep->vd, pc->reqs, nr, ep);
+	vvi_add(ep, map ? VVI_ST_MAP_REQS : VVI_ST_UNMAP_REQS, nr);
+	return ret;
+}
+
+/* ------------------------------------------------------------------ */
+/* IOVA allocators                                                     */
+/* ------------------------------------------------------------------ */
+
+static unsigned long vvi_limit_pfn(struct vvi_ep *ep, u64 mask)
+{
+	return min(ep->limit, mask) >> PAGE_SHIFT;
+}
+
+/* one lock-protected allocator (the iova rbtree and its spinlock) */
+static unsigned long vvi_global_alloc(struct vvi_ep *ep, unsigned long n,
+				      u64 mask)
+{
+	struct iova *iova;
+
+	iova = alloc_iova(&ep->iovad, n, vvi_limit_pfn(ep, mask), true);
+	vvi_inc(ep, VVI_ST_SLOW);
+	return iova ? iova->pfn_lo : 0;
+}
+
+static void vvi_global_free(struct vvi_ep *ep, unsigned long pfn)
+{
+	free_iova(&ep->iovad, pfn);
+}
+
+/* per-CPU magazines over a depot over the global allocator */
+static unsigned long vvi_mag_alloc(struct vvi_ep *ep, unsigned long n,
+				   u64 mask)
+{
+	unsigned int o = order_base_2(n);
+	struct vvi_mag_cpu *mc;
+	struct vvi_mag *ld, *pv;
+	struct vvi_depot *d;
+	unsigned long flags, pfn = 0;
+
+	if (o >= VVI_MAG_ORDERS || min(ep->limit, mask) != ep->limit)
+		return vvi_global_alloc(ep, n, mask);
+
+	local_irq_save(flags);
+	mc = this_cpu_ptr(ep->mags);
+	ld = &mc->m[o][mc->cur[o]];
+	pv = &mc->m[o][!mc->cur[o]];
+	if (ld->n) {
+		pfn = ld->pfn[--ld->n];
+	} else if (pv->n) {
+		mc->cur[o] ^= 1;
+		pfn = pv->pfn[--pv->n];
+	} else {
+		d = &ep->depot[o];
+		spin_lock(&d->lock);
+		if (d->n) {
+			d->n--;
+			memcpy(ld, &d->mags[d->n], sizeof(*ld));
+			pfn = ld->pfn[--ld->n];
+		}
+		spin_unlock(&d->lock);
+		if (pfn) {
+			local_irq_restore(flags);
+			vvi_inc(ep, VVI_ST_DEPOT);
+			return pfn;
+		}
+	}
+	local_irq_restore(flags);
+	if (pfn) {
+		vvi_inc(ep, VVI_ST_FAST);
+		return pfn;
+	}
+	return vvi_global_alloc(ep, 1UL << o, mask);
+}
+
+static void vvi_mag_free(struct vvi_ep *ep, unsigned long pfn,
+			 unsigned long n)
+{
+	unsigned int o = order_base_2(n), i;
+	struct vvi_mag_cpu *mc;
+	struct vvi_mag *ld, *pv;
+	struct vvi_depot *d;
+	unsigned long flags;
+
+	if (o >= VVI_MAG_ORDERS) {
+		vvi_global_free(ep, pfn);
+		return;
+	}
+	local_irq_save(flags);
+	mc = this_cpu_ptr(ep->mags);
+	ld = &mc->m[o][mc->cur[o]];
+	pv = &mc->m[o][!mc->cur[o]];
+	if (ld->n == VVI_MAG_SIZE) {
+		if (pv->n == VVI_MAG_SIZE) {
+			d = &ep->depot[o];
+			spin_lock(&d->lock);
+			if (d->n < VVI_DEPOT_MAX) {
+				memcpy(&d->mags[d->n++], pv, sizeof(*pv));
+				pv->n = 0;
+			}
+			spin_unlock(&d->lock);
+			for (i = 0; i < pv->n; i++)
+				free_iova(&ep->iovad, pv->pfn[i]);
+			pv->n = 0;
+		}
+		mc->cur[o] ^= 1;
+		ld = pv;
+	}
+	ld->pfn[ld->n++] = pfn;
+	local_irq_restore(flags);
+}
+
+/*
+ * IOVA-kmalloc: the physical address of a private kmalloc block of at
+ * least n bytes, read as a page frame number, names n IOVA pages that no
+ * other live block can name.
+ */
+static unsigned long vvi_kmalloc_alloc(struct vvi_ep *ep, unsigned long n,
+				       u64 mask)
+{
+	void *blk = kmalloc(max(n, 8UL), GFP_ATOMIC);
+	unsigned long pfn;
+
+	if (!blk)
+		return 0;
+	pfn = virt_to_phys(blk);
+	if (PFN_PHYS(pfn + n) - 1 > min(ep->limit, mask) ||
+	    PFN_PHYS(pfn + n) > ep->vd->fb_base) {
+		kfree(blk);
+		return 0;
+	}
+	vvi_inc(ep, VVI_ST_FAST);
+	return pfn;
+}
+
+static bool vvi_hits_resv(struct vvi_ep *ep, u64 start, u64 last)
+{
+	int i;
+
+	for (i = 0; i < ep->nresv; i++)
+		if (start <= ep->resv[i].end && last >= ep->resv[i].start)
+			return true;
+	return start <= VVI_MSI_END && last >= VVI_MSI_START;
+}
+
+/* give back an IOVA range whose UNMAP has completed */
+static void vvi_release_iova(struct vvi_ep *ep, u64 iova, unsigned long n)
+{
+	unsigned long pfn = iova >> PAGE_SHIFT;
+
+	switch (vvi_policy_sel) {
+	case VVI_POL_KMALLOC:
+		if (iova < ep->vd->fb_base) {
+			kfree(phys_to_virt(pfn));
+			break;
+		}
+		fallthrough;
+	case VVI_POL_IDENTITY:
+	case VVI_POL_GLOBAL:
+	case VVI_POL_PERSISTENT:
+		vvi_global_free(ep, pfn);
+		break;
+	case VVI_POL_MAGAZINE:
+		vvi_mag_free(ep, pfn, n);
+		break;
+	default:
+		break;
+	}
+}
+
+/* ------------------------------------------------------------------ */
+/* deferred invalidation                                               */
+/* ------------------------------------------------------------------ */
+
+static int vvi_ent_cmp(const void *a, const void *b)
+{
+	const struct vvi_fq_ent *x = a, *y = b;
+
+	if (x->ep != y->ep)
+		return x->ep < y->ep ? -1 : 1;
+	if (x->iova != y->iova)
+		return x->iova < y->iova ? -1 : 1;
+	return 0;
+}
+
+static inline atomic_t *vvi_idst(struct vvi_ep *ep, int reg,
+				 unsigned long pfn)
+{
+	return &ep->idst[reg * ep->id_npfn + pfn];
+}
+
+static int vvi_iova_region(struct vvi_dev *vd, u64 iova)
+{
+	if (iova & vd->rbit)
+		return VVI_REG_R;
+	if (iova & vd->wbit)
+		return VVI_REG_W;
+	return VVI_REG_RW;
+}
+
+static bool vvi_is_identity_iova(struct vvi_ep *ep, u64 iova)
+{
+	return vvi_policy_sel == VVI_POL_IDENTITY && iova < ep->vd->fb_base;
+}
+
+/*
+ * Decide for a queued identity page whether its UNMAP is still due: if
+ * the page was mapped again meanwhile, keep the mapping and drop the entry.
+ */
+static bool vvi_identity_take_pending(struct vvi_ep *ep, u64 iova)
+{
+	unsigned long pfn = (iova & ~(ep->vd->rbit | ep->vd->wbit)) >>
+			    PAGE_SHIFT;
+	atomic_t *st = vvi_idst(ep, vvi_iova_region(ep->vd, iova), pfn);
+
+	for (;;) {
+		int v = atomic_read(st);
+
+		if (v == VVI_ID_PENDING) {
+			if (atomic_cmpxchg(st, v, VVI_ID_BUSY) == v)
+				return true;
+		} else if (v & VVI_ID_PENDING) {
+			if (atomic_cmpxchg(st, v, v & ~VVI_ID_PENDING) == v)
+				return false;
+		} else {
+			WARN_ONCE(1, "vviommu: identity page %lx not pending\n",
+				  pfn);
+			return false;
+		}
+	}
+}
+
+static void vvi_identity_done(struct vvi_ep *ep, u64 iova)
+{
+	unsigned long pfn = (iova & ~(ep->vd->rbit | ep->vd->wbit)) >>
+			    PAGE_SHIFT;
+
+	atomic_set_release(vvi_idst(ep, vvi_iova_region(ep->vd, iova), pfn),
+			   0);
+}
+
+/* one endpoint's share of a flush: one kick, merged ranges, then free */
+static void vvi_flush_ep(struct vvi_ep *ep, struct vvi_pcpu *pc,
+			 struct vvi_fq_ent *e, int n)
+{
+	int i, nr = 0, ret;
+	u64 start = 0, end = 0;	/* end is exclusive */
+
+	for (i = 0; i < n; i++) {
+		e[i].skip = vvi_is_identity_iova(ep, e[i].iova) &&
+			    !vvi_identity_take_pending(ep, e[i].iova);
+		if (e[i].skip)
+			continue;
+		if (nr && e[i].iova == end) {
+			end += (u64)e[i].npages << PAGE_SHIFT;
+			continue;
+		}
+		if (nr)
+			vvi_fill_unmap(&pc->reqs[nr - 1], ep->domain, start,
+				       end - 1);
+		start = e[i].iova;
+		end = start + ((u64)e[i].npages << PAGE_SHIFT);
+		nr++;
+	}
+	if (nr)
+		vvi_fill_unmap(&pc->reqs[nr - 1], ep->domain, start, end - 1);
+
+	vvi_inc(ep, VVI_ST_FLUSHES);
+	vvi_add(ep, VVI_ST_FLUSH_ENTS, n);
+	if (nr) {
+		ret = vvi_submit(ep->vd, pc->reqs, nr, ep);
+		vvi_add(ep, VVI_ST_UNMAP_REQS, nr);
+		if (ret)
+			vvi_inc(ep, VVI_ST_ERRORS);
+	}
+	for (i = 0; i < n; i++) {
+		if (e[i].skip)
+			continue;
+		if (vvi_is_identity_iova(ep, e[i].iova))
+			vvi_identity_done(ep, e[i].iova);
+		else
+			vvi_release_iova(ep, e[i].iova, e[i].npages);
+	}
+}
+
+/* interrupts off; entries are in pc->ents */
+static void vvi_fq_process(struct vvi_pcpu *pc, unsigned int n)
+{
+	unsigned int i = 0, j;
+
+	sort(pc->ents, n, sizeof(pc->ents[0]), vvi_ent_cmp, NULL);
+	while (i < n) {
+		for (j = i + 1; j < n && pc->ents[j].ep == pc->ents[i].ep; j++)
+			;
+		vvi_flush_ep(pc->ents[i].ep, pc, &pc->ents[i], j - i);
+		i = j;
+	}
+}
+
+/* take the entries of @fq into this CPU's scratch and flush them */
+static void vvi_fq_drain(struct vvi_fq *fq)
+{
+	struct vvi_pcpu *pc = vvi_pcpu[smp_processor_id()];
+	unsigned int n;
+
+	spin_lock(&fq->lock);
+	n = fq->n;
+	memcpy(pc->ents, fq->ents, n * sizeof(fq->ents[0]));
+	fq->n = 0;
+	spin_unlock(&fq->lock);
+	if (n)
+		vvi_fq_process(pc, n);
+}
+
+static void vvi_fq_add(struct vvi_ep *ep, u64 iova, u32 npages)
+{
+	struct vvi_fq *fq;
+	unsigned long flags;
+	bool full, first;
+
+	local_irq_save(flags);
+	if (vvi_inval_sel == VVI_INV_LAZY_GLOBAL)
+		fq = vvi_global_fq;
+	else
+		fq = this_cpu_ptr(vvi_cpu_fq);
+	for (;;) {
+		spin_lock(&fq->lock);
+		if (fq->n < VVI_FQ_MAX)
+			break;
+		spin_unlock(&fq->lock);
+		vvi_fq_drain(fq);
+	}
+	fq->ents[fq->n].ep = ep;
+	fq->ents[fq->n].iova = iova;
+	fq->ents[fq->n].npages = npages;
+	fq->n++;
+	first = fq->n == 1;
+	full = fq->n >= vvi_fq_size;
+	spin_unlock(&fq->lock);
+	if (full)
+		vvi_fq_drain(fq);
+	local_irq_restore(flags);
+	if (first)
+		schedule_delayed_work(&vvi_flush_work,
+				      msecs_to_jiffies(vvi_fq_timeout_ms));
+}
+
+void vvi_flush_all(void)
+{
+	unsigned long flags;
+	int cpu;
+
+	if (!vvi_cpu_fq)
+		return;
+	for_each_possible_cpu(cpu) {
+		local_irq_save(flags);
+		vvi_fq_drain(per_cpu_ptr(vvi_cpu_fq, cpu));
+		local_irq_restore(flags);
+	}
+	local_irq_save(flags);
+	vvi_fq_drain(vvi_global_fq);
+	local_irq_restore(flags);
+}
+
+static void vvi_flush_workfn(struct work_struct *w)
+{
+	vvi_flush_all();
+}
+
+/* the device must stop using [iova, iova + n pages) before it is reused */
+static void vvi_invalidate(struct vvi_ep *ep, u64 iova, unsigned long n,
+			   bool strict)
+{
+	if (strict || vvi_inval_sel == VVI_INV_STRICT) {
+		if (vvi_hot_unmap(ep, iova, (u64)n << PAGE_SHIFT))
+			vvi_inc(ep, VVI_ST_ERRORS);
+		vvi_release_iova(ep, iova, n);
+		return;
+	}
+	vvi_fq_add(ep, iova, n);
+}
+
+/* ------------------------------------------------------------------ */
+/* dynamic identity mapping                                            */
+/* ------------------------------------------------------------------ */
+
+static u64 vvi_region_bits(struct vvi_dev *vd, int reg)
+{
+	return reg == VVI_REG_R ? vd->rbit : reg == VVI_REG_W ? vd->wbit : 0;
+}
+
+static void vvi_identity_put(struct vvi_ep *ep, int reg, unsigned long lo,
+			     unsigned long hi, bool strict);
+
+/*
+ * Take a reference on every page of [phys, phys + size) in region @reg;
+ * pages going from 0 to 1 reference get mapped (one kick for all).
+ * Pages are taken in ascending order, so two mappers never wait on each
+ * other in a cycle. Returns false if the caller must use the fallback.
+ */
+static bool vvi_identity_get(struct vvi_ep *ep, phys_addr_t phys,
+			     size_t size, int reg, u32 prot, int *err)
+{
+	unsigned long lo = PHYS_PFN(phys), hi = PHYS_PFN(phys + size - 1);
+	unsigned long need[VVI_ID_MAX_PAGES], pfn, flags;
+	u64 bits = vvi_region_bits(ep->vd, reg);
+	int nneed = 0, i;
+
+	*err = 0;
+	if (hi >= ep->id_npfn || hi - lo >= VVI_ID_MAX_PAGES)
+		return false;
+
+	local_irq_save(flags);
+	for (pfn = lo; pfn <= hi; pfn++) {
+		atomic_t *st = vvi_idst(ep, reg, pfn);
+
+		for (;;) {
+			int v = atomic_read(st);
+
+			if (v & VVI_ID_BUSY) {
+				cpu_relax();
+				continue;
+			}
+			if ((v & VVI_ID_CNT_MASK) == VVI_ID_CNT_MASK)
+				goto overflow;
+			if (v == 0) {
+				if (atomic_cmpxchg(st, 0, VVI_ID_BUSY | 1) == 0) {
+					need[nneed++] = pfn;
+					break;
+				}
+				continue;
+			}
+			if (atomic_cmpxchg(st, v, v + 1) == v)
+				break;
+		}
+	}
+	if (nneed) {
+		*err = vvi_pages_req(ep, need, nneed, bits, prot, true);
+		if (*err) {
+			pfn = hi + 1;
+			goto undo;
+		}
+		for (i = 0; i < nneed; i++)
+			atomic_set_release(vvi_idst(ep, reg, need[i]), 1);
+	}
+	local_irq_restore(flags);
+	return true;
+
+overflow:
+	*err = 0;
+undo:
+	/* pages we moved 0 -> busy were never mapped: back to 0 */
+	for (i = 0; i < nneed; i++)
+		atomic_set_release(vvi_idst(ep, reg, need[i]), 0);
+	/* the others hold a reference we must drop */
+	for (lo = PHYS_PFN(phys), i = 0; lo < pfn; lo++) {
+		if (i < nneed && need[i] == lo) {
+			i++;
+			continue;
+		}
+		vvi_identity_put(ep, reg, lo, lo, false);
+	}
+	local_irq_restore(flags);
+	return false;
+}
+
+static void vvi_identity_put(struct vvi_ep *ep, int reg, unsigned long lo,
+			     unsigned long hi, bool strict)
+{
+	unsigned long drop[VVI_ID_MAX_PAGES], pfn, flags;
+	u64 bits = vvi_region_bits(ep->vd, reg);
+	int ndrop = 0, i;
+	bool lazy = !strict && vvi_inval_sel != VVI_INV_STRICT;
+
+	local_irq_save(flags);
+	for (pfn = lo; pfn <= hi; pfn++) {
+		atomic_t *st = vvi_idst(ep, reg, pfn);
+
+		for (;;) {
+			int v = atomic_read(st);
+			int cnt = v & VVI_ID_CNT_MASK;
+
+			if (v & VVI_ID_BUSY) {
+				cpu_relax();
+				continue;
+			}
+			if (WARN_ON_ONCE(!cnt))
+				break;
+			if (cnt > 1 || (v & VVI_ID_PENDING)) {
+				/* still referenced, or UNMAP already queued */
+				if (atomic_cmpxchg(st, v, v - 1) == v)
+					break;
+				continue;
+			}
+			if (atomic_cmpxchg(st, v, lazy ? VVI_ID_PENDING :
+					   VVI_ID_BUSY) == v) {
+				drop[ndrop++] = pfn;
+				break;
+			}
+		}
+	}
+	if (ndrop && !lazy) {
+		if (vvi_pages_req(ep, drop, ndrop, bits, 0, false))
+			vvi_inc(ep, VVI_ST_ERRORS);
+		for (i = 0; i < ndrop; i++)
+			atomic_set_release(vvi_idst(ep, reg, drop[i]), 0);
+	}
+	for (i = 0; lazy && i < ndrop; i++)
+		vvi_fq_add(ep, PFN_PHYS(drop[i]) | bits, 1);
+	local_irq_restore(flags);
+}
+
+/* ------------------------------------------------------------------ */
+/* persistent mappings (reuse of idle mappings, bounded, LRU reclaim)  */
+/* ------------------------------------------------------------------ */
+
+static u32 vvi_pm_hkey(unsigned long pfn, u32 npages, u32 prot)
+{
+	return hash_64(((u64)pfn << 8) ^ ((u64)npages << 2) ^ prot, 32);
+}
+
+static u64 vvi_pm_map(struct vvi_ep *ep, phys_addr_t phys, size_t size,
+		      u32 prot, u64 mask)
+{
+	unsigned long pfn = PHYS_PFN(phys), off = offset_in_page(phys);
+	u32 n = PFN_UP(off + size);
+	u32 key = vvi_pm_hkey(pfn, n, prot);
+	struct vvi_pm *m;
+	unsigned long flags, ipfn;
+
+	spin_lock_irqsave(&ep->pm_lock, flags);
+	hash_for_each_possible(ep->pm_key, m, hk, key) {
+		if (m->pfn == pfn && m->npages == n && m->prot == prot &&
+		    m->iova + ((u64)n << PAGE_SHIFT) - 1 <= mask) {
+			if (m->refs++ == 0) {
+				list_del(&m->lru);
+				ep->pm_idle--;
+			}
+			spin_unlock_irqrestore(&ep->pm_lock, flags);
+			vvi_inc(ep, VVI_ST_FAST);
+			return m->iova + off;
+		}
+	}
+	spin_unlock_irqrestore(&ep->pm_lock, flags);
+
+	m = kmalloc(sizeof(*m), GFP_ATOMIC);
+	if (!m)
+		return DMA_MAPPING_ERROR;
+	ipfn = vvi_global_alloc(ep, n, mask);
+	if (!ipfn) {
+		kfree(m);
+		return DMA_MAPPING_ERROR;
+	}
+	m->pfn = pfn;
+	m->npages = n;
+	m->prot = prot;
+	m->iova = PFN_PHYS(ipfn);
+	m->refs = 1;
+	if (vvi_hot_map(ep, m->iova, (u64)n << PAGE_SHIFT, PFN_PHYS(pfn),
+			prot)) {
+		vvi_global_free(ep, ipfn);
+		kfree(m);
+		return DMA_MAPPING_ERROR;
+	}
+	spin_lock_irqsave(&ep->pm_lock, flags);
+	hash_add(ep->pm_key, &m->hk, key);
+	hash_add(ep->pm_iova, &m->hi, ipfn);
+	ep->pm_total++;
+	spin_unlock_irqrestore(&ep->pm_lock, flags);
+	return m->iova + off;
+}
+
+static void vvi_pm_unmap(struct vvi_ep *ep, u64 dma)
+{
+	unsigned long ipfn = dma >> PAGE_SHIFT, flags;
+	struct vvi_pm *m, *t;
+	LIST_HEAD(victims);
+	bool found = false;
+
+	spin_lock_irqsave(&ep->pm_lock, flags);
+	hash_for_each_possible(ep->pm_iova, m, hi, ipfn) {
+		if ((m->iova >> PAGE_SHIFT) != ipfn)
+			continue;
+		found = true;
+		if (--m->refs == 0) {
+			list_add_tail(&m->lru, &ep->pm_lru);
+			ep->pm_idle++;
+		}
+		break;
+	}
+	while (ep->pm_idle > vvi_persistent_cap) {
+		m = list_first_entry(&ep->pm_lru, struct vvi_pm, lru);
+		list_move_tail(&m->lru, &victims);
+		hash_del(&m->hk);
+		hash_del(&m->hi);
+		ep->pm_idle--;
+		ep->pm_total--;
+	}
+	spin_unlock_irqrestore(&ep->pm_lock, flags);
+	if (!found)
+		dev_warn_ratelimited(&ep->pdev->dev,
+				     "vviommu: unmap of unknown IOVA %llx\n",
+				     dma);
+	list_for_each_entry_safe(m, t, &victims, lru) {
+		vvi_invalidate(ep, m->iova, m->npages, false);
+		kfree(m);
+	}
+}
+
+/* drop every cached mapping; strict, process context */
+static void vvi_pm_drain(struct vvi_ep *ep)
+{
+	struct vvi_pm *m;
+	struct hlist_node *t;
+	unsigned long flags;
+	int b;
+
+	spin_lock_irqsave(&ep->pm_lock, flags);
+	hash_for_each_safe(ep->pm_iova, b, t, m, hi) {
+		hash_del(&m->hi);
+		hash_del(&m->hk);
+		if (m->refs)
+			dev_warn(&ep->pdev->dev,
+				 "vviommu: mapping %llx still in use at release\n",
+				 m->iova);
+		kfree(m);
+	}
+	INIT_LIST_HEAD(&ep->pm_lru);
+	ep->pm_idle = 0;
+	ep->pm_total = 0;
+	spin_unlock_irqrestore(&ep->pm_lock, flags);
+}
+
+/* ------------------------------------------------------------------ */
+/* map / unmap core                                                    */
+/* ------------------------------------------------------------------ */
+
+static u32 vvi_dir_prot(enum dma_data_direction dir)
+{
+	switch (dir) {
+	case DMA_TO_DEVICE:
+		return VIRTIO_IOMMU_MAP_F_READ;
+	case DMA_FROM_DEVICE:
+		return VIRTIO_IOMMU_MAP_F_WRITE;
+	case DMA_BIDIRECTIONAL:
+		return VIRTIO_IOMMU_MAP_F_READ | VIRTIO_IOMMU_MAP_F_WRITE;
+	default:
+		return 0;
+	}
+}
+
+static int vvi_prot_region(u32 prot)
+{
+	if (prot == VIRTIO_IOMMU_MAP_F_READ)
+		return VVI_REG_R;
+	if (prot == VIRTIO_IOMMU_MAP_F_WRITE)
+		return VVI_REG_W;
+	return VVI_REG_RW;
+}
+
+/* map with an allocator-provided IOVA */
+static u64 vvi_map_alloc(struct vvi_ep *ep, phys_addr_t phys, size_t size,
+			 u32 prot, u64 mask, int pol)
+{
+	unsigned long off = offset_in_page(phys), n = PFN_UP(off + size);
+	unsigned long pfn = 0;
+	u64 iova;
+
+	switch (pol) {
+	case VVI_POL_MAGAZINE:
+		pfn = vvi_mag_alloc(ep, n, mask);
+		break;
+	case VVI_POL_KMALLOC:
+		pfn = vvi_kmalloc_alloc(ep, n, mask);
+		if (pfn && vvi_hits_resv(ep, PFN_PHYS(pfn),
+					 PFN_PHYS(pfn + n) - 1)) {
+			kfree(phys_to_virt(pfn));
+			pfn = 0;
+		}
+		if (pfn)
+			break;
+		fallthrough;
+	default:
+		if (pol != VVI_POL_GLOBAL)
+			vvi_inc(ep, VVI_ST_FALLBACKS);
+		pfn = vvi_global_alloc(ep, n, mask);
+		break;
+	}
+	if (!pfn)
+		return DMA_MAPPING_ERROR;
+	iova = PFN_PHYS(pfn);
+	if (vvi_hot_map(ep, iova, (u64)n << PAGE_SHIFT, phys - off, prot)) {
+		/* nothing got mapped: the IOVA can go back right away */
+		vvi_release_iova(ep, iova, n);
+		return DMA_MAPPING_ERROR;
+	}
+	return iova + off;
+}
+
+u64 vvi_map(struct vvi_ep *ep, phys_addr_t phys, size_t size,
+	    enum dma_data_direction dir, u64 mask)
+{
+	u32 prot = vvi_dir_prot(dir);
+	u64 dma = DMA_MAPPING_ERROR;
+	int reg, err;
+
+	if (!prot || !size)
+		goto out;
+
+	switch (vvi_policy_sel) {
+	case VVI_POL_PASSTHROUGH:
+		if (phys + size - 1 <= mask && phys + size <= ep->vd->max_phys)
+			dma = phys;
+		break;
+	case VVI_POL_IDENTITY:
+		reg = vvi_prot_region(prot);
+		dma = phys | vvi_region_bits(ep->vd, reg);
+		if (dma + size - 1 <= min(mask, ep->limit) &&
+		    !vvi_hits_resv(ep, dma, dma + size - 1) &&
+		    vvi_identity_get(ep, phys, size, reg, prot, &err))
+			break;
+		dma = DMA_MAPPING_ERROR;
+		vvi_inc(ep, VVI_ST_FALLBACKS);
+		dma = vvi_map_alloc(ep, phys, size, prot, mask,
+				    VVI_POL_GLOBAL);
+		break;
+	case VVI_POL_PERSISTENT:
+		dma = vvi_pm_map(ep, phys, size, prot, min(mask, ep->limit));
+		break;
+	default:
+		dma = vvi_map_alloc(ep, phys, size, prot, mask,
+				    vvi_policy_sel);
+		break;
+	}
+out:
+	if (dma == DMA_MAPPING_ERROR) {
+		vvi_inc(ep, VVI_ST_ERRORS);
+	} else {
+		vvi_inc(ep, VVI_ST_MAPS);
+		atomic_long_inc(&ep->live);
+	}
+	return dma;
+}
+
+void vvi_unmap(struct vvi_ep *ep, u64 dma, size_t size, bool strict)
+{
+	unsigned long off = offset_in_page(dma);
+	unsigned long n = PFN_UP(off + size);
+	int reg;
+
+	if (dma == DMA_MAPPING_ERROR || !size)
+		return;
+	vvi_inc(ep, VVI_ST_UNMAPS);
+	atomic_long_dec(&ep->live);
+
+	switch (vvi_policy_sel) {
+	case VVI_POL_PASSTHROUGH:
+		return;
+	case VVI_POL_PERSISTENT:
+		vvi_pm_unmap(ep, dma);
+		return;
+	case VVI_POL_IDENTITY:
+		if (dma < ep->vd->fb_base) {
+			u64 phys;
+
+			reg = vvi_iova_region(ep->vd, dma);
+			phys = dma & ~(ep->vd->rbit | ep->vd->wbit);
+			vvi_identity_put(ep, reg, PHYS_PFN(phys),
+					 PHYS_PFN(phys + size - 1), strict);
+			return;
+		}
+		break;
+	default:
+		break;
+	}
+	vvi_invalidate(ep, dma - off, n, strict);
+}
+
+/* ------------------------------------------------------------------ */
+/* dma_map_ops                                                         */
+/* ------------------------------------------------------------------ */
+
+static struct vvi_ep *vvi_dev_ep(struct device *dev)
+{
+	return container_of((struct dma_map_ops *)get_dma_ops(dev),
+			    struct vvi_ep, ops);
+}
+
+static dma_addr_t vvi_op_map_page(struct device *dev, struct page *page,
+				  unsigned long offset, size_t size,
+				  enum dma_data_direction dir,
+				  unsigned long attrs)
+{
+	return vvi_map(vvi_dev_ep(dev), page_to_phys(page) + offset, size,
+		       dir, dma_get_mask(dev));
+}
+
+static void vvi_op_unmap_page(struct device *dev, dma_addr_t dma,
+			      size_t size, enum dma_data_direction dir,
+			      unsigned long attrs)
+{
+	vvi_unmap(vvi_dev_ep(dev), dma, size, false);
+}
+
+static void vvi_op_unmap_sg(struct device *dev, struct scatterlist *sgl,
+			    int nents, enum dma_data_direction dir,
+			    unsigned long attrs)
+{
+	struct vvi_ep *ep = vvi_dev_ep(dev);
+	struct scatterlist *s;
+	int i;
+
+	for_each_sg(sgl, s, nents, i) {
+		if (!sg_dma_len(s))
+			break;
+		vvi_unmap(ep, sg_dma_address(s), sg_dma_len(s), false);
+	}
+}
+
+/* every segment gets its own IOVA: correct, though not merged */
+static int vvi_op_map_sg(struct device *dev, struct scatterlist *sgl,
+			 int nents, enum dma_data_direction dir,
+			 unsigned long attrs)
+{
+	struct vvi_ep *ep = vvi_dev_ep(dev);
+	u64 mask = dma_get_mask(dev);
+	struct scatterlist *s;
+	int i, j;
+
+	for_each_sg(sgl, s, nents, i) {
+		s->dma_address = vvi_map(ep, sg_phys(s), s->length, dir, mask);
+		if (s->dma_address == DMA_MAPPING_ERROR)
+			goto fail;
+		sg_dma_len(s) = s->length;
+	}
+	return nents;
+
+fail:
+	for_each_sg(sgl, s, i, j)
+		vvi_unmap(ep, sg_dma_address(s), sg_dma_len(s), false);
+	return -EIO;
+}
+
+static void *vvi_op_alloc(struct device *dev, size_t size,
+			  dma_addr_t *handle, gfp_t gfp, unsigned long attrs)
+{
+	struct vvi_ep *ep = vvi_dev_ep(dev);
+	unsigned int order = get_order(size);
+	struct page *page;
+	u64 dma;
+
+	gfp &= ~(__GFP_DMA | __GFP_DMA32 | __GFP_HIGHMEM);
+	page = alloc_pages_node(dev_to_node(dev), gfp | __GFP_ZERO, order);
+	if (!page)
+		return NULL;
+	dma = vvi_map(ep, page_to_phys(page), PAGE_SIZE << order,
+		      DMA_BIDIRECTIONAL, dev->coherent_dma_mask);
+	if (dma == DMA_MAPPING_ERROR) {
+		__free_pages(page, order);
+		return NULL;
+	}
+	*handle = dma;
+	return page_address(page);
+}
+
+/* coherent memory goes back to the page allocator: always strict */
+static void vvi_op_free(struct device *dev, size_t size, void *vaddr,
+			dma_addr_t handle, unsigned long attrs)
+{
+	unsigned int order = get_order(size);
+
+	vvi_unmap(vvi_dev_ep(dev), handle, PAGE_SIZE << order, true);
+	__free_pages(virt_to_page(vaddr), order);
+}
+
+/*
+ * x86 DMA is cache coherent and this driver never bounces, so there is
+ * nothing to write back or invalidate: the sync operations are empty.
+ */
+static void vvi_op_sync_single(struct device *dev, dma_addr_t dma,
+			       size_t size, enum dma_data_direction dir)
+{
+}
+
+static void vvi_op_sync_sg(struct device *dev, struct scatterlist *sg,
+			   int nents, enum dma_data_direction dir)
+{
+}
+
+static int vvi_op_dma_supported(struct device *dev, u64 mask)
+{
+	return mask >= DMA_BIT_MASK(32);
+}
+
+static u64 vvi_op_required_mask(struct device *dev)
+{
+	struct vvi_ep *ep = vvi_dev_ep(dev);
+
+	return DMA_BIT_MASK(fls64(ep->limit));
+}
+
+void vvi_init_ops(struct dma_map_ops *ops)
+{
+	memset(ops, 0, sizeof(*ops));
+	ops->alloc = vvi_op_alloc;
+	ops->free = vvi_op_free;
+	ops->map_page = vvi_op_map_page;
+	ops->unmap_page = vvi_op_unmap_page;
+	ops->map_sg = vvi_op_map_sg;
+	ops->unmap_sg = vvi_op_unmap_sg;
+	ops->sync_single_for_cpu = vvi_op_sync_single;
+	ops->sync_single_for_device = vvi_op_sync_single;
+	ops->sync_sg_for_cpu = vvi_op_sync_sg;
+	ops->sync_sg_for_device = vvi_op_sync_sg;
+	ops->dma_supported = vvi_op_dma_supported;
+	ops->get_required_mask = vvi_op_required_mask;
+}
+
+/* ------------------------------------------------------------------ */
+/* per-endpoint policy state                                           */
+/* ------------------------------------------------------------------ */
+
+static int vvi_pt_map_res(struct resource *res, void *arg)
+{
+	struct vvi_ep *ep = arg;
+	struct vvi_req r;
+
+	vvi_fill_map(&r, ep->domain, res->start, res->end, res->start,
+		     VIRTIO_IOMMU_MAP_F_READ | VIRTIO_IOMMU_MAP_F_WRITE);
+	vvi_inc(ep, VVI_ST_MAP_REQS);
+	return vvi_send_one(ep->vd, &r, ep);
+}
+
+int vvi_policy_setup(struct vvi_ep *ep)
+{
+	struct vvi_dev *vd = ep->vd;
+	unsigned long start_pfn = 1;
+	int i, o;
+
+	ep->limit = min(vd->in_end, DMA_BIT_MASK(48));
+	if (vvi_policy_sel == VVI_POL_IDENTITY ||
+	    vvi_policy_sel == VVI_POL_KMALLOC) {
+		if (!vd->fb_base)
+			return -EOPNOTSUPP;
+		start_pfn = vd->fb_base >> PAGE_SHIFT;
+	}
+	if (vvi_policy_sel == VVI_POL_PASSTHROUGH)
+		return walk_iomem_res_desc(IORES_DESC_NONE,
+					   IORESOURCE_SYSTEM_RAM |
+					   IORESOURCE_BUSY, 0, vd->max_phys - 1,
+					   ep, vvi_pt_map_res);
+
+	init_iova_domain(&ep->iovad, PAGE_SIZE, start_pfn);
+	ep->iovad_ready = true;
+	reserve_iova(&ep->iovad, VVI_MSI_START >> PAGE_SHIFT,
+		     VVI_MSI_END >> PAGE_SHIFT);
+	for (i = 0; i < ep->nresv; i++)
+		reserve_iova(&ep->iovad, ep->resv[i].start >> PAGE_SHIFT,
+			     ep->resv[i].end >> PAGE_SHIFT);
+
+	if (vvi_policy_sel == VVI_POL_IDENTITY) {
+		ep->id_npfn = PHYS_PFN(vd->max_phys);
+		ep->idst = vzalloc(array_size(VVI_NR_REGS * ep->id_npfn,
+					      sizeof(atomic_t)));
+		if (!ep->idst)
+			return -ENOMEM;
+	}
+	if (vvi_policy_sel == VVI_POL_MAGAZINE) {
+		ep->mags = alloc_percpu(struct vvi_mag_cpu);
+		if (!ep->mags)
+			return -ENOMEM;
+		for (o = 0; o < VVI_MAG_ORDERS; o++) {
+			spin_lock_init(&ep->depot[o].lock);
+			ep->depot[o].n = 0;
+			ep->depot[o].mags = kcalloc(VVI_DEPOT_MAX,
+						    sizeof(struct vvi_mag),
+						    GFP_KERNEL);
+			if (!ep->depot[o].mags)
+				return -ENOMEM;
+		}
+	}
+	return 0;
+}
+
+/* all UNMAPs are done (the caller unmapped the whole range) */
+void vvi_policy_teardown(struct vvi_ep *ep)
+{
+	int o;
+
+	if (vvi_policy_sel == VVI_POL_PERSISTENT)
+		vvi_pm_drain(ep);
+	if (ep->mags) {
+		free_percpu(ep->mags);
+		ep->mags = NULL;
+	}
+	for (o = 0; o < VVI_MAG_ORDERS; o++) {
+		kfree(ep->depot[o].mags);
+		ep->depot[o].mags = NULL;
+	}
+	vfree(ep->idst);
+	ep->idst = NULL;
+	if (ep->iovad_ready) {
+		/* frees every IOVA still in the tree, magazines included */
+		put_iova_domain(&ep->iovad);
+		ep->iovad_ready = false;
+	}
+}
+
+/* ------------------------------------------------------------------ */
+/* module-wide state                                                   */
+/* ------------------------------------------------------------------ */
+
+int vvi_dma_init(void)
+{
+	int cpu, ret;
+
+	ret = iova_cache_get();
+	if (ret)
+		return ret;
+	vvi_pcpu = kcalloc(nr_cpu_ids, sizeof(*vvi_pcpu), GFP_KERNEL);
+	if (!vvi_pcpu)
+		goto err;
+	for_each_possible_cpu(cpu) {
+		vvi_pcpu[cpu] = kzalloc(sizeof(struct vvi_pcpu), GFP_KERNEL);
+		if (!vvi_pcpu[cpu])
+			goto err;
+	}
+	vvi_cpu_fq = alloc_percpu(struct vvi_fq);
+	vvi_global_fq = kzalloc(sizeof(*vvi_global_fq), GFP_KERNEL);
+	if (!vvi_cpu_fq || !vvi_global_fq)
+		goto err;
+	for_each_possible_cpu(cpu)
+		spin_lock_init(&per_cpu_ptr(vvi_cpu_fq, cpu)->lock);
+	spin_lock_init(&vvi_global_fq->lock);
+	INIT_DELAYED_WORK(&vvi_flush_work, vvi_flush_workfn);
+	return 0;
+err:
+	vvi_dma_exit();
+	return -ENOMEM;
+}
+
+void vvi_dma_exit(void)
+{
+	int cpu;
+
+	if (vvi_cpu_fq) {
+		cancel_delayed_work_sync(&vvi_flush_work);
+		free_percpu(vvi_cpu_fq);
+		vvi_cpu_fq = NULL;
+	}
+	kfree(vvi_global_fq);
+	vvi_global_fq = NULL;
+	if (vvi_pcpu) {
+		for_each_possible_cpu(cpu)
+			kfree(vvi_pcpu[cpu]);
+		kfree(vvi_pcpu);
+		vvi_pcpu = NULL;
+	}
+	iova_cache_put();
+}
+
+void vvi_flush_sync(void)
+{
+	cancel_delayed_work_sync(&vvi_flush_work);
+	vvi_flush_all();
+}
