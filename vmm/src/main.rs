@@ -1,10 +1,43 @@
-//! dmavisor: a KVM virtual machine monitor.
+//! dmavisor: a KVM virtual machine monitor whose virtual IOMMU keeps guest
+//! DMA protection cheap.
 
-#![allow(dead_code)]
+use clap::Parser;
 
-mod devices;
-mod error;
-mod memory;
-mod pci;
+use vmm::error::Error;
+use vmm::{cli, vm};
 
-fn main() {}
+fn init_logging(verbosity: u8) {
+    let default = match verbosity {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default))
+        .format_timestamp_millis()
+        .init();
+}
+
+fn main() {
+    let cli = cli::Cli::parse();
+    init_logging(cli.verbose);
+    let result = cli.to_config().and_then(|config| vm::run(&config));
+    match result {
+        Ok(event) => {
+            let code = event.exit_code();
+            if code != 0 {
+                eprintln!("dmavisor: {}", event.describe());
+            }
+            std::process::exit(code);
+        }
+        Err(e) => {
+            eprintln!("dmavisor: error: {e}");
+            let code = if matches!(e, Error::InvalidOption { .. }) {
+                2
+            } else {
+                1
+            };
+            std::process::exit(code);
+        }
+    }
+}

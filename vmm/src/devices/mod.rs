@@ -1,3 +1,5 @@
 //! Platform devices and the address-range buses that dispatch guest accesses.
 
 pub mod bus;
+pub mod power;
+pub mod serial;

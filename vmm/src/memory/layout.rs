@@ -172,6 +172,16 @@ pub fn e820_entries(mem_size: u64) -> Vec<E820Entry> {
     entries
 }
 
+// The fixed areas must not collide; checked at compile time.
+const _: () = {
+    assert!(PCI_MMIO32_START + PCI_MMIO32_SIZE <= PCI_ECAM_START);
+    assert!(PCI_ECAM_START + PCI_ECAM_SIZE <= IOAPIC_START);
+    assert!(PDE_START + 4 * 0x1000 <= CMDLINE_START);
+    assert!(BOOT_STACK_POINTER < PML4_START);
+    assert!(PVH_MEMMAP_MAX_ENTRIES >= 8);
+    assert!(CMDLINE_START + CMDLINE_MAX_SIZE as u64 <= EBDA_START);
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,15 +244,5 @@ mod tests {
         let (start, _) = pci_mmio64_window(4 * GIB + 1);
         assert_eq!(start, 6 * GIB);
         assert!(start >= ram_end(4 * GIB + 1));
-    }
-
-    #[test]
-    fn fixed_areas_do_not_collide() {
-        assert!(PCI_MMIO32_START + PCI_MMIO32_SIZE <= PCI_ECAM_START);
-        assert!(PCI_ECAM_START + PCI_ECAM_SIZE <= IOAPIC_START);
-        assert!(PDE_START + 4 * 0x1000 <= CMDLINE_START);
-        assert!(BOOT_STACK_POINTER < PML4_START);
-        assert!(PVH_MEMMAP_MAX_ENTRIES >= 8);
-        assert!(CMDLINE_START + CMDLINE_MAX_SIZE as u64 <= EBDA_START);
     }
 }

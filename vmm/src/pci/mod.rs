@@ -42,6 +42,9 @@ pub mod root;
 pub use config::{Bar, BarKind, BarReprogram, PciConfigError, PciConfiguration, PciHeader};
 pub use root::{PciAddress, PciError, PciRoot, PciWindows};
 
+/// A PCI function shared between the root complex and its BAR regions.
+pub type SharedPciDevice = std::sync::Arc<std::sync::Mutex<dyn PciDevice>>;
+
 /// An emulated PCI function.
 pub trait PciDevice: Send {
     /// The embedded configuration space.

@@ -7,7 +7,7 @@ use thiserror::Error;
 
 use super::config::{BarKind, BarReprogram};
 use super::host_bridge::HostBridge;
-use super::PciDevice;
+use super::SharedPciDevice;
 use crate::devices::bus::{Bus, BusDevice, BusError};
 
 /// Number of device slots on bus 0.
@@ -94,7 +94,7 @@ struct Allocators {
 
 /// Forwards bus accesses inside one BAR to its device.
 struct BarRegion {
-    device: Arc<Mutex<dyn PciDevice>>,
+    device: SharedPciDevice,
     bar: usize,
 }
 
@@ -115,7 +115,7 @@ impl BusDevice for BarRegion {
 
 /// The root complex: host bridge plus devices on bus 0, function 0 each.
 pub struct PciRoot {
-    slots: RwLock<Vec<Option<Arc<Mutex<dyn PciDevice>>>>>,
+    slots: RwLock<Vec<Option<SharedPciDevice>>>,
     allocators: Mutex<Allocators>,
     mmio_bus: Arc<Bus>,
     pio_bus: Arc<Bus>,
@@ -124,7 +124,7 @@ pub struct PciRoot {
 impl PciRoot {
     /// Creates bus 0 with the host bridge at 00:00.0.
     pub fn new(mmio_bus: Arc<Bus>, pio_bus: Arc<Bus>, windows: PciWindows) -> Self {
-        let mut slots: Vec<Option<Arc<Mutex<dyn PciDevice>>>> = vec![None; NUM_SLOTS];
+        let mut slots: Vec<Option<SharedPciDevice>> = vec![None; NUM_SLOTS];
         slots[0] = Some(Arc::new(Mutex::new(HostBridge::new())));
         Self {
             slots: RwLock::new(slots),
@@ -139,7 +139,7 @@ impl PciRoot {
     }
 
     /// Plugs `device` into the next free slot, allocates and maps its BARs.
-    pub fn add_device(&self, device: Arc<Mutex<dyn PciDevice>>) -> Result<PciAddress, PciError> {
+    pub fn add_device(&self, device: SharedPciDevice) -> Result<PciAddress, PciError> {
         let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
         let slot = slots
             .iter()
@@ -204,7 +204,7 @@ impl PciRoot {
         }
     }
 
-    fn device_at(&self, addr: PciAddress) -> Option<Arc<Mutex<dyn PciDevice>>> {
+    fn device_at(&self, addr: PciAddress) -> Option<SharedPciDevice> {
         if addr.bus != 0 || addr.function != 0 {
             return None;
         }
@@ -256,7 +256,7 @@ impl PciRoot {
 #[cfg(test)]
 mod tests {
     use super::super::host_bridge::{HOST_BRIDGE_DEVICE_ID, HOST_BRIDGE_VENDOR_ID};
-    use super::super::{PciConfiguration, PciHeader};
+    use super::super::{PciConfiguration, PciDevice, PciHeader};
     use super::*;
 
     struct TestDevice {

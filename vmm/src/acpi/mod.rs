@@ -1,0 +1,14 @@
+//! ACPI tables: how the guest discovers CPUs, the interrupt controllers, the
+//! PCI host bridge and how to power off or reset.
+
+pub mod dsdt;
+pub mod tables;
+
+pub use tables::{create_acpi_tables, AcpiConfig};
+
+/// OEM id stamped into every table.
+pub const OEM_ID: [u8; 6] = *b"DMAVSR";
+/// OEM table id stamped into every table.
+pub const OEM_TABLE_ID: [u8; 8] = *b"DMAVISOR";
+/// OEM revision.
+pub const OEM_REVISION: u32 = 1;

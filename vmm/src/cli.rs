@@ -1,0 +1,109 @@
+//! Command line (cloud-hypervisor's flags for the supported subset).
+
+use std::path::PathBuf;
+
+use clap::{ArgAction, Parser};
+
+use crate::config::{CpusConfig, MemoryConfig, SerialConfig, VmConfig};
+use crate::error::Error;
+
+/// dmavisor: boots a Linux kernel in a KVM virtual machine.
+///
+/// The guest's `poweroff` ends dmavisor with exit code 0; a guest reboot
+/// also ends it with exit code 0 (there is no in-place reset). A guest
+/// triple fault or a KVM failure ends it with exit code 1, bad options with 2.
+#[derive(Debug, Parser)]
+#[command(name = "dmavisor", version, about, long_about)]
+pub struct Cli {
+    /// Kernel to boot: a bzImage (e.g. Debian's vmlinuz, 64-bit Linux boot
+    /// protocol) or an ELF vmlinux with a PVH entry note.
+    #[arg(long, value_name = "PATH")]
+    pub kernel: PathBuf,
+
+    /// Initramfs (cpio, optionally compressed) handed to the kernel.
+    #[arg(long, value_name = "PATH")]
+    pub initramfs: Option<PathBuf>,
+
+    /// Kernel command line, e.g. "console=ttyS0 quiet".
+    #[arg(long, value_name = "STRING", default_value = "")]
+    pub cmdline: String,
+
+    /// vCPUs: boot=N (1..=64).
+    #[arg(long, value_name = "boot=N", default_value = "boot=1")]
+    pub cpus: String,
+
+    /// Guest RAM: size=SIZE with K/M/G suffix (at least 64M), e.g. size=512M.
+    #[arg(long, value_name = "size=SIZE", default_value = "size=512M")]
+    pub memory: String,
+
+    /// COM1 (ttyS0): tty (stdout/stdin), file=PATH (output only) or off.
+    #[arg(long, value_name = "tty|file=PATH|off", default_value = "tty")]
+    pub serial: String,
+
+    /// More logging on stderr (-v info, -vv debug, -vvv trace). RUST_LOG overrides.
+    #[arg(short = 'v', action = ArgAction::Count)]
+    pub verbose: u8,
+}
+
+impl Cli {
+    /// Turns the raw flags into a validated configuration.
+    pub fn to_config(&self) -> Result<VmConfig, Error> {
+        Ok(VmConfig {
+            kernel: self.kernel.clone(),
+            initramfs: self.initramfs.clone(),
+            cmdline: self.cmdline.clone(),
+            cpus: CpusConfig::parse(&self.cpus)?,
+            memory: MemoryConfig::parse(&self.memory)?,
+            serial: SerialConfig::parse(&self.serial)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_command_line() {
+        let cli = Cli::try_parse_from([
+            "dmavisor",
+            "--kernel",
+            "/k",
+            "--initramfs",
+            "/i",
+            "--cmdline",
+            "console=ttyS0",
+            "--cpus",
+            "boot=2",
+            "--memory",
+            "size=1G",
+            "--serial",
+            "off",
+            "-vv",
+        ])
+        .unwrap();
+        let c = cli.to_config().unwrap();
+        assert_eq!(c.cpus.boot, 2);
+        assert_eq!(c.memory.size, 1 << 30);
+        assert_eq!(c.serial, SerialConfig::Off);
+        assert_eq!(c.cmdline, "console=ttyS0");
+        assert_eq!(cli.verbose, 2);
+    }
+
+    #[test]
+    fn defaults() {
+        let c = Cli::try_parse_from(["dmavisor", "--kernel", "/k"])
+            .unwrap()
+            .to_config()
+            .unwrap();
+        assert_eq!(c.cpus.boot, 1);
+        assert_eq!(c.memory.size, 512 << 20);
+        assert_eq!(c.serial, SerialConfig::Tty);
+        assert!(c.initramfs.is_none());
+    }
+
+    #[test]
+    fn kernel_is_required() {
+        assert!(Cli::try_parse_from(["dmavisor"]).is_err());
+    }
+}

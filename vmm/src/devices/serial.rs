@@ -1,0 +1,146 @@
+//! COM1: a 16550A from vm-superio whose interrupt is an eventfd wired to
+//! GSI 4 through a KVM irqfd, so raising it costs no ioctl.
+
+use std::io::{self, Read, Write};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use log::{debug, warn};
+use vm_superio::{Serial, Trigger};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::bus::BusDevice;
+
+/// Raises the serial interrupt by signalling an irqfd.
+pub struct EventFdTrigger(EventFd);
+
+impl EventFdTrigger {
+    /// Wraps `fd`.
+    pub fn new(fd: EventFd) -> Self {
+        Self(fd)
+    }
+}
+
+impl Trigger for EventFdTrigger {
+    type E = io::Error;
+    fn trigger(&self) -> io::Result<()> {
+        self.0.write(1)
+    }
+}
+
+/// The UART plus where its output goes.
+pub struct SerialDevice {
+    uart: Serial<EventFdTrigger, vm_superio::serial::NoEvents, Box<dyn Write + Send>>,
+}
+
+impl SerialDevice {
+    /// A UART raising `irq` and writing transmitted bytes to `out`.
+    pub fn new(irq: EventFd, out: Box<dyn Write + Send>) -> Self {
+        Self {
+            uart: Serial::new(EventFdTrigger::new(irq), out),
+        }
+    }
+
+    /// Queues guest input; returns how many bytes fitted in the FIFO.
+    pub fn enqueue_input(&mut self, bytes: &[u8]) -> usize {
+        match self.uart.enqueue_raw_bytes(bytes) {
+            Ok(n) => n,
+            Err(e) => {
+                debug!("serial input dropped: {e:?}");
+                0
+            }
+        }
+    }
+
+    /// Flushes pending output.
+    pub fn flush(&mut self) {
+        let _ = self.uart.writer_mut().flush();
+    }
+}
+
+impl BusDevice for SerialDevice {
+    fn read(&mut self, _base: u64, offset: u64, data: &mut [u8]) {
+        if let (Some(first), Ok(off)) = (data.first_mut(), u8::try_from(offset)) {
+            *first = self.uart.read(off);
+        }
+    }
+
+    fn write(&mut self, _base: u64, offset: u64, data: &[u8]) {
+        if let (Some(&value), Ok(off)) = (data.first(), u8::try_from(offset)) {
+            if let Err(e) = self.uart.write(off, value) {
+                warn!("serial write failed: {e:?}");
+            }
+        }
+    }
+}
+
+/// Feeds stdin to the UART from a background thread until EOF.
+pub fn spawn_stdin_reader(serial: Arc<Mutex<SerialDevice>>) -> io::Result<()> {
+    thread::Builder::new()
+        .name("serial-stdin".into())
+        .spawn(move || {
+            let mut stdin = io::stdin();
+            let mut buf = [0u8; 64];
+            loop {
+                let n = match stdin.read(&mut buf) {
+                    Ok(0) => return,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => return,
+                };
+                let mut pending = buf.get(..n).unwrap_or_default();
+                while !pending.is_empty() {
+                    let taken = serial
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .enqueue_input(pending);
+                    pending = pending.get(taken..).unwrap_or_default();
+                    if !pending.is_empty() {
+                        // FIFO full: let the guest drain it.
+                        thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            }
+        })
+        .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct SharedBuf(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for SharedBuf {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn output_and_input_through_registers() {
+        let out = SharedBuf::default();
+        let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let irq_probe = irq.try_clone().unwrap();
+        let mut dev = SerialDevice::new(irq, Box::new(out.clone()));
+        dev.write(0x3f8, 0, b"h");
+        dev.write(0x3f8, 0, b"i");
+        assert_eq!(out.0.lock().unwrap().as_slice(), b"hi");
+        // Enable the received-data interrupt, then receive a byte.
+        dev.write(0x3f8, 1, &[0x1]);
+        assert_eq!(dev.enqueue_input(b"x"), 1);
+        assert!(irq_probe.read().unwrap() >= 1);
+        let mut lsr = [0u8];
+        dev.read(0x3f8, 5, &mut lsr);
+        assert_ne!(lsr[0] & 1, 0, "data ready");
+        let mut rx = [0u8];
+        dev.read(0x3f8, 0, &mut rx);
+        assert_eq!(rx[0], b'x');
+    }
+}

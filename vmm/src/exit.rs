@@ -1,0 +1,62 @@
+//! Why the VM stopped, reported by vCPU threads and devices to the main
+//! thread, which turns it into the process exit code.
+
+use std::sync::mpsc::Sender;
+
+/// A reason to end the VM.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExitEvent {
+    /// ACPI S5 (guest `poweroff`).
+    PowerOff,
+    /// Guest reset request (ACPI reset register, i8042 pulse, KVM reset event).
+    Reset,
+    /// A vCPU triple-faulted (KVM_EXIT_SHUTDOWN).
+    TripleFault {
+        /// vCPU index.
+        vcpu: u8,
+    },
+    /// An unrecoverable KVM or VMM error.
+    Error(String),
+}
+
+impl ExitEvent {
+    /// Exit code of the VMM process: 0 for guest-requested power-off or
+    /// reboot, 1 for failures.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            ExitEvent::PowerOff | ExitEvent::Reset => 0,
+            ExitEvent::TripleFault { .. } | ExitEvent::Error(_) => 1,
+        }
+    }
+
+    /// One-line description for the log / stderr.
+    pub fn describe(&self) -> String {
+        match self {
+            ExitEvent::PowerOff => "guest powered off".into(),
+            ExitEvent::Reset => "guest requested a reboot; dmavisor does not reset in place".into(),
+            ExitEvent::TripleFault { vcpu } => format!(
+                "guest triple fault on vCPU {vcpu} (KVM_EXIT_SHUTDOWN): the guest kernel crashed or did not boot"
+            ),
+            ExitEvent::Error(msg) => msg.clone(),
+        }
+    }
+}
+
+/// Where exit events are sent.
+pub type ExitSender = Sender<ExitEvent>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(ExitEvent::PowerOff.exit_code(), 0);
+        assert_eq!(ExitEvent::Reset.exit_code(), 0);
+        assert_eq!(ExitEvent::TripleFault { vcpu: 1 }.exit_code(), 1);
+        assert_eq!(ExitEvent::Error("x".into()).exit_code(), 1);
+        assert!(ExitEvent::TripleFault { vcpu: 1 }
+            .describe()
+            .contains("triple fault"));
+    }
+}

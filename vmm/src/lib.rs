@@ -1,0 +1,16 @@
+//! dmavisor's VMM as a library: the binary (`main.rs`) is a thin CLI over
+//! [`vm::run`]; devices (PCI, virtio) plug in through [`pci`] and
+//! [`devices::bus`].
+
+pub mod acpi;
+pub mod boot;
+pub mod cli;
+pub mod config;
+pub mod devices;
+pub mod error;
+pub mod exit;
+pub mod kvm_check;
+pub mod memory;
+pub mod pci;
+pub mod vcpu;
+pub mod vm;

@@ -1,0 +1,255 @@
+//! vCPU creation, boot configuration and the exit-handling loop.
+//!
+//! Each vCPU runs on its own thread and dispatches port and MMIO exits
+//! straight to the buses; nothing is shared between vCPUs but those buses.
+
+use std::sync::Arc;
+
+use kvm_bindings::{kvm_cpuid_entry2, CpuId, Msrs};
+use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
+use log::{debug, error, info, trace, warn};
+
+use crate::boot::cpuid::patch_cpuid;
+use crate::boot::msrs::boot_msrs;
+use crate::boot::regs::{boot_fpu, boot_regs, setup_sregs, EntryMode};
+use crate::devices::bus::Bus;
+use crate::error::{kvm_err, Error};
+use crate::exit::{ExitEvent, ExitSender};
+use crate::memory::GuestMemoryMmap;
+
+/// Local APIC register offsets and delivery modes for the LINT pins.
+const APIC_LVT0: usize = 0x350;
+const APIC_LVT1: usize = 0x360;
+const APIC_MODE_EXTINT: u32 = 0x7;
+const APIC_MODE_NMI: u32 = 0x4;
+
+/// KVM_SYSTEM_EVENT_* types.
+const SYSTEM_EVENT_SHUTDOWN: u32 = 1;
+const SYSTEM_EVENT_RESET: u32 = 2;
+const SYSTEM_EVENT_CRASH: u32 = 3;
+
+/// Where and how the boot vCPU starts.
+pub struct BootEntry<'a> {
+    /// Guest memory (GDT and page tables are written into it).
+    pub mem: &'a GuestMemoryMmap,
+    /// Entry mode.
+    pub mode: EntryMode,
+    /// Entry point.
+    pub entry: u64,
+    /// Zero page or PVH start info address.
+    pub boot_data: u64,
+}
+
+/// One virtual CPU.
+pub struct Vcpu {
+    fd: VcpuFd,
+    index: u8,
+    pio: Arc<Bus>,
+    mmio: Arc<Bus>,
+    exit: ExitSender,
+}
+
+fn lapic_reg(regs: &[libc::c_char], offset: usize) -> u32 {
+    let mut b = [0u8; 4];
+    for (i, byte) in b.iter_mut().enumerate() {
+        *byte = regs.get(offset + i).map(|c| *c as u8).unwrap_or(0);
+    }
+    u32::from_le_bytes(b)
+}
+
+fn set_lapic_reg(regs: &mut [libc::c_char], offset: usize, value: u32) {
+    for (i, byte) in value.to_le_bytes().iter().enumerate() {
+        if let Some(r) = regs.get_mut(offset + i) {
+            *r = *byte as libc::c_char;
+        }
+    }
+}
+
+fn set_delivery_mode(reg: u32, mode: u32) -> u32 {
+    (reg & !0x700) | (mode << 8)
+}
+
+impl Vcpu {
+    /// Creates vCPU `index` (its APIC id is the same number).
+    pub fn new(
+        vm: &VmFd,
+        index: u8,
+        pio: Arc<Bus>,
+        mmio: Arc<Bus>,
+        exit: ExitSender,
+    ) -> Result<Self, Error> {
+        let fd = vm
+            .create_vcpu(u64::from(index))
+            .map_err(kvm_err("KVM_CREATE_VCPU"))?;
+        Ok(Self {
+            fd,
+            index,
+            pio,
+            mmio,
+            exit,
+        })
+    }
+
+    /// Sets CPUID, MSRs, FPU and LAPIC LINT pins; for the boot vCPU also the
+    /// entry registers. Other vCPUs wait for INIT/SIPI in the in-kernel LAPIC.
+    pub fn configure(
+        &self,
+        supported_cpuid: &[kvm_cpuid_entry2],
+        num_vcpus: u8,
+        tsc_deadline: bool,
+        boot: Option<BootEntry<'_>>,
+    ) -> Result<(), Error> {
+        let entries = patch_cpuid(supported_cpuid, self.index, num_vcpus, tsc_deadline);
+        let cpuid = CpuId::from_entries(&entries)
+            .map_err(|e| Error::Kvm(format!("too many CPUID entries: {e:?}")))?;
+        self.fd
+            .set_cpuid2(&cpuid)
+            .map_err(kvm_err("KVM_SET_CPUID2"))?;
+
+        let wanted = boot_msrs();
+        let msrs =
+            Msrs::from_entries(&wanted).map_err(|e| Error::Kvm(format!("MSR list: {e:?}")))?;
+        let set = self.fd.set_msrs(&msrs).map_err(kvm_err("KVM_SET_MSRS"))?;
+        if set != wanted.len() {
+            let failed = wanted.get(set).map(|m| m.index).unwrap_or(0);
+            warn!(
+                "vCPU {}: KVM accepted {set} of {} boot MSRs (first refused: {failed:#x})",
+                self.index,
+                wanted.len()
+            );
+        }
+
+        self.fd
+            .set_fpu(&boot_fpu())
+            .map_err(kvm_err("KVM_SET_FPU"))?;
+
+        let mut lapic = self.fd.get_lapic().map_err(kvm_err("KVM_GET_LAPIC"))?;
+        let lvt0 = lapic_reg(&lapic.regs, APIC_LVT0);
+        set_lapic_reg(
+            &mut lapic.regs,
+            APIC_LVT0,
+            set_delivery_mode(lvt0, APIC_MODE_EXTINT),
+        );
+        let lvt1 = lapic_reg(&lapic.regs, APIC_LVT1);
+        set_lapic_reg(
+            &mut lapic.regs,
+            APIC_LVT1,
+            set_delivery_mode(lvt1, APIC_MODE_NMI),
+        );
+        self.fd
+            .set_lapic(&lapic)
+            .map_err(kvm_err("KVM_SET_LAPIC"))?;
+
+        if let Some(boot) = boot {
+            let mut sregs = self.fd.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
+            setup_sregs(boot.mem, &mut sregs, boot.mode)?;
+            self.fd
+                .set_sregs(&sregs)
+                .map_err(kvm_err("KVM_SET_SREGS"))?;
+            self.fd
+                .set_regs(&boot_regs(boot.mode, boot.entry, boot.boot_data))
+                .map_err(kvm_err("KVM_SET_REGS"))?;
+        }
+        Ok(())
+    }
+
+    fn finish(&self, event: ExitEvent) {
+        let _ = self.exit.send(event);
+    }
+
+    /// Runs the vCPU until the guest stops it or an error occurs; the reason
+    /// is sent to the exit channel.
+    pub fn run(mut self) {
+        let index = self.index;
+        loop {
+            match self.fd.run() {
+                Ok(VcpuExit::IoIn(port, data)) => {
+                    if !self.pio.read(u64::from(port), data) {
+                        trace!("vCPU {index}: unhandled in {port:#x}");
+                        data.fill(0xff);
+                    }
+                }
+                Ok(VcpuExit::IoOut(port, data)) => {
+                    if !self.pio.write(u64::from(port), data) {
+                        trace!("vCPU {index}: unhandled out {port:#x} {data:?}");
+                    }
+                }
+                Ok(VcpuExit::MmioRead(addr, data)) => {
+                    if !self.mmio.read(addr, data) {
+                        debug!("vCPU {index}: unhandled MMIO read {addr:#x}");
+                        data.fill(0xff);
+                    }
+                }
+                Ok(VcpuExit::MmioWrite(addr, data)) => {
+                    if !self.mmio.write(addr, data) {
+                        debug!("vCPU {index}: unhandled MMIO write {addr:#x}");
+                    }
+                }
+                Ok(VcpuExit::Hlt) => {
+                    // The in-kernel LAPIC handles HLT; seeing it means the
+                    // guest halted with interrupts off for good.
+                    info!("vCPU {index}: halted");
+                    return;
+                }
+                Ok(VcpuExit::Shutdown) => {
+                    return self.finish(ExitEvent::TripleFault { vcpu: index });
+                }
+                Ok(VcpuExit::SystemEvent(kind, data)) => {
+                    let event = match kind {
+                        SYSTEM_EVENT_SHUTDOWN => ExitEvent::PowerOff,
+                        SYSTEM_EVENT_RESET => ExitEvent::Reset,
+                        SYSTEM_EVENT_CRASH => {
+                            ExitEvent::Error(format!("guest crash reported by KVM on vCPU {index}"))
+                        }
+                        other => ExitEvent::Error(format!(
+                            "unknown KVM system event {other} ({data:?}) on vCPU {index}"
+                        )),
+                    };
+                    return self.finish(event);
+                }
+                Ok(VcpuExit::FailEntry(reason, cpu)) => {
+                    return self.finish(ExitEvent::Error(format!(
+                        "KVM could not enter vCPU {index} (hardware reason {reason:#x}, host cpu {cpu})"
+                    )));
+                }
+                Ok(VcpuExit::InternalError) => {
+                    // SAFETY: after KVM_EXIT_INTERNAL_ERROR the `internal`
+                    // member of the exit union is the one KVM filled in.
+                    let suberror =
+                        unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal.suberror };
+                    return self.finish(ExitEvent::Error(format!(
+                        "KVM internal error on vCPU {index} (suberror {suberror}); the guest did something KVM cannot emulate"
+                    )));
+                }
+                Ok(VcpuExit::Intr) | Ok(VcpuExit::IrqWindowOpen) => {}
+                Ok(other) => {
+                    warn!("vCPU {index}: ignoring exit {other:?}");
+                }
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
+                Err(e) => {
+                    error!("vCPU {index}: KVM_RUN failed: {e}");
+                    return self.finish(ExitEvent::Error(format!(
+                        "KVM_RUN failed on vCPU {index}: {e}"
+                    )));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lapic_register_helpers() {
+        let mut regs = [0 as libc::c_char; 1024];
+        set_lapic_reg(&mut regs, APIC_LVT0, 0x0001_0700);
+        assert_eq!(lapic_reg(&regs, APIC_LVT0), 0x0001_0700);
+        assert_eq!(set_delivery_mode(0x0001_0000, APIC_MODE_NMI), 0x0001_0400);
+        assert_eq!(set_delivery_mode(0x0000_0700, APIC_MODE_NMI), 0x0000_0400);
+        // Out-of-range offsets are ignored, not a panic.
+        set_lapic_reg(&mut regs, 1022, 0xffff_ffff);
+        assert_eq!(lapic_reg(&regs, 1022), 0x0000_ffff);
+    }
+}

@@ -1,0 +1,282 @@
+//! Building the VM from a [`VmConfig`] and running it to the end.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::sync::mpsc::channel;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Instant;
+
+use kvm_bindings::{
+    kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
+};
+use kvm_ioctls::{Cap, VmFd};
+use log::{debug, info};
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::acpi::dsdt::{COM1_IRQ, COM1_PORT};
+use crate::acpi::{create_acpi_tables, AcpiConfig};
+use crate::boot::bzimage::{build_zero_page, write_zero_page, ZeroPageParams};
+use crate::boot::kernel::{load_cmdline, load_initramfs};
+use crate::boot::pvh::write_start_info;
+use crate::boot::regs::EntryMode;
+use crate::boot::{load_kernel, BootProtocol};
+use crate::config::{SerialConfig, VmConfig};
+use crate::devices::bus::Bus;
+use crate::devices::power::{
+    I8042Reset, PowerDevice, I8042_COMMAND_PORT, POWER_PORT_BASE, POWER_PORT_COUNT,
+};
+use crate::devices::serial::{spawn_stdin_reader, SerialDevice};
+use crate::error::{kvm_err, Error};
+use crate::exit::{ExitEvent, ExitSender};
+use crate::kvm_check::open_kvm;
+use crate::memory::layout::{
+    self, KVM_IDENTITY_MAP_ADDRESS, KVM_TSS_ADDRESS, PCI_ECAM_SIZE, PCI_ECAM_START, PCI_IO_SIZE,
+    PCI_IO_START, PCI_MMIO32_SIZE, PCI_MMIO32_START, ZERO_PAGE_START,
+};
+use crate::memory::{create_guest_memory, GuestMemoryMmap};
+use crate::pci::config_access::{
+    PciConfigIo, PciEcam, PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_PORT_SIZE,
+};
+use crate::pci::{PciRoot, PciWindows};
+use crate::vcpu::{BootEntry, Vcpu};
+
+/// Shared handles devices need to plug in (PCI devices, interrupts, DMA).
+pub struct VmResources {
+    /// The KVM VM.
+    pub vm: Arc<VmFd>,
+    /// Guest RAM.
+    pub mem: GuestMemoryMmap,
+    /// Port I/O bus.
+    pub pio: Arc<Bus>,
+    /// MMIO bus.
+    pub mmio: Arc<Bus>,
+    /// PCI bus 0.
+    pub pci: Arc<PciRoot>,
+    /// Exit channel.
+    pub exit: ExitSender,
+}
+
+fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), Error> {
+    for (slot, region) in mem.iter().enumerate() {
+        let host = region
+            .get_host_address(vm_memory::MemoryRegionAddress(0))
+            .map_err(|e| Error::GuestMemory(e.to_string()))?;
+        let desc = kvm_userspace_memory_region {
+            slot: slot as u32,
+            flags: 0,
+            guest_phys_addr: region.start_addr().0,
+            memory_size: region.len(),
+            userspace_addr: host as u64,
+        };
+        // SAFETY: the region is a live mapping owned by `mem`, which outlives
+        // the VM (both live until the process exits).
+        unsafe { vm.set_user_memory_region(desc) }
+            .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
+    }
+    Ok(())
+}
+
+fn serial_output(cfg: &SerialConfig) -> Result<Option<Box<dyn Write + Send>>, Error> {
+    Ok(match cfg {
+        SerialConfig::Off => None,
+        SerialConfig::Tty => Some(Box::new(std::io::stdout())),
+        SerialConfig::File(path) => Some(Box::new(
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|source| Error::SerialOutput {
+                    path: path.clone(),
+                    source,
+                })?,
+        )),
+    })
+}
+
+/// Builds the VM described by `config`, runs it and returns why it ended.
+pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
+    let started = Instant::now();
+    let kvm = open_kvm()?;
+    let vm = Arc::new(kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?);
+    vm.set_tss_address(KVM_TSS_ADDRESS as usize)
+        .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
+    if let Err(e) = vm.set_identity_map_address(KVM_IDENTITY_MAP_ADDRESS) {
+        debug!("KVM_SET_IDENTITY_MAP_ADDR: {e} (only needed on old Intel)");
+    }
+    vm.create_irq_chip()
+        .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
+    vm.create_pit2(kvm_pit_config {
+        flags: KVM_PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    })
+    .map_err(kvm_err("KVM_CREATE_PIT2"))?;
+
+    let mem_size = config.memory.size;
+    let mem = create_guest_memory(mem_size)?;
+    register_memory(&vm, &mem)?;
+
+    let (mmio64_start, mmio64_size) = layout::pci_mmio64_window(mem_size);
+    let windows = PciWindows {
+        io: (PCI_IO_START, PCI_IO_SIZE),
+        mmio32: (PCI_MMIO32_START, PCI_MMIO32_SIZE),
+        mmio64: (mmio64_start, mmio64_size),
+    };
+
+    // Kernel, command line, initramfs, ACPI and boot data.
+    let kernel = load_kernel(&mem, &config.kernel)?;
+    let rsdp = create_acpi_tables(
+        &mem,
+        &AcpiConfig {
+            num_vcpus: config.cpus.boot,
+            pci_windows: windows,
+        },
+    )?;
+    let low_end = layout::low_ram_end(mem_size);
+    let (boot_mode, boot_data) = match kernel.protocol {
+        BootProtocol::Linux64 { header } => {
+            let max_cmdline = (header.cmdline_size > 0).then_some(header.cmdline_size as usize);
+            let cmdline_len = load_cmdline(&mem, &config.cmdline, max_cmdline)?;
+            let initrd_max_end = low_end.min(u64::from(header.initrd_addr_max) + 1);
+            let initramfs = match &config.initramfs {
+                Some(p) => Some(load_initramfs(&mem, p, kernel.end, initrd_max_end)?),
+                None => None,
+            };
+            let params = build_zero_page(
+                &header,
+                &ZeroPageParams {
+                    cmdline_len,
+                    initramfs,
+                    mem_size,
+                    rsdp,
+                },
+            )?;
+            write_zero_page(&mem, &params)?;
+            (EntryMode::Long64, ZERO_PAGE_START)
+        }
+        BootProtocol::Pvh => {
+            load_cmdline(&mem, &config.cmdline, None)?;
+            let initramfs = match &config.initramfs {
+                Some(p) => Some(load_initramfs(&mem, p, kernel.end, low_end)?),
+                None => None,
+            };
+            (
+                EntryMode::Protected32,
+                write_start_info(&mem, mem_size, initramfs, rsdp)?,
+            )
+        }
+    };
+
+    // Devices.
+    let (exit_tx, exit_rx) = channel();
+    let pio = Arc::new(Bus::new());
+    let mmio = Arc::new(Bus::new());
+    let device_err = |e: crate::devices::bus::BusError| Error::Device(e.to_string());
+    let serial = match serial_output(&config.serial)? {
+        Some(out) => {
+            let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|source| Error::Os {
+                what: "eventfd",
+                source,
+            })?;
+            vm.register_irqfd(&irq, COM1_IRQ)
+                .map_err(kvm_err("KVM_IRQFD"))?;
+            let dev = Arc::new(Mutex::new(SerialDevice::new(irq, out)));
+            pio.insert(u64::from(COM1_PORT), 8, dev.clone())
+                .map_err(device_err)?;
+            Some(dev)
+        }
+        None => None,
+    };
+    pio.insert(
+        u64::from(POWER_PORT_BASE),
+        u64::from(POWER_PORT_COUNT),
+        Arc::new(Mutex::new(PowerDevice::new(exit_tx.clone()))),
+    )
+    .map_err(device_err)?;
+    pio.insert(
+        u64::from(I8042_COMMAND_PORT),
+        1,
+        Arc::new(Mutex::new(I8042Reset::new(exit_tx.clone()))),
+    )
+    .map_err(device_err)?;
+    let pci = Arc::new(PciRoot::new(mmio.clone(), pio.clone(), windows));
+    pio.insert(
+        PCI_CONFIG_IO_PORT,
+        PCI_CONFIG_IO_PORT_SIZE,
+        Arc::new(Mutex::new(PciConfigIo::new(pci.clone()))),
+    )
+    .map_err(device_err)?;
+    mmio.insert(
+        PCI_ECAM_START,
+        PCI_ECAM_SIZE,
+        Arc::new(Mutex::new(PciEcam::new(pci.clone()))),
+    )
+    .map_err(device_err)?;
+
+    let resources = VmResources {
+        vm: vm.clone(),
+        mem: mem.clone(),
+        pio: pio.clone(),
+        mmio: mmio.clone(),
+        pci,
+        exit: exit_tx.clone(),
+    };
+
+    // vCPUs.
+    let supported = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+    let tsc_deadline = kvm.check_extension(Cap::TscDeadlineTimer);
+    let mut vcpus = Vec::new();
+    for index in 0..config.cpus.boot {
+        let vcpu = Vcpu::new(&vm, index, pio.clone(), mmio.clone(), exit_tx.clone())?;
+        let boot = (index == 0).then_some(BootEntry {
+            mem: &mem,
+            mode: boot_mode,
+            entry: kernel.entry,
+            boot_data,
+        });
+        vcpu.configure(supported.as_slice(), config.cpus.boot, tsc_deadline, boot)?;
+        vcpus.push(vcpu);
+    }
+    info!(
+        "VM set up in {:?}: {} vCPU(s), {} MiB, entry {:#x} ({boot_mode:?})",
+        started.elapsed(),
+        config.cpus.boot,
+        mem_size >> 20,
+        kernel.entry
+    );
+
+    if let (Some(dev), SerialConfig::Tty) = (&serial, &config.serial) {
+        spawn_stdin_reader(dev.clone()).map_err(|source| Error::Os {
+            what: "stdin thread",
+            source,
+        })?;
+    }
+    for vcpu in vcpus {
+        thread::Builder::new()
+            .name("vcpu".into())
+            .spawn(move || vcpu.run())
+            .map_err(|source| Error::Os {
+                what: "vCPU thread",
+                source,
+            })?;
+    }
+    drop(exit_tx);
+
+    let event = exit_rx
+        .recv()
+        .unwrap_or_else(|_| ExitEvent::Error("all vCPUs stopped without a reason".into()));
+    if let Some(dev) = &serial {
+        dev.lock().unwrap_or_else(|e| e.into_inner()).flush();
+    }
+    info!(
+        "{} after {:.3} s",
+        event.describe(),
+        started.elapsed().as_secs_f64()
+    );
+    // Keep devices alive until here.
+    drop(resources);
+    Ok(event)
+}
