@@ -258,7 +258,7 @@ pub(crate) fn check_map_args(iova: u64, last: u64, gpa: u64) -> Result<(), MapEr
     if last < iova {
         return Err(MapError::OutOfRange);
     }
-    if iova % PAGE_SIZE != 0 || gpa % PAGE_SIZE != 0 || last % PAGE_SIZE != PAGE_SIZE - 1 {
+    if (iova | gpa) & (PAGE_SIZE - 1) != 0 || last & (PAGE_SIZE - 1) != PAGE_SIZE - 1 {
         return Err(MapError::Unaligned);
     }
     if last > IOVA_MAX {

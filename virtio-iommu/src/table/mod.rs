@@ -1,19 +1,94 @@
 //! The scalable domain table: a 4-level radix table of atomic entries in the
-//! shape of a hardware IOMMU page table (see `ops.rs` for the protocol).
+//! shape of a hardware IOMMU page table (9 IOVA bits per level over a 48-bit
+//! space, 4 KiB leaves at level 0, 2 MiB leaves at level 1).
+//!
+//! WHY: MAP and UNMAP on disjoint ranges touch disjoint entries, so they run
+//! on different request queues without a domain-wide lock; translators
+//! (emulated devices' DMA) read the table with plain acquire loads.
+//!
+//! The protocol in one paragraph. A one-entry MAP or UNMAP is one
+//! compare-and-swap on the entry (`ops.rs`). A MAP or UNMAP over several
+//! entries claims every slot of its range in ascending address order
+//! (`PENDING` for a MAP, invisible to translators; `LOCKED` for an UNMAP),
+//! waits for slots another operation holds, then either publishes or rolls
+//! back (`range.rs`); ascending order makes the waits deadlock-free and the
+//! claims make overlapping requests linearizable. Every node counts its
+//! non-empty slots plus the pins of operations working inside it (`live`);
+//! a node whose count drops to zero is unlinked by locking its parent slot
+//! and re-checking (a Dekker pair with the pin), and goes to the worker's
+//! deferred list, recycled only by the flush (`retire.rs`). Unlinking bumps
+//! the node's generation, which the parent entry also records, so a lock-free
+//! reader that followed a stale link notices and retries.
 
+pub mod entry;
 pub mod node;
+mod ops;
+mod quota;
+mod range;
+mod retire;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::mapping::{Depot, DomainSpace, Limits, Worker};
-use node::NodePtr;
+use crate::mapping::{
+    Depot, DomainSpace, Fault, Limits, MapError, Perm, SpaceStats, Translation, UnmapError, Worker,
+};
+use node::{Node, NodePtr, NODE_BYTES};
+pub(crate) use quota::Padded;
+use quota::{Credits, Shard, SHARDS};
+pub(crate) use retire::{release_credits, retire_candidates};
 
-/// Table state private to one worker (deferred frees of the current kick).
+/// Level of the root node.
+pub(crate) const ROOT_LEVEL: u32 = 3;
+
+/// Bit position of the lowest IOVA bit a level indexes.
+#[inline]
+pub(crate) const fn shift(level: u32) -> u32 {
+    12 + 9 * level
+}
+
+/// Bytes one entry of `level` covers.
+#[inline]
+pub(crate) const fn span(level: u32) -> u64 {
+    1u64 << shift(level)
+}
+
+/// Slot of `iova` in a node of `level`.
+#[inline]
+pub(crate) const fn index(iova: u64, level: u32) -> usize {
+    ((iova >> shift(level)) & 511) as usize
+}
+
+/// A node whose `live` count reached zero, to try to unlink at the flush.
+#[derive(Debug)]
+pub(crate) struct Candidate {
+    pub(crate) table: Arc<Table>,
+    /// Any IOVA inside the node.
+    pub(crate) iova: u64,
+    /// Level of the node.
+    pub(crate) level: u32,
+}
+
+/// A node pinned by a range operation, unpinned when it ends.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pin {
+    pub(crate) node: u64,
+    pub(crate) iova: u64,
+    pub(crate) level: u32,
+}
+
+/// Table state private to one worker.
 #[derive(Debug)]
 pub(crate) struct WorkerTableState {
     pub(crate) id: usize,
     /// Nodes unlinked during this kick, recycled by the flush.
     pub(crate) deferred: Vec<NodePtr>,
+    /// Nodes that became empty during this kick.
+    pub(crate) candidates: Vec<Candidate>,
+    /// Scratch list of a range operation's pins (kept for its capacity).
+    pub(crate) pins: Vec<Pin>,
+    /// Mapping-count quota reserved from one domain.
+    pub(crate) credits: Option<Credits>,
 }
 
 impl WorkerTableState {
@@ -21,21 +96,129 @@ impl WorkerTableState {
         WorkerTableState {
             id,
             deferred: Vec::new(),
+            candidates: Vec::new(),
+            pins: Vec::new(),
+            credits: None,
         }
     }
+}
+
+/// The shared part of a scalable domain.
+pub(crate) struct Table {
+    pub(crate) domain: u32,
+    pub(crate) limits: Limits,
+    pub(crate) depot: Arc<Depot>,
+    /// Address of the root node (owned by the table, never unlinked).
+    root: u64,
+    /// Non-root nodes linked (or being linked) in the table.
+    pub(crate) nodes: Padded<AtomicU64>,
+    /// Mapping quota reserved by workers (live mappings plus their credits).
+    pub(crate) reserved: Padded<AtomicU64>,
+    /// Exact mapping and byte counters, one shard per worker id modulo SHARDS.
+    pub(crate) shards: [Padded<Shard>; SHARDS],
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table")
+            .field("domain", &self.domain)
+            .field("nodes", &self.nodes.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Table {
+    fn new(domain: u32, limits: &Limits, depot: &Arc<Depot>) -> Table {
+        let root = depot.alloc_direct().into_addr();
+        Table {
+            domain,
+            limits: *limits,
+            depot: Arc::clone(depot),
+            root,
+            nodes: Padded::new(AtomicU64::new(0)),
+            reserved: Padded::new(AtomicU64::new(0)),
+            shards: std::array::from_fn(|_| Padded::new(Shard::default())),
+        }
+    }
+
+    /// The root node.
+    #[inline]
+    pub(crate) fn root(&self) -> &Node {
+        // SAFETY: the root is owned by the table for its whole life.
+        unsafe { node::node_at(self.root) }
+    }
+
+    /// A node linked (now or earlier) in this table.
+    #[inline]
+    pub(crate) fn node(&self, addr: u64) -> &Node {
+        // SAFETY: `addr` comes from a directory entry of this table; nodes
+        // are type-stable while the depot (held by `self`) lives.
+        unsafe { node::node_at(addr) }
+    }
+
+    /// Table memory: the root plus linked nodes.
+    pub(crate) fn table_bytes(&self) -> u64 {
+        (self.nodes.load(Ordering::Relaxed) + 1) * NODE_BYTES
+    }
+}
+
+/// A scalable domain space.
+#[derive(Debug)]
+pub struct ScalableSpace {
+    t: Arc<Table>,
 }
 
 /// Builds a scalable space.
 pub(crate) fn new_scalable(
     domain: u32,
     limits: &Limits,
-    _depot: &Arc<Depot>,
+    depot: &Arc<Depot>,
 ) -> Arc<dyn DomainSpace> {
-    Arc::new(crate::baseline::BaselineSpace::new(domain, limits))
+    Arc::new(ScalableSpace::new(domain, limits, depot))
 }
 
-/// Unlinks the nodes this worker's UNMAPs emptied (called by the flush).
-pub(crate) fn retire_candidates(_w: &mut Worker) {}
+impl ScalableSpace {
+    /// An empty domain whose nodes come from `depot`.
+    pub fn new(domain: u32, limits: &Limits, depot: &Arc<Depot>) -> ScalableSpace {
+        ScalableSpace {
+            t: Arc::new(Table::new(domain, limits, depot)),
+        }
+    }
 
-/// Returns mapping-count credits the worker holds (called by the flush).
-pub(crate) fn release_credits(_w: &mut Worker) {}
+    /// Bytes of an empty table (the root node only).
+    pub const EMPTY_TABLE_BYTES: u64 = NODE_BYTES;
+}
+
+impl DomainSpace for ScalableSpace {
+    fn map(
+        &self,
+        w: &mut Worker,
+        iova: u64,
+        last: u64,
+        gpa: u64,
+        perm: Perm,
+    ) -> Result<(), MapError> {
+        ops::map(&self.t, w, iova, last, gpa, perm)
+    }
+
+    fn unmap(&self, w: &mut Worker, iova: u64, last: u64) -> Result<(), UnmapError> {
+        ops::unmap(&self.t, w, iova, last)
+    }
+
+    fn clear(&self, w: &mut Worker) {
+        ops::clear(&self.t, w)
+    }
+
+    fn translate(&self, iova: u64, access: Perm) -> Result<Translation, Fault> {
+        ops::translate(&self.t, iova, access)
+    }
+
+    fn stats(&self) -> SpaceStats {
+        let (mappings, mapped_bytes) = quota::totals(&self.t);
+        SpaceStats {
+            mappings,
+            mapped_bytes,
+            table_bytes: self.t.table_bytes(),
+        }
+    }
+}

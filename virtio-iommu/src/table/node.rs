@@ -77,16 +77,14 @@ impl NodePtr {
 
     /// Gives up ownership: the node is now linked in a table, which owns it.
     pub fn into_addr(self) -> u64 {
-        let a = self.addr();
-        std::mem::forget(self);
-        a
+        // No Drop impl: consuming `self` just ends this owner.
+        self.addr()
     }
 
     /// Returns the memory to the system allocator. Only the depot's `Drop`
     /// calls this, when no table that could still be read exists.
     pub fn free_to_system(self) {
         let p = self.0.as_ptr();
-        std::mem::forget(self);
         // SAFETY: p came from Box::leak in `alloc` and is owned uniquely here.
         drop(unsafe { Box::from_raw(p) });
     }

@@ -1,0 +1,425 @@
+//! MAP, UNMAP and translate on the scalable table: argument checks, the
+//! one-entry fast paths (one compare-and-swap each), and the lock-free walk.
+
+use std::sync::atomic::Ordering::{AcqRel, Acquire, SeqCst};
+use std::sync::Arc;
+
+use super::entry::{self, HEAD, LOCKED, TAIL, VALID};
+use super::node::Node;
+use super::range;
+use super::{index, quota, span, Candidate, Table, ROOT_LEVEL};
+use crate::mapping::{
+    check_map_args, Fault, MapError, Perm, Translation, UnmapError, Worker, HUGE_PAGE_SIZE,
+    IOVA_MAX, PAGE_SIZE,
+};
+
+/// Waits politely for another operation to release an entry: spin a little,
+/// then give the core away (the holder may be preempted on a busy host).
+#[inline]
+pub(crate) fn backoff(spins: &mut u32) {
+    if *spins < 64 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+    *spins = spins.saturating_add(1);
+}
+
+/// What a walk found at the requested level.
+pub(crate) enum Found<'a> {
+    /// The node at the requested level, pinned by the caller.
+    Node(&'a Node),
+    /// No node there (only when not installing).
+    Absent,
+    /// A leaf (2 MiB mapping) above the requested level.
+    Leaf,
+}
+
+impl Table {
+    /// Pins `n`, linked by entry `e` in slot `i` of `parent`: afterwards `n`
+    /// cannot be unlinked until unpinned. False if `n` was unlinked first.
+    ///
+    /// The increment and the re-read of the parent slot pair with `retire`'s
+    /// lock of that slot and read of `live` (all SeqCst): at least one side
+    /// sees the other, so a node is never unlinked while pinned.
+    #[inline]
+    pub(crate) fn pin(&self, n: &Node, parent: &Node, i: usize, e: u64) -> bool {
+        n.live.fetch_add(1, SeqCst);
+        let mut spins = 0;
+        loop {
+            let cur = parent.entries[i].load(SeqCst);
+            if cur == e {
+                return true;
+            }
+            if cur == e | LOCKED {
+                backoff(&mut spins);
+                continue;
+            }
+            // Unlinked: the node is dead to us (a later incarnation, if any,
+            // is reached through a new walk).
+            n.live.fetch_sub(1, SeqCst);
+            return false;
+        }
+    }
+
+    /// Drops `k` from the live count of `n` (a node at `level` covering
+    /// `iova`); queues it for retirement if that empties it.
+    #[inline]
+    pub(crate) fn unpin(self: &Arc<Self>, w: &mut Worker, n: &Node, iova: u64, level: u32, k: u64) {
+        if level >= ROOT_LEVEL || k == 0 {
+            return;
+        }
+        if n.live.fetch_sub(k, AcqRel) == k {
+            push_candidate(self, w, iova, level);
+        }
+    }
+
+    /// Walks to the node of `level` covering `iova` and pins it. Missing
+    /// directory nodes are installed if `install`.
+    pub(crate) fn find<'a>(
+        self: &'a Arc<Self>,
+        w: &mut Worker,
+        iova: u64,
+        level: u32,
+        install: bool,
+    ) -> Result<Found<'a>, MapError> {
+        let mut spins = 0;
+        'retry: loop {
+            let mut n = self.root();
+            let mut lvl = ROOT_LEVEL;
+            // (parent, slot, entry) that linked `n`, and the generation it recorded.
+            let mut link: Option<(&Node, usize, u64)> = None;
+            loop {
+                if lvl == level {
+                    return match link {
+                        Some((p, i, e)) if self.pin(n, p, i, e) => Ok(Found::Node(n)),
+                        Some(_) => continue 'retry,
+                        None => Ok(Found::Node(n)),
+                    };
+                }
+                let i = index(iova, lvl);
+                let e = n.entries[i].load(Acquire);
+                if let Some((_, _, le)) = link {
+                    if n.gen.load(Acquire) as u16 != entry::gen(le) {
+                        continue 'retry;
+                    }
+                }
+                if entry::is_dir(e) {
+                    if e & LOCKED != 0 {
+                        backoff(&mut spins);
+                        continue;
+                    }
+                    link = Some((n, i, e));
+                    n = self.node(entry::addr(e));
+                    lvl -= 1;
+                    continue;
+                }
+                if e == 0 {
+                    if !install {
+                        return Ok(Found::Absent);
+                    }
+                    if !self.install(w, n, lvl, iova, link, i)? {
+                        continue 'retry;
+                    }
+                    continue;
+                }
+                if entry::is_valid(e) && !entry::is_transient(e) {
+                    return Ok(Found::Leaf);
+                }
+                backoff(&mut spins);
+            }
+        }
+    }
+
+    /// Installs a fresh child in empty slot `i` of `n` (at `lvl`, linked by
+    /// `link`). Ok(false): `n` was unlinked meanwhile, walk again.
+    fn install(
+        self: &Arc<Self>,
+        w: &mut Worker,
+        n: &Node,
+        lvl: u32,
+        iova: u64,
+        link: Option<(&Node, usize, u64)>,
+        i: usize,
+    ) -> Result<bool, MapError> {
+        if let Some((p, pi, pe)) = link {
+            if !self.pin(n, p, pi, pe) {
+                return Ok(false);
+            }
+        }
+        // The pin on `n` becomes the count of the new child link on success.
+        match self.link_new_child(w, n, i) {
+            Ok(true) => Ok(true),
+            Ok(false) => {
+                self.unpin(w, n, iova, lvl, 1);
+                Ok(true)
+            }
+            Err(err) => {
+                self.unpin(w, n, iova, lvl, 1);
+                Err(err)
+            }
+        }
+    }
+
+    /// Links a node from the worker's magazine into empty slot `i` of `n`
+    /// (which the caller keeps alive). Ok(false) if the slot was taken
+    /// first; the caller then re-reads it. The caller accounts the new link
+    /// in `n.live`.
+    pub(crate) fn link_new_child(
+        &self,
+        w: &mut Worker,
+        n: &Node,
+        i: usize,
+    ) -> Result<bool, MapError> {
+        let max_nodes = self.limits.max_table_bytes / super::node::NODE_BYTES;
+        // +1: the root.
+        if self.nodes.fetch_add(1, AcqRel) + 2 > max_nodes {
+            self.nodes.fetch_sub(1, AcqRel);
+            return Err(MapError::NoMemory);
+        }
+        let child = w.nodes.alloc(&w.depot);
+        if child.addr() & !entry::ADDR_MASK != 0 {
+            // Not representable in an entry (above 2^48): keep it cached.
+            w.nodes.free(&w.depot, child);
+            self.nodes.fetch_sub(1, AcqRel);
+            return Err(MapError::NoMemory);
+        }
+        let e = entry::dir(child.addr(), child.node().gen.load(Acquire));
+        match n.entries[i].compare_exchange(0, e, AcqRel, Acquire) {
+            Ok(_) => {
+                child.into_addr();
+                Ok(true)
+            }
+            Err(_) => {
+                w.nodes.free(&w.depot, child);
+                self.nodes.fetch_sub(1, AcqRel);
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// Queues the node of `level` covering `iova` for retirement at the flush.
+pub(crate) fn push_candidate(t: &Arc<Table>, w: &mut Worker, iova: u64, level: u32) {
+    let base = iova & !(span(level + 1) - 1);
+    if let Some(c) = w.table.candidates.last() {
+        if Arc::ptr_eq(&c.table, t) && c.iova == base && c.level == level {
+            return;
+        }
+    }
+    w.table.candidates.push(Candidate {
+        table: Arc::clone(t),
+        iova: base,
+        level,
+    });
+    if w.table.candidates.len() >= 256 {
+        // Bound the list: retiring early is safe (nodes still wait for the
+        // flush in the deferred list).
+        super::retire::retire_candidates(w);
+    }
+}
+
+enum Fast {
+    Done(Result<(), MapError>),
+    /// A 2 MiB slot holds a node: map with 4 KiB entries instead.
+    Fallback,
+}
+
+/// MAP.
+pub(crate) fn map(
+    t: &Arc<Table>,
+    w: &mut Worker,
+    iova: u64,
+    last: u64,
+    gpa: u64,
+    perm: Perm,
+) -> Result<(), MapError> {
+    check_map_args(iova, last, gpa)?;
+    quota::take(t, w)?;
+    let size = last - iova + 1;
+    let res = if size == PAGE_SIZE {
+        match map_one(t, w, iova, 0, entry::leaf(gpa, perm, true, true) | VALID) {
+            Fast::Done(r) => r,
+            Fast::Fallback => range::run_map(t, w, iova, last, gpa, perm),
+        }
+    } else if size == HUGE_PAGE_SIZE && (iova | gpa) & (HUGE_PAGE_SIZE - 1) == 0 {
+        match map_one(t, w, iova, 1, entry::leaf(gpa, perm, true, true) | VALID) {
+            Fast::Done(r) => r,
+            Fast::Fallback => range::run_map(t, w, iova, last, gpa, perm),
+        }
+    } else {
+        range::run_map(t, w, iova, last, gpa, perm)
+    };
+    match res {
+        Ok(()) => quota::account(t, w, 1, size as i64),
+        Err(_) => quota::give(t, w, 1),
+    }
+    res
+}
+
+/// One-entry MAP: a single compare-and-swap from empty to the mapping.
+fn map_one(t: &Arc<Table>, w: &mut Worker, iova: u64, level: u32, value: u64) -> Fast {
+    let n = match t.find(w, iova, level, true) {
+        Ok(Found::Node(n)) => n,
+        Ok(Found::Leaf) => return Fast::Done(Err(MapError::Overlap)),
+        Ok(Found::Absent) => return Fast::Fallback,
+        Err(e) => return Fast::Done(Err(e)),
+    };
+    let slot = &n.entries[index(iova, level)];
+    let mut spins = 0;
+    loop {
+        match slot.compare_exchange(0, value, AcqRel, Acquire) {
+            // The pin taken by `find` now counts the new entry.
+            Ok(_) => return Fast::Done(Ok(())),
+            Err(cur) if entry::is_dir(cur) => {
+                t.unpin(w, n, iova, level, 1);
+                return Fast::Fallback;
+            }
+            Err(cur) if entry::is_transient(cur) => backoff(&mut spins),
+            Err(_) => {
+                t.unpin(w, n, iova, level, 1);
+                return Fast::Done(Err(MapError::Overlap));
+            }
+        }
+    }
+}
+
+/// UNMAP.
+pub(crate) fn unmap(
+    t: &Arc<Table>,
+    w: &mut Worker,
+    iova: u64,
+    last: u64,
+) -> Result<(), UnmapError> {
+    if last < iova || iova > IOVA_MAX {
+        return Ok(());
+    }
+    let last = last.min(IOVA_MAX);
+    if iova & (PAGE_SIZE - 1) == 0 && last - iova == PAGE_SIZE - 1 {
+        if let Some(r) = unmap_one(t, w, iova) {
+            return r;
+        }
+    }
+    range::run_unmap(t, w, iova, last)
+}
+
+/// One-page UNMAP of a one-page mapping: one compare-and-swap to empty.
+/// `None`: the page holds a claim of a range operation; use the range path.
+fn unmap_one(t: &Arc<Table>, w: &mut Worker, iova: u64) -> Option<Result<(), UnmapError>> {
+    let n = match t.find(w, iova, 0, false) {
+        Ok(Found::Node(n)) => n,
+        Ok(Found::Absent) => return Some(Ok(())),
+        // A 2 MiB mapping covers the page: unmapping 4 KiB of it would split it.
+        Ok(Found::Leaf) => return Some(Err(UnmapError::WouldSplit)),
+        Err(_) => return None,
+    };
+    let slot = &n.entries[index(iova, 0)];
+    let mut spins = 0;
+    loop {
+        let e = slot.load(Acquire);
+        if e == 0 {
+            t.unpin(w, n, iova, 0, 1);
+            return Some(Ok(()));
+        }
+        if entry::is_transient(e) {
+            backoff(&mut spins);
+            continue;
+        }
+        if e & (HEAD | TAIL) != HEAD | TAIL {
+            t.unpin(w, n, iova, 0, 1);
+            return Some(Err(UnmapError::WouldSplit));
+        }
+        if slot.compare_exchange(e, 0, AcqRel, Acquire).is_ok() {
+            // The entry and our pin.
+            t.unpin(w, n, iova, 0, 2);
+            w.batch.record(t.domain, iova, iova + PAGE_SIZE - 1);
+            quota::account(t, w, -1, -(PAGE_SIZE as i64));
+            quota::give(t, w, 1);
+            return Some(Ok(()));
+        }
+    }
+}
+
+/// Removes every mapping.
+pub(crate) fn clear(t: &Arc<Table>, w: &mut Worker) {
+    // A range covering the whole space cannot split anything.
+    let _ = range::run_unmap(t, w, 0, IOVA_MAX);
+}
+
+/// Longest run of following entries `translate` folds into one answer.
+const MAX_RUN: usize = 64;
+
+/// Lock-free translation.
+pub(crate) fn translate(t: &Table, iova: u64, access: Perm) -> Result<Translation, Fault> {
+    if iova > IOVA_MAX {
+        return Err(Fault::Unmapped);
+    }
+    'retry: loop {
+        let mut n = t.root();
+        let mut want_gen: Option<u16> = None;
+        let mut lvl = ROOT_LEVEL;
+        loop {
+            let i = index(iova, lvl);
+            let e = n.entries[i].load(Acquire);
+            if entry::is_dir(e) {
+                if let Some(g) = want_gen {
+                    if n.gen.load(Acquire) as u16 != g {
+                        continue 'retry;
+                    }
+                }
+                if lvl == 0 {
+                    return Err(Fault::Unmapped);
+                }
+                want_gen = Some(entry::gen(e));
+                n = t.node(entry::addr(e));
+                lvl -= 1;
+                continue;
+            }
+            if !entry::is_valid(e) || lvl > 1 {
+                if let Some(g) = want_gen {
+                    if n.gen.load(Acquire) as u16 != g {
+                        continue 'retry;
+                    }
+                }
+                return Err(Fault::Unmapped);
+            }
+            let perm = entry::perm(e);
+            let sz = span(lvl);
+            let off = iova & (sz - 1);
+            let mut len = sz - off;
+            // Fold following entries of the same mapping that continue the
+            // guest-physical range (one answer for a multi-page buffer).
+            if e & TAIL == 0 {
+                let mut next_gpa = entry::gpa(e) + sz;
+                for j in i + 1..(i + 1 + MAX_RUN).min(512) {
+                    let f = n.entries[j].load(Acquire);
+                    if !entry::is_valid(f)
+                        || f & HEAD != 0
+                        || entry::gpa(f) != next_gpa
+                        || entry::perm(f) != perm
+                    {
+                        break;
+                    }
+                    len += sz;
+                    next_gpa += sz;
+                    if f & TAIL != 0 {
+                        break;
+                    }
+                }
+            }
+            if let Some(g) = want_gen {
+                if n.gen.load(Acquire) as u16 != g {
+                    continue 'retry;
+                }
+            }
+            if !perm.contains(access.intersection(Perm::RW)) {
+                return Err(Fault::Permission);
+            }
+            return Ok(Translation {
+                gpa: entry::gpa(e) + off,
+                len,
+                perm,
+            });
+        }
+    }
+}
