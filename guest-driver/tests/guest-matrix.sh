@@ -1,0 +1,264 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# Runs inside a bookworm guest (QEMU q35 + virtio-iommu-pci + virtio-net
+# with iommu_platform=on + edu) booted by run-qemu-matrix.sh.
+# Kernel command line parameters:
+#   vvi_mode=matrix|bench   what to run
+#   vvi_port=N              HTTP port of the host's file server (via 10.0.2.2)
+#   vvi_md5=HEX             md5 of the file served as /blob
+#   vvi_policies=a,b,...    policies to test (default all)
+#   vvi_invals=a,b,...      invalidation modes (default all)
+#   vvi_iters=N             bench iterations per CPU
+# Prints one "VVI-RESULT ..." line per configuration and "VVI-BENCH ..."
+# lines for the benchmark.
+
+M=/opt/vvi
+D=/sys/kernel/debug
+mode=matrix
+port=8000
+md5=
+policies="identity kmalloc magazine global persistent passthrough"
+invals="strict lazy-global lazy-percpu"
+iters=2000
+for arg in $(cat /proc/cmdline); do
+	case "$arg" in
+	vvi_mode=*) mode="${arg#vvi_mode=}" ;;
+	vvi_port=*) port="${arg#vvi_port=}" ;;
+	vvi_md5=*) md5="${arg#vvi_md5=}" ;;
+	vvi_policies=*) policies="$(echo "${arg#vvi_policies=}" | tr , ' ')" ;;
+	vvi_invals=*) invals="$(echo "${arg#vvi_invals=}" | tr , ' ')" ;;
+	vvi_iters=*) iters="${arg#vvi_iters=}" ;;
+	esac
+done
+
+mount -t debugfs debugfs $D 2>/dev/null
+ip link set lo up
+echo "VVI-INFO kernel=$(uname -r) cpus=$(grep -c ^processor /proc/cpuinfo)"
+
+# value of key $2 in file $1 (key=value lines)
+kv() {
+	sed -n "s/^$2=//p" "$1" 2>/dev/null | head -n1
+}
+
+pcislot() {
+	# first PCI function with vendor $1 device $2
+	for d in /sys/bus/pci/devices/*; do
+		if [ "$(cat "$d/vendor")" = "$1" ] && [ "$(cat "$d/device")" = "$2" ]; then
+			basename "$d"
+			return
+		fi
+	done
+}
+
+EDU=$(pcislot 0x1234 0x11e8)
+NET=$(pcislot 0x1af4 0x1041)
+echo "VVI-INFO edu=$EDU net=$NET"
+
+net_up() {
+	ip link set eth0 up || return 1
+	ip addr add 10.0.2.15/24 dev eth0 2>/dev/null
+	ip route add default via 10.0.2.2 2>/dev/null
+	return 0
+}
+
+# fetch the blob over TCP and compare its md5
+net_test() {
+	rm -f /tmp/blob
+	net_up || { echo bad-link; return; }
+	i=0
+	while [ $i -lt 3 ]; do
+		if timeout 300 wget -q -O /tmp/blob "http://10.0.2.2:$port/blob"; then
+			break
+		fi
+		i=$((i + 1))
+		sleep 1
+	done
+	got=$(md5sum /tmp/blob 2>/dev/null | cut -d' ' -f1)
+	rm -f /tmp/blob
+	if [ -n "$md5" ] && [ "$got" = "$md5" ]; then
+		echo ok
+	else
+		echo "bad:$got"
+	fi
+}
+
+faults() {
+	kv $D/vviommu/info faults
+}
+
+unload_all() {
+	rmmod vvi_edu 2>/dev/null
+	ip link set eth0 down 2>/dev/null
+	rmmod virtio_net 2>/dev/null
+	rmmod vviommu 2>/dev/null
+}
+
+negative_test() {
+	dmesg -c >/dev/null
+	if insmod $M/vviommu.ko policy=bogus 2>/tmp/ins.err; then
+		echo "VVI-RESULT negative policy=bogus status=FAIL reason=loaded"
+		rmmod vviommu
+		return
+	fi
+	msg=$(dmesg | grep -o "unknown policy 'bogus'.*" | head -n1)
+	if [ -n "$msg" ] && [ ! -d /sys/module/vviommu ]; then
+		echo "VVI-RESULT negative policy=bogus status=PASS msg=\"$msg\""
+	else
+		echo "VVI-RESULT negative policy=bogus status=FAIL reason=no-message"
+	fi
+	if insmod $M/vviommu.ko invalidation=sometimes 2>/dev/null; then
+		echo "VVI-RESULT negative invalidation=sometimes status=FAIL reason=loaded"
+		rmmod vviommu
+	else
+		echo "VVI-RESULT negative invalidation=sometimes status=PASS"
+	fi
+}
+
+# an endpoint whose driver is bound before vviommu loads is refused and
+# keeps working untranslated
+refused_test() {
+	dmesg -c >/dev/null
+	insmod $M/vvi_edu.ko || { echo "VVI-RESULT refused status=FAIL reason=edu"; return; }
+	insmod $M/vviommu.ko policy=magazine invalidation=strict || {
+		echo "VVI-RESULT refused status=FAIL reason=insmod"; rmmod vvi_edu; return; }
+	line=$(dmesg | grep -c "already bound to driver vvi_edu.*refused")
+	echo run > $D/vvi_edu/dmatest
+	ok=$(kv $D/vvi_edu/dmatest dma_ok)
+	state=$(grep "ep $EDU " $D/vviommu/info | sed 's/.*state=\([a-z]*\).*/\1/')
+	rmmod vvi_edu
+	rmmod vviommu
+	rc=$?
+	if [ "$line" = 1 ] && [ "$ok" = 1 ] && [ "$state" = refused ] && [ $rc = 0 ]; then
+		st=PASS
+	else
+		st=FAIL
+	fi
+	echo "VVI-RESULT refused status=$st dmesg_lines=$line edu_dma_ok=$ok state=$state unload_rc=$rc"
+}
+
+one_config() {
+	pol=$1
+	inv=$2
+	dmesg -c >/dev/null
+	if ! insmod $M/vviommu.ko policy="$pol" invalidation="$inv" 2>/tmp/ins.err; then
+		echo "VVI-RESULT policy=$pol inval=$inv status=FAIL reason=insmod:$(cat /tmp/ins.err | tr ' ' _)"
+		return
+	fi
+	insmod $M/virtio_net.ko || modprobe virtio_net
+	sleep 1
+	f0=$(faults)
+	net=$(net_test)
+	f1=$(faults)
+	netst=$D/vviommu/$NET/stats
+	netmaps=$(kv $netst maps)
+	netreqs=$(kv $netst requests)
+	netstate=$(kv $netst state)
+	# rmmod must be refused while an endpoint is owned
+	if rmmod vviommu 2>/dev/null; then busy=no; else busy=yes; fi
+
+	insmod $M/vvi_edu.ko
+	edust=$D/vviommu/$EDU/stats
+	edustate=$(kv $edust state)
+	echo run > $D/vvi_edu/dmatest
+	dmaok=$(kv $D/vvi_edu/dmatest dma_ok)
+	blocked=$(kv $D/vvi_edu/dmatest after_unmap_blocked)
+	uiova=$(kv $D/vvi_edu/dmatest unmapped_iova)
+	sleep 1
+	f2=$(faults)
+	edufaults=$(kv $edust faults)
+	faultlog=$(dmesg | grep -c "DMA fault: endpoint")
+
+	unload_all
+	if [ -d /sys/module/vviommu ]; then unload=fail; else unload=ok; fi
+
+	# expectations
+	st=PASS
+	why=
+	[ "$net" = ok ] || { st=FAIL; why="$why,net"; }
+	[ "$netstate" = owned ] || { st=FAIL; why="$why,net-not-owned"; }
+	[ "$edustate" = owned ] || { st=FAIL; why="$why,edu-not-owned"; }
+	[ "$dmaok" = 1 ] || { st=FAIL; why="$why,edu-dma"; }
+	[ "$busy" = yes ] || { st=FAIL; why="$why,rmmod-not-refused"; }
+	[ "$unload" = ok ] || { st=FAIL; why="$why,unload"; }
+	[ "${netmaps:-0}" -gt 0 ] || { st=FAIL; why="$why,no-maps"; }
+	# protection: persistent and passthrough keep mappings by design
+	expect_block=0
+	if [ "$inv" = strict ] && [ "$pol" != persistent ] && [ "$pol" != passthrough ]; then
+		expect_block=1
+	fi
+	if [ $expect_block = 1 ]; then
+		[ "$blocked" = 1 ] || { st=FAIL; why="$why,not-blocked"; }
+		[ "${edufaults:-0}" -gt 0 ] || { st=FAIL; why="$why,no-fault-event"; }
+		[ "$faultlog" -gt 0 ] || { st=FAIL; why="$why,no-fault-log"; }
+	fi
+	[ "$f0" = "$f1" ] || { st=FAIL; why="$why,faults-during-net"; }
+	echo "VVI-RESULT policy=$pol inval=$inv status=$st net=$net edu_dma_ok=$dmaok after_unmap_blocked=$blocked expect_blocked=$expect_block edu_faults=$edufaults fault_log=$faultlog net_maps=$netmaps net_requests=$netreqs unmapped_iova=$uiova rmmod_busy=$busy unload=$unload why=${why#,}"
+}
+
+bench_one() {
+	label=$1
+	stats=$2
+	r0=0
+	m0=0
+	if [ -n "$stats" ]; then
+		r0=$(kv "$stats" requests)
+		m0=$(kv "$stats" maps)
+	fi
+	echo "size=4096 iters=$iters dir=to" > $D/vvi_edu/bench
+	b=$D/vvi_edu/bench
+	ops=$(kv $b ops)
+	r1=0
+	m1=0
+	if [ -n "$stats" ]; then
+		r1=$(kv "$stats" requests)
+		m1=$(kv "$stats" maps)
+	fi
+	reqs=$((r1 - r0))
+	maps=$((m1 - m0))
+	rpd_x1000=0
+	[ "$maps" -gt 0 ] && rpd_x1000=$((reqs * 1000 / maps))
+	kicks=
+	[ -n "$stats" ] && kicks=$(kv "$stats" kicks)
+	echo "VVI-BENCH $label cpus=$(kv $b cpus) ops=$ops errors=$(kv $b errors) wall_ns=$(kv $b wall_ns) ops_per_sec=$(kv $b ops_per_sec) maps=$maps requests=$reqs req_per_dma_x1000=$rpd_x1000 fallbacks=$(kv "$stats" fallbacks) alloc_fast=$(kv "$stats" alloc_fast) alloc_slow=$(kv "$stats" alloc_slow) flushes=$(kv "$stats" flushes) mean_flush_x100=$(kv "$stats" mean_flush_x100) kicks_total=$kicks"
+}
+
+bench() {
+	# no vIOMMU driver at all: edu uses the direct DMA ops
+	insmod $M/vvi_edu.ko
+	bench_one "policy=none inval=none" ""
+	rmmod vvi_edu
+	for inv in $invals; do
+		for pol in $policies; do
+			insmod $M/vviommu.ko policy="$pol" invalidation="$inv" || {
+				echo "VVI-BENCH policy=$pol inval=$inv error=insmod"; continue; }
+			insmod $M/vvi_edu.ko
+			bench_one "policy=$pol inval=$inv" $D/vviommu/$EDU/stats
+			rmmod vvi_edu
+			rmmod vviommu
+		done
+	done
+}
+
+case "$mode" in
+matrix)
+	negative_test
+	refused_test
+	for pol in $policies; do
+		for inv in $invals; do
+			one_config "$pol" "$inv"
+		done
+	done
+	;;
+bench)
+	bench
+	;;
+plain)
+	# reference: the same network transfer without any vIOMMU driver
+	insmod $M/virtio_net.ko
+	sleep 1
+	echo "VVI-RESULT plain net=$(net_test)"
+	dmesg | tail -n 20
+	;;
+esac
+echo "VVI-DONE"
