@@ -1,0 +1,51 @@
+# dmavisor: top-level entry points. `make test` is what CI runs (.ci/run).
+#
+# Everything a fresh Debian bookworm machine lacks is installed by
+# resources/install-deps (apt packages, guest kernels, Rust components).
+
+SHELL := /bin/bash
+CARGO ?= cargo
+FUZZ_SECONDS ?= 60
+export CARGO_TERM_COLOR ?= never
+
+.PHONY: all build deps lint unit guest-driver fuzz integration test demo bench-host bench-guest clean
+
+all: build
+
+deps:
+	resources/install-deps
+
+build:
+	$(CARGO) build --release --workspace
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+unit:
+	$(CARGO) test --workspace --exclude integration-tests
+
+guest-driver:
+	$(MAKE) -C guest-driver
+	$(MAKE) -C guest-driver checkpatch
+
+fuzz:
+	fuzz/run.sh $(FUZZ_SECONDS)
+
+integration: build
+	$(CARGO) test --release -p integration-tests -- --test-threads=1 --nocapture
+
+test: deps lint unit guest-driver fuzz integration
+
+demo: deps build
+	resources/demo
+
+bench-host:
+	$(CARGO) run --release -p virtio-iommu --bin host-map-bench
+
+bench-guest: deps build
+	resources/bench-guest
+
+clean:
+	$(CARGO) clean
+	rm -rf build
