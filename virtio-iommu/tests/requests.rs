@@ -1121,3 +1121,44 @@ fn both_space_impls_behave_alike() {
         assert_eq!(d.domain_stats(1).unwrap().mappings, 0);
     }
 }
+
+#[test]
+fn domain_teardown_is_invalidated_before_its_id_can_be_reused() {
+    let d = device();
+    let rec = Arc::new(Recorder::default());
+    d.add_invalidator(rec.clone());
+    let mut w = d.new_worker();
+    assert_eq!(send(&d, &mut w, &attach(1, EP, 0)), Status::Ok);
+    assert_eq!(
+        send(&d, &mut w, &map(1, 0x4000, 0x4fff, 0x8000, RW)),
+        Status::Ok
+    );
+    d.complete_kick(&mut w);
+    rec.calls.lock().unwrap().clear();
+    // Same kick: destroy domain 1, recreate it, map the same IOVA again.
+    assert_eq!(send(&d, &mut w, &detach(1, EP)), Status::Ok);
+    let after_detach = rec.calls.lock().unwrap().clone();
+    assert!(
+        after_detach
+            .iter()
+            .any(|(dom, r)| *dom == 1 && r.iter().any(|r| r.contains(&0x4000))),
+        "teardown not invalidated at once: {after_detach:?}"
+    );
+    assert_eq!(send(&d, &mut w, &attach(1, EP, 0)), Status::Ok);
+    assert_eq!(
+        send(&d, &mut w, &map(1, 0x4000, 0x4fff, 0x9000, RW)),
+        Status::Ok
+    );
+    let n = rec.calls.lock().unwrap().len();
+    d.complete_kick(&mut w);
+    // Nothing was unmapped after the teardown: no further invalidation of
+    // the new domain's mapping.
+    assert_eq!(rec.calls.lock().unwrap().len(), n);
+    assert_eq!(
+        runs(&d, EP, 0x4000, 4, Perm::READ).unwrap(),
+        vec![DmaRun {
+            gpa: 0x9000,
+            len: 4
+        }]
+    );
+}

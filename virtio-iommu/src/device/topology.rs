@@ -123,6 +123,13 @@ impl IommuDevice {
             }
             if let Some(space) = d.space() {
                 space.clear(w);
+                // Deliver the teardown's invalidations now, before a later
+                // request of this kick can recreate a domain with the same
+                // id: a stale invalidation must never hit the new domain's
+                // mappings. Flushing early is always safe (the transport
+                // publishes after the kick's final flush), and domain
+                // teardown is rare.
+                self.complete_kick(w);
             }
         }
     }
