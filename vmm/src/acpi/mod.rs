@@ -3,6 +3,7 @@
 
 pub mod dsdt;
 pub mod tables;
+pub mod viot;
 
 pub use tables::{create_acpi_tables, AcpiConfig};
 

@@ -110,6 +110,15 @@ pub fn build_mcfg() -> Vec<u8> {
 
 /// All tables with their guest addresses, RSDP first at [`ACPI_START`].
 pub fn build_tables(cfg: &AcpiConfig) -> Result<Vec<(u64, Vec<u8>)>, Error> {
+    build_tables_with(cfg, &[])
+}
+
+/// Like [`build_tables`], plus `extra` finished tables (e.g. the VIOT when a
+/// virtual IOMMU is present) placed after the MCFG and listed in the XSDT.
+pub fn build_tables_with(
+    cfg: &AcpiConfig,
+    extra: &[Vec<u8>],
+) -> Result<Vec<(u64, Vec<u8>)>, Error> {
     let align = |x: u64| x.div_ceil(16) * 16;
     let mut placed: Vec<(u64, Vec<u8>)> = Vec::new();
     let mut next = align(ACPI_START + Rsdp::len() as u64);
@@ -126,8 +135,12 @@ pub fn build_tables(cfg: &AcpiConfig) -> Result<Vec<(u64, Vec<u8>)>, Error> {
     let fadt = place(build_fadt(dsdt), &mut placed);
     let madt = place(build_madt(cfg.num_vcpus), &mut placed);
     let mcfg = place(build_mcfg(), &mut placed);
+    let mut entries = vec![fadt, madt, mcfg];
+    for table in extra {
+        entries.push(place(table.clone(), &mut placed));
+    }
     let mut xsdt = XSDT::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION);
-    for t in [fadt, madt, mcfg] {
+    for t in entries {
         xsdt.add_entry(t);
     }
     let xsdt_addr = place(to_bytes(&xsdt), &mut placed);
@@ -143,7 +156,16 @@ pub fn build_tables(cfg: &AcpiConfig) -> Result<Vec<(u64, Vec<u8>)>, Error> {
 
 /// Writes the tables into guest memory; returns the RSDP address.
 pub fn create_acpi_tables(mem: &GuestMemoryMmap, cfg: &AcpiConfig) -> Result<u64, Error> {
-    for (addr, bytes) in build_tables(cfg)? {
+    create_acpi_tables_with(mem, cfg, &[])
+}
+
+/// Like [`create_acpi_tables`] with `extra` tables (see [`build_tables_with`]).
+pub fn create_acpi_tables_with(
+    mem: &GuestMemoryMmap,
+    cfg: &AcpiConfig,
+    extra: &[Vec<u8>],
+) -> Result<u64, Error> {
+    for (addr, bytes) in build_tables_with(cfg, extra)? {
         mem.write_slice(&bytes, GuestAddress(addr))
             .map_err(|_| Error::GuestWrite("ACPI tables"))?;
     }
@@ -288,6 +310,26 @@ mod tests {
         assert_eq!(u16::from_le_bytes([mcfg[52], mcfg[53]]), 0);
         assert_eq!(mcfg[54], 0);
         assert_eq!(mcfg[55], 0xff);
+    }
+
+    #[test]
+    fn extra_tables_are_placed_and_listed_in_the_xsdt() {
+        let viot = crate::acpi::viot::build_viot(&crate::acpi::viot::ViotConfig {
+            segment: 0,
+            iommu: crate::pci::PciAddress {
+                bus: 0,
+                device: 1,
+                function: 0,
+            },
+            endpoints: vec![],
+        });
+        let t = build_tables_with(&cfg(1), &[viot.clone()]).unwrap();
+        let xsdt_addr = u64_at(&t[0].1, 24);
+        let xsdt = &t.iter().find(|(a, _)| *a == xsdt_addr).unwrap().1;
+        assert_eq!(xsdt.len(), 36 + 4 * 8);
+        let last = u64_at(xsdt, 36 + 3 * 8);
+        assert_eq!(&t.iter().find(|(a, _)| *a == last).unwrap().1, &viot);
+        assert_eq!(sum(xsdt), 0);
     }
 
     #[test]

@@ -1,0 +1,295 @@
+//! MSI delivery through KVM: GSI routing + irqfd.
+//!
+//! WHY one router per VM: `KVM_SET_GSI_ROUTING` replaces the *whole*
+//! routing table, including the default PIC/IOAPIC routes that
+//! `KVM_CREATE_IRQCHIP` installed (the serial port's irqfd on GSI 4 relies
+//! on them). So every device's MSI routes, plus those defaults, are kept in
+//! one table here, and every change re-installs all of it.
+//!
+//! A device gets [`MsiVector`]s: a GSI of its own and an eventfd registered
+//! as that GSI's irqfd. Writing the eventfd (from a device thread) injects
+//! the MSI in the kernel, without a VMM lock on the path.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use kvm_bindings::{
+    kvm_irq_routing_entry, KvmIrqRouting, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
+    KVM_IRQCHIP_PIC_SLAVE, KVM_IRQ_ROUTING_IRQCHIP, KVM_IRQ_ROUTING_MSI,
+};
+use kvm_ioctls::VmFd;
+use thiserror::Error;
+use vmm_sys_util::eventfd::EventFd;
+
+/// GSIs 0..24 are the IOAPIC pins; MSI routes are allocated above them.
+pub const FIRST_MSI_GSI: u32 = 24;
+/// Upper bound on GSIs we hand out (KVM allows 4096 routes on x86).
+pub const MAX_GSI: u32 = 4095;
+const IOAPIC_PINS: u32 = 24;
+const PIC_PINS: u32 = 16;
+
+/// Errors while setting up interrupts.
+#[derive(Debug, Error)]
+pub enum InterruptError {
+    /// All GSIs are in use.
+    #[error("no free GSI for an MSI route")]
+    NoGsi,
+    /// A KVM ioctl failed.
+    #[error("KVM {what}: {source}")]
+    Kvm {
+        /// The operation.
+        what: &'static str,
+        /// errno.
+        source: kvm_ioctls::Error,
+    },
+    /// Creating an eventfd failed.
+    #[error("eventfd: {0}")]
+    EventFd(std::io::Error),
+    /// The routing table could not be built.
+    #[error("routing table of {0} entries cannot be allocated")]
+    Table(usize),
+}
+
+/// An MSI message as programmed by the guest (MSI-X table entry).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MsiMessage {
+    /// Message address (64-bit).
+    pub addr: u64,
+    /// Message data.
+    pub data: u32,
+}
+
+#[derive(Default)]
+struct RouterState {
+    next_gsi: u32,
+    free: Vec<u32>,
+    /// GSI -> its MSI message, for vectors that currently have a route.
+    routes: BTreeMap<u32, MsiMessage>,
+}
+
+/// The VM's GSI routing table (see the module doc).
+pub struct GsiRouter {
+    vm: Arc<VmFd>,
+    state: Mutex<RouterState>,
+}
+
+fn irqchip_entry(gsi: u32, chip: u32, pin: u32) -> kvm_irq_routing_entry {
+    let mut e = kvm_irq_routing_entry {
+        gsi,
+        type_: KVM_IRQ_ROUTING_IRQCHIP,
+        ..Default::default()
+    };
+    e.u.irqchip.irqchip = chip;
+    e.u.irqchip.pin = pin;
+    e
+}
+
+fn msi_entry(gsi: u32, msg: MsiMessage) -> kvm_irq_routing_entry {
+    let mut e = kvm_irq_routing_entry {
+        gsi,
+        type_: KVM_IRQ_ROUTING_MSI,
+        ..Default::default()
+    };
+    e.u.msi.address_lo = msg.addr as u32;
+    e.u.msi.address_hi = (msg.addr >> 32) as u32;
+    e.u.msi.data = msg.data;
+    e
+}
+
+/// The full table: the irqchip defaults (PIC pins 0..16 and IOAPIC pins
+/// 0..24 on the GSI of the same number, as KVM sets up) plus `routes`.
+pub fn routing_entries(routes: &BTreeMap<u32, MsiMessage>) -> Vec<kvm_irq_routing_entry> {
+    let mut v = Vec::with_capacity((PIC_PINS + IOAPIC_PINS) as usize + routes.len());
+    for gsi in 0..IOAPIC_PINS {
+        if gsi < PIC_PINS {
+            let (chip, pin) = if gsi < 8 {
+                (KVM_IRQCHIP_PIC_MASTER, gsi)
+            } else {
+                (KVM_IRQCHIP_PIC_SLAVE, gsi - 8)
+            };
+            v.push(irqchip_entry(gsi, chip, pin));
+        }
+        v.push(irqchip_entry(gsi, KVM_IRQCHIP_IOAPIC, gsi));
+    }
+    v.extend(routes.iter().map(|(gsi, msg)| msi_entry(*gsi, *msg)));
+    v
+}
+
+impl GsiRouter {
+    /// A router for `vm` (which must already have its in-kernel irqchip).
+    pub fn new(vm: Arc<VmFd>) -> Self {
+        Self {
+            vm,
+            state: Mutex::new(RouterState {
+                next_gsi: FIRST_MSI_GSI,
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn allocate_gsi(&self) -> Result<u32, InterruptError> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(gsi) = st.free.pop() {
+            return Ok(gsi);
+        }
+        if st.next_gsi > MAX_GSI {
+            return Err(InterruptError::NoGsi);
+        }
+        let gsi = st.next_gsi;
+        st.next_gsi += 1;
+        Ok(gsi)
+    }
+
+    fn commit(&self, st: &RouterState) -> Result<(), InterruptError> {
+        let entries = routing_entries(&st.routes);
+        let table = KvmIrqRouting::from_entries(&entries)
+            .map_err(|_| InterruptError::Table(entries.len()))?;
+        self.vm
+            .set_gsi_routing(&table)
+            .map_err(|source| InterruptError::Kvm {
+                what: "KVM_SET_GSI_ROUTING",
+                source,
+            })
+    }
+
+    /// Routes `gsi` to `msg` (or removes its route for `None`) and installs
+    /// the table if anything changed.
+    pub fn set_route(&self, gsi: u32, msg: Option<MsiMessage>) -> Result<(), InterruptError> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let changed = match msg {
+            Some(m) => st.routes.insert(gsi, m) != Some(m),
+            None => st.routes.remove(&gsi).is_some(),
+        };
+        if changed {
+            self.commit(&st)?;
+        }
+        Ok(())
+    }
+
+    fn release(&self, gsi: u32) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.routes.remove(&gsi).is_some() {
+            if let Err(e) = self.commit(&st) {
+                log::warn!("removing MSI route of GSI {gsi}: {e}");
+            }
+        }
+        st.free.push(gsi);
+    }
+
+    /// A new vector: a free GSI with an irqfd, not routed yet.
+    pub fn new_vector(self: &Arc<Self>) -> Result<MsiVector, InterruptError> {
+        let gsi = self.allocate_gsi()?;
+        let evt = match EventFd::new(libc::EFD_NONBLOCK) {
+            Ok(e) => e,
+            Err(e) => {
+                self.release(gsi);
+                return Err(InterruptError::EventFd(e));
+            }
+        };
+        if let Err(source) = self.vm.register_irqfd(&evt, gsi) {
+            self.release(gsi);
+            return Err(InterruptError::Kvm {
+                what: "KVM_IRQFD",
+                source,
+            });
+        }
+        Ok(MsiVector {
+            router: self.clone(),
+            gsi,
+            evt,
+            routed: None,
+        })
+    }
+}
+
+/// One MSI vector of a device: its GSI and irqfd.
+pub struct MsiVector {
+    router: Arc<GsiRouter>,
+    gsi: u32,
+    evt: EventFd,
+    routed: Option<MsiMessage>,
+}
+
+impl MsiVector {
+    /// The GSI this vector injects.
+    pub fn gsi(&self) -> u32 {
+        self.gsi
+    }
+
+    /// Points the vector at `msg` (no ioctl if unchanged).
+    pub fn route(&mut self, msg: MsiMessage) -> Result<(), InterruptError> {
+        if self.routed == Some(msg) {
+            return Ok(());
+        }
+        self.router.set_route(self.gsi, Some(msg))?;
+        self.routed = Some(msg);
+        Ok(())
+    }
+
+    /// Injects the interrupt (non-blocking).
+    pub fn trigger(&self) {
+        if let Err(e) = self.evt.write(1) {
+            log::debug!("MSI on GSI {}: {e}", self.gsi);
+        }
+    }
+
+    /// Another handle to the irqfd, for a thread that triggers it.
+    pub fn try_clone_eventfd(&self) -> std::io::Result<EventFd> {
+        self.evt.try_clone()
+    }
+}
+
+impl Drop for MsiVector {
+    fn drop(&mut self) {
+        if let Err(e) = self.router.vm.unregister_irqfd(&self.evt, self.gsi) {
+            log::debug!("unregistering irqfd of GSI {}: {e}", self.gsi);
+        }
+        self.router.release(self.gsi);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_keeps_irqchip_defaults_and_adds_msi() {
+        let mut routes = BTreeMap::new();
+        routes.insert(
+            30,
+            MsiMessage {
+                addr: 0x1_fee0_1000,
+                data: 0x41,
+            },
+        );
+        let t = routing_entries(&routes);
+        // 16 PIC + 24 IOAPIC + 1 MSI.
+        assert_eq!(t.len(), 41);
+        let ioapic4 = t
+            .iter()
+            .find(|e| {
+                e.gsi == 4
+                    && e.type_ == KVM_IRQ_ROUTING_IRQCHIP
+                    // SAFETY: irqchip entries use the irqchip member.
+                    && unsafe { e.u.irqchip.irqchip } == KVM_IRQCHIP_IOAPIC
+            })
+            .unwrap();
+        // SAFETY: as above.
+        assert_eq!(unsafe { ioapic4.u.irqchip.pin }, 4);
+        let slave = t.iter().find(|e| e.gsi == 9).unwrap();
+        // SAFETY: as above.
+        unsafe {
+            assert_eq!(slave.u.irqchip.irqchip, KVM_IRQCHIP_PIC_SLAVE);
+            assert_eq!(slave.u.irqchip.pin, 1);
+        }
+        let msi = t.last().unwrap();
+        assert_eq!(msi.gsi, 30);
+        assert_eq!(msi.type_, KVM_IRQ_ROUTING_MSI);
+        // SAFETY: MSI entries use the msi member.
+        unsafe {
+            assert_eq!(msi.u.msi.address_lo, 0xfee0_1000);
+            assert_eq!(msi.u.msi.address_hi, 1);
+            assert_eq!(msi.u.msi.data, 0x41);
+        }
+    }
+}
