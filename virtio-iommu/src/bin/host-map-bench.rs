@@ -1,0 +1,492 @@
+//! Host-side mapping benchmark: the scalable table against the baseline
+//! (one lock around a BTreeMap, one invalidation per UNMAP) on the patterns
+//! a guest's DMA API produces.
+//!
+//! Workloads (one domain shared by all threads, one `Worker` per thread
+//! like one per request queue, `Worker::flush` every `--kick` operations
+//! like the end of a kick):
+//! - `map_unmap`: each thread keeps a ring of in-flight 4 KiB buffers (NIC
+//!   ring); one op = map a new buffer + unmap the oldest one.
+//! - `producer_consumer`: thread pairs; one maps and hands the IOVA over a
+//!   ring, the other unmaps it (TX completion on another CPU); one op = one
+//!   map + one unmap.
+//! - `translate_under_churn`: one thread translates addresses of a stable
+//!   set of mappings (emulated-device DMA) while the others run `map_unmap`;
+//!   one op = one translation.
+//!
+//! Output: one JSON object per line, then a human-readable table. Every
+//! figure is the best of `--runs` runs (the host is shared, so the best run
+//! is the least disturbed one).
+
+use std::ops::RangeInclusive;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use virtio_iommu::mapping::{
+    new_space, Depot, DomainSpace, Invalidator, Limits, Perm, SpaceImpl, Worker,
+};
+
+const PAGE: u64 = 4096;
+/// In-flight buffers per thread in `map_unmap`.
+const RING: u64 = 64;
+
+/// A DMA consumer that costs `cost_ns` per invalidation call (0: only counts).
+struct SimConsumer {
+    calls: AtomicU64,
+    cost_ns: u64,
+}
+
+impl Invalidator for SimConsumer {
+    fn invalidate(&self, _domain: u32, ranges: &[RangeInclusive<u64>]) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        if self.cost_ns > 0 {
+            let until = Instant::now() + Duration::from_nanos(self.cost_ns);
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
+        }
+        std::hint::black_box(ranges);
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Opts {
+    duration: Duration,
+    runs: usize,
+    kick: u64,
+    threads: Vec<usize>,
+    impls: Vec<SpaceImpl>,
+    workloads: Vec<String>,
+    cost_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Sample {
+    ops: u64,
+    secs: f64,
+    table_bytes: u64,
+    invalidations: u64,
+}
+
+impl Sample {
+    fn ops_per_sec(&self) -> f64 {
+        if self.secs > 0.0 {
+            self.ops as f64 / self.secs
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Common harness: spawns `n` threads running `body(thread_index, stop)`,
+/// each returning its op count, and measures from the start barrier to stop.
+fn harness<F>(n: usize, duration: Duration, body: F) -> (u64, f64)
+where
+    F: Fn(usize, &AtomicBool) -> u64 + Sync,
+{
+    let stop = AtomicBool::new(false);
+    let start = Barrier::new(n + 1);
+    let total = AtomicU64::new(0);
+    let mut secs = 0.0;
+    std::thread::scope(|s| {
+        for t in 0..n {
+            let (stop, start, total, body) = (&stop, &start, &total, &body);
+            s.spawn(move || {
+                start.wait();
+                let ops = body(t, stop);
+                total.fetch_add(ops, Ordering::Relaxed);
+            });
+        }
+        start.wait();
+        let t0 = Instant::now();
+        std::thread::sleep(duration);
+        stop.store(true, Ordering::Relaxed);
+        secs = t0.elapsed().as_secs_f64();
+    });
+    (total.load(Ordering::Relaxed), secs)
+}
+
+fn setup(kind: SpaceImpl, cost_ns: u64) -> (Arc<Depot>, Arc<dyn DomainSpace>, Arc<SimConsumer>) {
+    let depot = Arc::new(Depot::new());
+    let space = new_space(kind, 1, &Limits::default(), &depot);
+    let consumer = Arc::new(SimConsumer {
+        calls: AtomicU64::new(0),
+        cost_ns,
+    });
+    (depot, space, consumer)
+}
+
+/// The NIC-ring loop of one thread: runs until `stop`, returns ops done.
+fn ring_loop(
+    space: &dyn DomainSpace,
+    w: &mut Worker,
+    cons: &[Arc<dyn Invalidator>],
+    base: u64,
+    kick: u64,
+    stop: &AtomicBool,
+) -> u64 {
+    let slot = |i: u64| base + (i % (2 * RING)) * PAGE;
+    for i in 0..RING {
+        let iova = slot(i);
+        if space.map(w, iova, iova + PAGE - 1, iova, Perm::RW).is_err() {
+            return 0;
+        }
+    }
+    w.flush(cons);
+    let mut i = RING;
+    let mut ops = 0;
+    while !stop.load(Ordering::Relaxed) {
+        for _ in 0..kick {
+            let iova = slot(i);
+            let old = slot(i - RING);
+            let m = space.map(w, iova, iova + PAGE - 1, iova, Perm::RW);
+            let u = space.unmap(w, old, old + PAGE - 1);
+            if m.is_err() || u.is_err() {
+                eprintln!("unexpected failure: {m:?} {u:?}");
+                return ops;
+            }
+            i += 1;
+            ops += 1;
+        }
+        w.flush(cons);
+    }
+    for j in i - RING..i {
+        let iova = slot(j);
+        let _ = space.unmap(w, iova, iova + PAGE - 1);
+    }
+    w.flush(cons);
+    ops
+}
+
+fn map_unmap(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
+    let (depot, space, consumer) = setup(kind, o.cost_ns);
+    let table_bytes = AtomicU64::new(0);
+    let (ops, secs) = harness(threads, o.duration, |t, stop| {
+        let mut w = Worker::new(&depot);
+        let cons: Vec<Arc<dyn Invalidator>> = vec![consumer.clone()];
+        // Per-thread IOVA regions, as a per-CPU IOVA allocator gives them.
+        let base = (t as u64 + 1) << 30;
+        let ops = ring_loop(&*space, &mut w, &cons, base, o.kick, stop);
+        table_bytes.fetch_max(space.stats().table_bytes, Ordering::Relaxed);
+        ops
+    });
+    Sample {
+        ops,
+        secs,
+        table_bytes: table_bytes.load(Ordering::Relaxed),
+        invalidations: consumer.calls.load(Ordering::Relaxed),
+    }
+}
+
+/// A single-producer single-consumer ring of IOVAs.
+struct Spsc {
+    slots: Vec<AtomicU64>,
+    head: AtomicUsize,
+    tail: AtomicUsize,
+}
+
+impl Spsc {
+    fn new(n: usize) -> Spsc {
+        Spsc {
+            slots: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            head: AtomicUsize::new(0),
+            tail: AtomicUsize::new(0),
+        }
+    }
+    fn push(&self, v: u64) -> bool {
+        let t = self.tail.load(Ordering::Relaxed);
+        if t - self.head.load(Ordering::Acquire) == self.slots.len() {
+            return false;
+        }
+        self.slots[t % self.slots.len()].store(v, Ordering::Relaxed);
+        self.tail.store(t + 1, Ordering::Release);
+        true
+    }
+    fn pop(&self) -> Option<u64> {
+        let h = self.head.load(Ordering::Relaxed);
+        if h == self.tail.load(Ordering::Acquire) {
+            return None;
+        }
+        let v = self.slots[h % self.slots.len()].load(Ordering::Relaxed);
+        self.head.store(h + 1, Ordering::Release);
+        Some(v)
+    }
+}
+
+fn producer_consumer(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
+    let (depot, space, consumer) = setup(kind, o.cost_ns);
+    let pairs = threads / 2;
+    let rings: Vec<Spsc> = (0..pairs).map(|_| Spsc::new(256)).collect();
+    let table_bytes = AtomicU64::new(0);
+    let (ops, secs) = harness(pairs * 2, o.duration, |t, stop| {
+        let mut w = Worker::new(&depot);
+        let cons: Vec<Arc<dyn Invalidator>> = vec![consumer.clone()];
+        let ring = &rings[t / 2];
+        let base = (t as u64 / 2 + 1) << 30;
+        let mut ops = 0u64;
+        if t % 2 == 0 {
+            // Producer: 1024 IOVA slots, at most 256 in the ring.
+            let mut i = 0u64;
+            'outer: while !stop.load(Ordering::Relaxed) {
+                for _ in 0..o.kick {
+                    let iova = base + (i % 1024) * PAGE;
+                    if space.map(&mut w, iova, iova + PAGE - 1, iova, Perm::RW).is_err() {
+                        eprintln!("producer map failed");
+                        break 'outer;
+                    }
+                    while !ring.push(iova) {
+                        if stop.load(Ordering::Relaxed) {
+                            break 'outer;
+                        }
+                        std::hint::spin_loop();
+                    }
+                    i += 1;
+                }
+                w.flush(&cons);
+            }
+            w.flush(&cons);
+            table_bytes.fetch_max(space.stats().table_bytes, Ordering::Relaxed);
+            0
+        } else {
+            let mut n = 0u64;
+            loop {
+                match ring.pop() {
+                    Some(iova) => {
+                        let _ = space.unmap(&mut w, iova, iova + PAGE - 1);
+                        ops += 1;
+                        n += 1;
+                        if n % o.kick == 0 {
+                            w.flush(&cons);
+                        }
+                    }
+                    None if stop.load(Ordering::Relaxed) => break,
+                    None => {
+                        if w.has_pending() {
+                            w.flush(&cons);
+                        }
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+            w.flush(&cons);
+            ops
+        }
+    });
+    Sample {
+        ops,
+        secs,
+        table_bytes: table_bytes.load(Ordering::Relaxed),
+        invalidations: consumer.calls.load(Ordering::Relaxed),
+    }
+}
+
+fn translate_under_churn(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
+    let (depot, space, consumer) = setup(kind, o.cost_ns);
+    const STABLE: u64 = 1024;
+    {
+        let mut w = Worker::new(&depot);
+        for p in 0..STABLE {
+            let iova = p * PAGE;
+            let _ = space.map(&mut w, iova, iova + PAGE - 1, (1 << 33) + iova, Perm::RW);
+        }
+        w.flush(&[]);
+    }
+    let table_bytes = AtomicU64::new(0);
+    let (ops, secs) = harness(threads, o.duration, |t, stop| {
+        if t == 0 {
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            let mut ops = 0u64;
+            let mut sum = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..256 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let iova = (x % STABLE) * PAGE + (x >> 52);
+                    if let Ok(tr) = space.translate(iova, Perm::READ) {
+                        sum = sum.wrapping_add(tr.gpa);
+                    }
+                }
+                ops += 256;
+            }
+            std::hint::black_box(sum);
+            ops
+        } else {
+            let mut w = Worker::new(&depot);
+            let cons: Vec<Arc<dyn Invalidator>> = vec![consumer.clone()];
+            let base = (t as u64 + 1) << 30;
+            ring_loop(&*space, &mut w, &cons, base, o.kick, stop);
+            table_bytes.fetch_max(space.stats().table_bytes, Ordering::Relaxed);
+            0
+        }
+    });
+    Sample {
+        ops,
+        secs,
+        table_bytes: table_bytes.load(Ordering::Relaxed).max(space.stats().table_bytes),
+        invalidations: consumer.calls.load(Ordering::Relaxed),
+    }
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: host-map-bench [--duration-ms N] [--runs N] [--kick N] [--threads 1,2,..] \
+         [--impl baseline,scalable] [--workload map_unmap,producer_consumer,translate_under_churn] \
+         [--consumer-cost-ns N]"
+    );
+    std::process::exit(2)
+}
+
+fn parse() -> Opts {
+    let nproc = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut threads = vec![1, 2];
+    let mut t = 4;
+    while t <= nproc {
+        threads.push(t);
+        t *= 2;
+    }
+    let mut o = Opts {
+        duration: Duration::from_millis(400),
+        runs: 3,
+        kick: 32,
+        threads,
+        impls: vec![SpaceImpl::Baseline, SpaceImpl::Scalable],
+        workloads: vec![
+            "map_unmap".into(),
+            "producer_consumer".into(),
+            "translate_under_churn".into(),
+        ],
+        cost_ns: 0,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let Some(v) = it.next() else { usage() };
+        let num = |v: &str| v.parse::<u64>().unwrap_or_else(|_| usage());
+        match a.as_str() {
+            "--duration-ms" => o.duration = Duration::from_millis(num(v)),
+            "--runs" => o.runs = num(v).max(1) as usize,
+            "--kick" => o.kick = num(v).max(1),
+            "--consumer-cost-ns" => o.cost_ns = num(v),
+            "--threads" => o.threads = v.split(',').map(|x| num(x).max(1) as usize).collect(),
+            "--impl" => {
+                o.impls = v
+                    .split(',')
+                    .map(|x| x.parse().unwrap_or_else(|_| usage()))
+                    .collect()
+            }
+            "--workload" => o.workloads = v.split(',').map(String::from).collect(),
+            _ => usage(),
+        }
+    }
+    o
+}
+
+struct Row {
+    kind: SpaceImpl,
+    workload: String,
+    threads: usize,
+    best: Sample,
+}
+
+fn main() {
+    let o = parse();
+    let mut rows: Vec<Row> = Vec::new();
+    for wl in &o.workloads {
+        for &threads in &o.threads {
+            if wl == "producer_consumer" && threads < 2 {
+                continue;
+            }
+            for &kind in &o.impls {
+                let mut best = Sample::default();
+                for _ in 0..o.runs {
+                    let s = match wl.as_str() {
+                        "map_unmap" => map_unmap(kind, threads, &o),
+                        "producer_consumer" => producer_consumer(kind, threads, &o),
+                        "translate_under_churn" => translate_under_churn(kind, threads, &o),
+                        _ => usage(),
+                    };
+                    if s.ops_per_sec() > best.ops_per_sec() {
+                        best = s;
+                    }
+                }
+                let ops_per_sec = best.ops_per_sec();
+                let busy = if wl == "translate_under_churn" {
+                    1
+                } else if wl == "producer_consumer" {
+                    threads / 2
+                } else {
+                    threads
+                };
+                // Wall-clock nanoseconds per op on one of the threads doing ops.
+                let ns_per_op = if ops_per_sec > 0.0 {
+                    busy as f64 * 1e9 / ops_per_sec
+                } else {
+                    0.0
+                };
+                println!(
+                    "{{\"bench\":\"host-map\",\"impl\":\"{kind}\",\"workload\":\"{wl}\",\
+                     \"threads\":{threads},\"ops_per_sec\":{ops_per_sec:.0},\"ns_per_op\":{ns_per_op:.1},\
+                     \"table_bytes\":{},\"invalidations\":{},\"ops\":{},\"kick\":{},\
+                     \"consumer_cost_ns\":{},\"runs\":{},\"stat\":\"best\"}}",
+                    best.table_bytes, best.invalidations, best.ops, o.kick, o.cost_ns, o.runs
+                );
+                rows.push(Row {
+                    kind,
+                    workload: wl.clone(),
+                    threads,
+                    best,
+                });
+            }
+        }
+    }
+    println!();
+    println!(
+        "{:<22} {:>7} {:>9} {:>14} {:>10} {:>12} {:>14}",
+        "workload", "threads", "impl", "ops/s (best)", "ns/op", "table_bytes", "invalidations"
+    );
+    for r in &rows {
+        let busy = match r.workload.as_str() {
+            "translate_under_churn" => 1,
+            "producer_consumer" => r.threads / 2,
+            _ => r.threads,
+        };
+        let ops = r.best.ops_per_sec();
+        println!(
+            "{:<22} {:>7} {:>9} {:>14.0} {:>10.1} {:>12} {:>14}",
+            r.workload,
+            r.threads,
+            r.kind.to_string(),
+            ops,
+            if ops > 0.0 { busy as f64 * 1e9 / ops } else { 0.0 },
+            r.best.table_bytes,
+            r.best.invalidations
+        );
+    }
+    let find = |k: SpaceImpl, wl: &str, t: usize| {
+        rows.iter()
+            .find(|r| r.kind == k && r.workload == wl && r.threads == t)
+            .map(|r| r.best.ops_per_sec())
+    };
+    println!();
+    for wl in &o.workloads {
+        for &t in &o.threads {
+            if let (Some(s), Some(b)) = (
+                find(SpaceImpl::Scalable, wl, t),
+                find(SpaceImpl::Baseline, wl, t),
+            ) {
+                if b > 0.0 {
+                    println!("{wl} threads={t}: scalable/baseline = {:.2}x", s / b);
+                }
+            }
+        }
+        for k in &o.impls {
+            if let (Some(one), Some(two)) = (find(*k, wl, 1), find(*k, wl, 2)) {
+                if one > 0.0 {
+                    println!("{wl} {k}: 2 threads / 1 thread = {:.2}x", two / one);
+                }
+            }
+        }
+    }
+}
