@@ -323,7 +323,7 @@ mod tests {
             },
             endpoints: vec![],
         });
-        let t = build_tables_with(&cfg(1), &[viot.clone()]).unwrap();
+        let t = build_tables_with(&cfg(1), std::slice::from_ref(&viot)).unwrap();
         let xsdt_addr = u64_at(&t[0].1, 24);
         let xsdt = &t.iter().find(|(a, _)| *a == xsdt_addr).unwrap().1;
         assert_eq!(xsdt.len(), 36 + 4 * 8);
