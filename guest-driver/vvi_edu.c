@@ -258,7 +258,7 @@ static void edu_bench(struct vvi_edu *e, size_t size, unsigned long iters,
 		if (tasks[cpu])
 			wake_up_process(tasks[cpu]);
 	while (atomic_read(&c->ready) < n)
-		msleep(1);
+		usleep_range(1000, 2000);
 	c->start = ktime_get();
 	atomic_set(&c->go, 1);
 	wait_for_completion(&c->done);

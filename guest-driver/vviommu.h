@@ -14,6 +14,7 @@
 #include <linux/dma-map-ops.h>
 #include <linux/iova.h>
 #include <linux/idr.h>
+#include <linux/xarray.h>
 #include <linux/pci.h>
 #include <linux/virtio.h>
 #include <uapi/linux/virtio_iommu.h>
@@ -109,7 +110,7 @@ struct vvi_pcpu {
 };
 
 struct vvi_fq {
-	spinlock_t lock;
+	spinlock_t lock;	/* owner CPU and the flush worker */
 	unsigned int n;
 	struct vvi_fq_ent ents[VVI_FQ_MAX];
 };
@@ -125,7 +126,7 @@ struct vvi_mag_cpu {
 };
 
 struct vvi_depot {
-	spinlock_t lock;
+	spinlock_t lock;	/* the full magazines */
 	unsigned int n;
 	struct vvi_mag *mags;	/* VVI_DEPOT_MAX of them */
 };
@@ -156,7 +157,6 @@ enum vvi_owner {
 struct vvi_dev;
 
 struct vvi_ep {
-	struct dma_map_ops ops;	/* installed on the device; container_of */
 	struct list_head node;
 	struct vvi_dev *vd;
 	struct pci_dev *pdev;
@@ -174,7 +174,7 @@ struct vvi_ep {
 	unsigned long id_npfn;
 	struct vvi_mag_cpu __percpu *mags;
 	struct vvi_depot depot[VVI_MAG_ORDERS];
-	spinlock_t pm_lock;
+	spinlock_t pm_lock;	/* persistent-mapping tables */
 	DECLARE_HASHTABLE(pm_key, VVI_PM_HASH_BITS);
 	DECLARE_HASHTABLE(pm_iova, VVI_PM_HASH_BITS);
 	struct list_head pm_lru;
@@ -199,8 +199,8 @@ struct vvi_dev {
 	struct pci_dev *self;
 	struct virtqueue *reqvq;
 	struct virtqueue *evtvq;
-	spinlock_t reqlock;
-	struct mutex lock;
+	spinlock_t reqlock;	/* request queue add/get only */
+	struct mutex lock;	/* endpoint list, claim and release */
 	struct list_head eps;
 	struct vvi_range ranges[VVI_MAX_RANGES];
 	int nranges;
@@ -252,7 +252,8 @@ void vvi_fill_detach(struct vvi_req *r, u32 dom, u32 epid);
 u64 vvi_map(struct vvi_ep *ep, phys_addr_t phys, size_t size,
 	    enum dma_data_direction dir, u64 mask);
 void vvi_unmap(struct vvi_ep *ep, u64 dma, size_t size, bool strict);
-void vvi_init_ops(struct dma_map_ops *ops);
+int vvi_install_ops(struct vvi_ep *ep);
+void vvi_remove_ops(struct vvi_ep *ep);
 int vvi_policy_setup(struct vvi_ep *ep);
 void vvi_policy_teardown(struct vvi_ep *ep);
 void vvi_flush_all(void);

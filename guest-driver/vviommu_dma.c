@@ -136,8 +136,10 @@ int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
 		}
 		if (kick)
 			kick = virtqueue_kick_prepare(vd->reqvq);
-		while ((r = virtqueue_get_buf(vd->reqvq, &len)))
+		while ((r = virtqueue_get_buf(vd->reqvq, &len))) {
+			/* status visible before done; pairs with acquire below */
 			smp_store_release(&r->done, 1);
+		}
 		spin_unlock_irqrestore(&vd->reqlock, flags);
 
 		if (kick) {
@@ -146,6 +148,7 @@ int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
 			if (ep)
 				vvi_inc(ep, VVI_ST_KICKS);
 		}
+		/* pairs with the release above */
 		while (checked < n && smp_load_acquire(&reqs[checked].done))
 			checked++;
 		if (checked < n) {
@@ -408,19 +411,20 @@ static void vvi_mag_free(struct vvi_ep *ep, unsigned long pfn,
 }
 
 /*
- * IOVA-kmalloc: the physical address of a private kmalloc block of at
- * least n bytes, read as a page frame number, names n IOVA pages that no
- * other live block can name.
+ * IOVA-kmalloc: a private kmalloc block of 8 * n bytes is unique among
+ * live blocks, and so are its n 8-byte slots. Slot addresses divided by
+ * 8 serve as n IOVA page numbers; neighbouring blocks of the slab give
+ * neighbouring IOVAs, so deferred UNMAPs of them merge. Free = kfree.
  */
 static unsigned long vvi_kmalloc_alloc(struct vvi_ep *ep, unsigned long n,
 				       u64 mask)
 {
-	void *blk = kmalloc(max(n, 8UL), GFP_ATOMIC);
+	void *blk = kmalloc(n * 8, GFP_ATOMIC);
 	unsigned long pfn;
 
 	if (!blk)
 		return 0;
-	pfn = virt_to_phys(blk);
+	pfn = virt_to_phys(blk) >> 3;
 	if (PFN_PHYS(pfn + n) - 1 > min(ep->limit, mask) ||
 	    PFN_PHYS(pfn + n) > ep->vd->fb_base) {
 		kfree(blk);
@@ -428,6 +432,11 @@ static unsigned long vvi_kmalloc_alloc(struct vvi_ep *ep, unsigned long n,
 	}
 	vvi_inc(ep, VVI_ST_FAST);
 	return pfn;
+}
+
+static void vvi_kmalloc_free(unsigned long pfn)
+{
+	kfree(phys_to_virt((phys_addr_t)pfn << 3));
 }
 
 static bool vvi_hits_resv(struct vvi_ep *ep, u64 start, u64 last)
@@ -448,7 +457,7 @@ static void vvi_release_iova(struct vvi_ep *ep, u64 iova, unsigned long n)
 	switch (vvi_policy_sel) {
 	case VVI_POL_KMALLOC:
 		if (iova < ep->vd->fb_base) {
-			kfree(phys_to_virt(pfn));
+			vvi_kmalloc_free(pfn);
 			break;
 		}
 		fallthrough;
@@ -971,7 +980,7 @@ static u64 vvi_map_alloc(struct vvi_ep *ep, phys_addr_t phys, size_t size,
 		pfn = vvi_kmalloc_alloc(ep, n, mask);
 		if (pfn && vvi_hits_resv(ep, PFN_PHYS(pfn),
 					 PFN_PHYS(pfn + n) - 1)) {
-			kfree(phys_to_virt(pfn));
+			vvi_kmalloc_free(pfn);
 			pfn = 0;
 		}
 		if (pfn)
@@ -1077,10 +1086,18 @@ void vvi_unmap(struct vvi_ep *ep, u64 dma, size_t size, bool strict)
 /* dma_map_ops                                                         */
 /* ------------------------------------------------------------------ */
 
+/* endpoints owned right now, indexed by PCI segment/bus/devfn */
+static DEFINE_XARRAY(vvi_owned);
+
+static unsigned long vvi_pci_index(struct pci_dev *pdev)
+{
+	return ((unsigned long)pci_domain_nr(pdev->bus) << 16) |
+	       pci_dev_id(pdev);
+}
+
 static struct vvi_ep *vvi_dev_ep(struct device *dev)
 {
-	return container_of((struct dma_map_ops *)get_dma_ops(dev),
-			    struct vvi_ep, ops);
+	return xa_load(&vvi_owned, vvi_pci_index(to_pci_dev(dev)));
 }
 
 static dma_addr_t vvi_op_map_page(struct device *dev, struct page *page,
@@ -1196,21 +1213,38 @@ static u64 vvi_op_required_mask(struct device *dev)
 	return DMA_BIT_MASK(fls64(ep->limit));
 }
 
-void vvi_init_ops(struct dma_map_ops *ops)
+static const struct dma_map_ops vvi_dma_ops = {
+	.alloc = vvi_op_alloc,
+	.free = vvi_op_free,
+	.map_page = vvi_op_map_page,
+	.unmap_page = vvi_op_unmap_page,
+	.map_sg = vvi_op_map_sg,
+	.unmap_sg = vvi_op_unmap_sg,
+	.sync_single_for_cpu = vvi_op_sync_single,
+	.sync_single_for_device = vvi_op_sync_single,
+	.sync_sg_for_cpu = vvi_op_sync_sg,
+	.sync_sg_for_device = vvi_op_sync_sg,
+	.dma_supported = vvi_op_dma_supported,
+	.get_required_mask = vvi_op_required_mask,
+};
+
+/* the driver has not probed yet: route the device's DMA through @ep */
+int vvi_install_ops(struct vvi_ep *ep)
 {
-	memset(ops, 0, sizeof(*ops));
-	ops->alloc = vvi_op_alloc;
-	ops->free = vvi_op_free;
-	ops->map_page = vvi_op_map_page;
-	ops->unmap_page = vvi_op_unmap_page;
-	ops->map_sg = vvi_op_map_sg;
-	ops->unmap_sg = vvi_op_unmap_sg;
-	ops->sync_single_for_cpu = vvi_op_sync_single;
-	ops->sync_single_for_device = vvi_op_sync_single;
-	ops->sync_sg_for_cpu = vvi_op_sync_sg;
-	ops->sync_sg_for_device = vvi_op_sync_sg;
-	ops->dma_supported = vvi_op_dma_supported;
-	ops->get_required_mask = vvi_op_required_mask;
+	int ret;
+
+	ret = xa_err(xa_store(&vvi_owned, vvi_pci_index(ep->pdev), ep,
+			      GFP_KERNEL));
+	if (ret)
+		return ret;
+	set_dma_ops(&ep->pdev->dev, &vvi_dma_ops);
+	return 0;
+}
+
+void vvi_remove_ops(struct vvi_ep *ep)
+{
+	set_dma_ops(&ep->pdev->dev, NULL);
+	xa_erase(&vvi_owned, vvi_pci_index(ep->pdev));
 }
 
 /* ------------------------------------------------------------------ */
@@ -1318,7 +1352,7 @@ int vvi_dma_init(void)
 	if (!vvi_pcpu)
 		goto err;
 	for_each_possible_cpu(cpu) {
-		vvi_pcpu[cpu] = kzalloc(sizeof(struct vvi_pcpu), GFP_KERNEL);
+		vvi_pcpu[cpu] = kzalloc(sizeof(*vvi_pcpu[cpu]), GFP_KERNEL);
 		if (!vvi_pcpu[cpu])
 			goto err;
 	}

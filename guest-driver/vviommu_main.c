@@ -288,7 +288,6 @@ static struct vvi_ep *vvi_add_ep(struct vvi_dev *vd, struct pci_dev *pdev)
 	hash_init(ep->pm_key);
 	hash_init(ep->pm_iova);
 	INIT_LIST_HEAD(&ep->pm_lru);
-	vvi_init_ops(&ep->ops);
 	list_add_tail(&ep->node, &vd->eps);
 
 	if (vvi_probe_ep(ep))
@@ -332,9 +331,11 @@ static void vvi_claim(struct vvi_ep *ep, enum vvi_owner how,
 		goto err_policy;
 
 	atomic_long_set(&ep->live, 0);
+	ret = vvi_install_ops(ep);
+	if (ret)
+		goto err_policy;
 	ep->owner = how;
 	ep->refused = false;
-	set_dma_ops(&ep->pdev->dev, &ep->ops);
 	dev_info(&ep->pdev->dev,
 		 "vviommu: DMA of %s translated: endpoint %u domain %u policy %s invalidation %s\n",
 		 drvname, ep->id, dom, vvi_policy_names[vvi_policy_sel],
@@ -376,7 +377,7 @@ static void vvi_release(struct vvi_ep *ep)
 	vvi_fill_unmap(&r, ep->domain, 0, ep->limit);
 	if (vvi_send_one(vd, &r, ep))
 		dev_warn(&ep->pdev->dev, "vviommu: final UNMAP failed\n");
-	set_dma_ops(&ep->pdev->dev, NULL);
+	vvi_remove_ops(ep);
 	vvi_policy_teardown(ep);
 	if (vd->bypass_dom &&
 	    !vvi_attach(ep, vd->bypass_domain, VIRTIO_IOMMU_ATTACH_F_BYPASS))
