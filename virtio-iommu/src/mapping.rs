@@ -323,7 +323,7 @@ impl Worker {
         while let Some(node) = self.table.deferred.pop() {
             self.nodes.free(&self.depot, node);
         }
-        crate::table::release_credits(self);
+        crate::table::trim_credits(self);
     }
 
     /// True if UNMAPs were recorded since the last flush.

@@ -65,11 +65,20 @@ struct Opts {
 struct Sample {
     ops: u64,
     secs: f64,
+    cpu_ns: u64,
     table_bytes: u64,
     invalidations: u64,
 }
 
 impl Sample {
+    fn cpu_ns_per_op(&self) -> f64 {
+        if self.ops > 0 {
+            self.cpu_ns as f64 / self.ops as f64
+        } else {
+            0.0
+        }
+    }
+
     fn ops_per_sec(&self) -> f64 {
         if self.secs > 0.0 {
             self.ops as f64 / self.secs
@@ -79,22 +88,39 @@ impl Sample {
     }
 }
 
+/// CPU time this thread has run, in ns (Linux schedstat; 0 if unavailable).
+/// WHY: the benchmark host is shared, so wall-clock throughput at 2 threads
+/// also measures how much CPU the other tenants left us. CPU time per op
+/// shows whether the threads slow each other down (contention) regardless.
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
 /// Common harness: spawns `n` threads running `body(thread_index, stop)`,
-/// each returning its op count, and measures from the start barrier to stop.
-fn harness<F>(n: usize, duration: Duration, body: F) -> (u64, f64)
+/// each returning its op count, and measures from the start barrier to
+/// stop. Returns (ops, wall seconds, CPU ns of the threads that did ops).
+fn harness<F>(n: usize, duration: Duration, body: F) -> (u64, f64, u64)
 where
     F: Fn(usize, &AtomicBool) -> u64 + Sync,
 {
     let stop = AtomicBool::new(false);
     let start = Barrier::new(n + 1);
     let total = AtomicU64::new(0);
+    let cpu = AtomicU64::new(0);
     let mut secs = 0.0;
     std::thread::scope(|s| {
         for t in 0..n {
-            let (stop, start, total, body) = (&stop, &start, &total, &body);
+            let (stop, start, total, body, cpu) = (&stop, &start, &total, &body, &cpu);
             s.spawn(move || {
                 start.wait();
+                let c0 = thread_cpu_ns();
                 let ops = body(t, stop);
+                if ops > 0 {
+                    cpu.fetch_add(thread_cpu_ns().saturating_sub(c0), Ordering::Relaxed);
+                }
                 total.fetch_add(ops, Ordering::Relaxed);
             });
         }
@@ -104,7 +130,11 @@ where
         stop.store(true, Ordering::Relaxed);
         secs = t0.elapsed().as_secs_f64();
     });
-    (total.load(Ordering::Relaxed), secs)
+    (
+        total.load(Ordering::Relaxed),
+        secs,
+        cpu.load(Ordering::Relaxed),
+    )
 }
 
 fn setup(kind: SpaceImpl, cost_ns: u64) -> (Arc<Depot>, Arc<dyn DomainSpace>, Arc<SimConsumer>) {
@@ -125,6 +155,7 @@ fn ring_loop(
     base: u64,
     kick: u64,
     stop: &AtomicBool,
+    table_bytes: &AtomicU64,
 ) -> u64 {
     let slot = |i: u64| base + (i % (2 * RING)) * PAGE;
     for i in 0..RING {
@@ -151,6 +182,7 @@ fn ring_loop(
         }
         w.flush(cons);
     }
+    table_bytes.fetch_max(space.stats().table_bytes, Ordering::Relaxed);
     for j in i - RING..i {
         let iova = slot(j);
         let _ = space.unmap(w, iova, iova + PAGE - 1);
@@ -162,18 +194,17 @@ fn ring_loop(
 fn map_unmap(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
     let (depot, space, consumer) = setup(kind, o.cost_ns);
     let table_bytes = AtomicU64::new(0);
-    let (ops, secs) = harness(threads, o.duration, |t, stop| {
+    let (ops, secs, cpu_ns) = harness(threads, o.duration, |t, stop| {
         let mut w = Worker::new(&depot);
         let cons: Vec<Arc<dyn Invalidator>> = vec![consumer.clone()];
         // Per-thread IOVA regions, as a per-CPU IOVA allocator gives them.
         let base = (t as u64 + 1) << 30;
-        let ops = ring_loop(&*space, &mut w, &cons, base, o.kick, stop);
-        table_bytes.fetch_max(space.stats().table_bytes, Ordering::Relaxed);
-        ops
+        ring_loop(&*space, &mut w, &cons, base, o.kick, stop, &table_bytes)
     });
     Sample {
         ops,
         secs,
+        cpu_ns,
         table_bytes: table_bytes.load(Ordering::Relaxed),
         invalidations: consumer.calls.load(Ordering::Relaxed),
     }
@@ -219,7 +250,7 @@ fn producer_consumer(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
     let pairs = threads / 2;
     let rings: Vec<Spsc> = (0..pairs).map(|_| Spsc::new(256)).collect();
     let table_bytes = AtomicU64::new(0);
-    let (ops, secs) = harness(pairs * 2, o.duration, |t, stop| {
+    let (ops, secs, cpu_ns) = harness(pairs * 2, o.duration, |t, stop| {
         let mut w = Worker::new(&depot);
         let cons: Vec<Arc<dyn Invalidator>> = vec![consumer.clone()];
         let ring = &rings[t / 2];
@@ -231,7 +262,10 @@ fn producer_consumer(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
             'outer: while !stop.load(Ordering::Relaxed) {
                 for _ in 0..o.kick {
                     let iova = base + (i % 1024) * PAGE;
-                    if space.map(&mut w, iova, iova + PAGE - 1, iova, Perm::RW).is_err() {
+                    if space
+                        .map(&mut w, iova, iova + PAGE - 1, iova, Perm::RW)
+                        .is_err()
+                    {
                         eprintln!("producer map failed");
                         break 'outer;
                     }
@@ -256,7 +290,7 @@ fn producer_consumer(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
                         let _ = space.unmap(&mut w, iova, iova + PAGE - 1);
                         ops += 1;
                         n += 1;
-                        if n % o.kick == 0 {
+                        if n.is_multiple_of(o.kick) {
                             w.flush(&cons);
                         }
                     }
@@ -276,6 +310,7 @@ fn producer_consumer(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
     Sample {
         ops,
         secs,
+        cpu_ns,
         table_bytes: table_bytes.load(Ordering::Relaxed),
         invalidations: consumer.calls.load(Ordering::Relaxed),
     }
@@ -293,7 +328,7 @@ fn translate_under_churn(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
         w.flush(&[]);
     }
     let table_bytes = AtomicU64::new(0);
-    let (ops, secs) = harness(threads, o.duration, |t, stop| {
+    let (ops, secs, cpu_ns) = harness(threads, o.duration, |t, stop| {
         if t == 0 {
             let mut x = 0x9e37_79b9_7f4a_7c15u64;
             let mut ops = 0u64;
@@ -316,15 +351,17 @@ fn translate_under_churn(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
             let mut w = Worker::new(&depot);
             let cons: Vec<Arc<dyn Invalidator>> = vec![consumer.clone()];
             let base = (t as u64 + 1) << 30;
-            ring_loop(&*space, &mut w, &cons, base, o.kick, stop);
-            table_bytes.fetch_max(space.stats().table_bytes, Ordering::Relaxed);
+            ring_loop(&*space, &mut w, &cons, base, o.kick, stop, &table_bytes);
             0
         }
     });
     Sample {
         ops,
         secs,
-        table_bytes: table_bytes.load(Ordering::Relaxed).max(space.stats().table_bytes),
+        cpu_ns,
+        table_bytes: table_bytes
+            .load(Ordering::Relaxed)
+            .max(space.stats().table_bytes),
         invalidations: consumer.calls.load(Ordering::Relaxed),
     }
 }
@@ -428,9 +465,15 @@ fn main() {
                 println!(
                     "{{\"bench\":\"host-map\",\"impl\":\"{kind}\",\"workload\":\"{wl}\",\
                      \"threads\":{threads},\"ops_per_sec\":{ops_per_sec:.0},\"ns_per_op\":{ns_per_op:.1},\
-                     \"table_bytes\":{},\"invalidations\":{},\"ops\":{},\"kick\":{},\
-                     \"consumer_cost_ns\":{},\"runs\":{},\"stat\":\"best\"}}",
-                    best.table_bytes, best.invalidations, best.ops, o.kick, o.cost_ns, o.runs
+                     \"cpu_ns_per_op\":{:.1},\"table_bytes\":{},\"invalidations\":{},\"ops\":{},\
+                     \"kick\":{},\"consumer_cost_ns\":{},\"runs\":{},\"stat\":\"best\"}}",
+                    best.cpu_ns_per_op(),
+                    best.table_bytes,
+                    best.invalidations,
+                    best.ops,
+                    o.kick,
+                    o.cost_ns,
+                    o.runs
                 );
                 rows.push(Row {
                     kind,
@@ -443,8 +486,15 @@ fn main() {
     }
     println!();
     println!(
-        "{:<22} {:>7} {:>9} {:>14} {:>10} {:>12} {:>14}",
-        "workload", "threads", "impl", "ops/s (best)", "ns/op", "table_bytes", "invalidations"
+        "{:<22} {:>7} {:>9} {:>14} {:>10} {:>10} {:>12} {:>14}",
+        "workload",
+        "threads",
+        "impl",
+        "ops/s (best)",
+        "ns/op",
+        "cpu_ns/op",
+        "table_bytes",
+        "invalidations"
     );
     for r in &rows {
         let busy = match r.workload.as_str() {
@@ -454,12 +504,17 @@ fn main() {
         };
         let ops = r.best.ops_per_sec();
         println!(
-            "{:<22} {:>7} {:>9} {:>14.0} {:>10.1} {:>12} {:>14}",
+            "{:<22} {:>7} {:>9} {:>14.0} {:>10.1} {:>10.1} {:>12} {:>14}",
             r.workload,
             r.threads,
             r.kind.to_string(),
             ops,
-            if ops > 0.0 { busy as f64 * 1e9 / ops } else { 0.0 },
+            if ops > 0.0 {
+                busy as f64 * 1e9 / ops
+            } else {
+                0.0
+            },
+            r.best.cpu_ns_per_op(),
             r.best.table_bytes,
             r.best.invalidations
         );

@@ -36,7 +36,7 @@ use crate::mapping::{
 use node::{Node, NodePtr, NODE_BYTES};
 pub(crate) use quota::Padded;
 use quota::{Credits, Shard, SHARDS};
-pub(crate) use retire::{release_credits, retire_candidates};
+pub(crate) use retire::{release_credits, retire_candidates, trim_credits};
 
 /// Level of the root node.
 pub(crate) const ROOT_LEVEL: u32 = 3;
@@ -89,6 +89,19 @@ pub(crate) struct WorkerTableState {
     pub(crate) pins: Vec<Pin>,
     /// Mapping-count quota reserved from one domain.
     pub(crate) credits: Option<Credits>,
+    /// The link of the last leaf node used (a software TLB for the walk).
+    pub(crate) leaf_cache: Option<LeafLink>,
+}
+
+/// Where a leaf node is linked: checked by `Table::pin` before use, so a
+/// stale cache entry is harmless (see `Table::find`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LeafLink {
+    pub(crate) table: usize,
+    pub(crate) region: u64,
+    pub(crate) parent: u64,
+    pub(crate) slot: usize,
+    pub(crate) entry: u64,
 }
 
 impl WorkerTableState {
@@ -99,6 +112,7 @@ impl WorkerTableState {
             candidates: Vec::new(),
             pins: Vec::new(),
             credits: None,
+            leaf_cache: None,
         }
     }
 }

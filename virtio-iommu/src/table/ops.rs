@@ -83,6 +83,21 @@ impl Table {
         level: u32,
         install: bool,
     ) -> Result<Found<'a>, MapError> {
+        let me = Arc::as_ptr(self) as usize;
+        if level == 0 {
+            if let Some(c) = w.table.leaf_cache {
+                // The parent slot still holding this exact entry (address
+                // and generation) proves the leaf is linked here now: an
+                // incarnation is linked at most once, so a reused parent
+                // or a reused table cannot hold it.
+                if c.table == me && c.region == iova >> 21 {
+                    let n = self.node(entry::addr(c.entry));
+                    if self.pin(n, self.node(c.parent), c.slot, c.entry) {
+                        return Ok(Found::Node(n));
+                    }
+                }
+            }
+        }
         let mut spins = 0;
         'retry: loop {
             let mut n = self.root();
@@ -92,7 +107,18 @@ impl Table {
             loop {
                 if lvl == level {
                     return match link {
-                        Some((p, i, e)) if self.pin(n, p, i, e) => Ok(Found::Node(n)),
+                        Some((p, i, e)) if self.pin(n, p, i, e) => {
+                            if level == 0 {
+                                w.table.leaf_cache = Some(super::LeafLink {
+                                    table: me,
+                                    region: iova >> 21,
+                                    parent: p as *const Node as u64,
+                                    slot: i,
+                                    entry: e,
+                                });
+                            }
+                            Ok(Found::Node(n))
+                        }
                         Some(_) => continue 'retry,
                         None => Ok(Found::Node(n)),
                     };

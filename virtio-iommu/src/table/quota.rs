@@ -9,11 +9,11 @@
 //! the limit is never exceeded and, with one queue, never reported early.
 
 use std::ops::Deref;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::Table;
-use crate::mapping::{MapError, Worker};
+use crate::mapping::{MapError, Worker, PAGE_SIZE};
 
 /// Number of counter shards per domain.
 pub(crate) const SHARDS: usize = 8;
@@ -38,13 +38,18 @@ impl<T> Deref for Padded<T> {
     }
 }
 
-/// One shard of a domain's exact counters (may go negative alone; the sum
-/// over shards is exact).
+/// One shard of a domain's exact counters: mappings in the bits above
+/// [`MAPPINGS_SHIFT`], mapped 4 KiB pages below, so one atomic add updates
+/// both. A shard alone may "go negative" (one queue maps, another unmaps);
+/// the wrapping sum over all shards is exact as long as the domain holds
+/// fewer than 2^28 mappings and 2^36 pages (the whole 48-bit IOVA space).
 #[derive(Debug, Default)]
 pub(crate) struct Shard {
-    pub(crate) mappings: AtomicI64,
-    pub(crate) bytes: AtomicI64,
+    pub(crate) packed: AtomicU64,
 }
+
+const MAPPINGS_SHIFT: u32 = 36;
+const PAGES_MASK: u64 = (1 << MAPPINGS_SHIFT) - 1;
 
 /// Quota a worker holds for one domain.
 #[derive(Debug)]
@@ -55,21 +60,20 @@ pub(crate) struct Credits {
 
 /// Sums the shards.
 pub(crate) fn totals(t: &Table) -> (u64, u64) {
-    let mut m = 0i64;
-    let mut b = 0i64;
-    for s in &t.shards {
-        m += s.mappings.load(Ordering::Relaxed);
-        b += s.bytes.load(Ordering::Relaxed);
-    }
-    (m.max(0) as u64, b.max(0) as u64)
+    let sum = t.shards.iter().fold(0u64, |acc, s| {
+        acc.wrapping_add(s.packed.load(Ordering::Relaxed))
+    });
+    (sum >> MAPPINGS_SHIFT, (sum & PAGES_MASK) * PAGE_SIZE)
 }
 
 /// Adds to this worker's shard of `t`'s counters.
 #[inline]
 pub(crate) fn account(t: &Table, w: &Worker, mappings: i64, bytes: i64) {
-    let s = &t.shards[w.table.id % SHARDS];
-    s.mappings.fetch_add(mappings, Ordering::Relaxed);
-    s.bytes.fetch_add(bytes, Ordering::Relaxed);
+    let delta =
+        ((mappings as u64) << MAPPINGS_SHIFT).wrapping_add((bytes / PAGE_SIZE as i64) as u64);
+    t.shards[w.table.id % SHARDS]
+        .packed
+        .fetch_add(delta, Ordering::Relaxed);
 }
 
 /// Gives a worker's credits back to their domain.
@@ -78,6 +82,19 @@ pub(crate) fn release(w: &mut Worker) {
         if c.count > 0 {
             c.table.reserved.fetch_sub(c.count, Ordering::AcqRel);
         }
+    }
+}
+
+/// End of a kick: keep the credits (so the next kick needs no shared
+/// write) unless the domain is more than half full, where held credits
+/// could make another queue's MAP fail early.
+pub(crate) fn trim(w: &mut Worker) {
+    let near = match &w.table.credits {
+        Some(c) => c.table.reserved.load(Ordering::Relaxed) > c.table.limits.max_mappings / 2,
+        None => false,
+    };
+    if near {
+        release(w);
     }
 }
 

@@ -27,7 +27,12 @@ pub(crate) fn retire_candidates(w: &mut Worker) {
     w.table.candidates = cands;
 }
 
-/// Gives the worker's mapping quota back to its domain.
+/// End of a kick: gives mapping quota back if its domain is nearly full.
+pub(crate) fn trim_credits(w: &mut Worker) {
+    quota::trim(w);
+}
+
+/// Gives all the worker's mapping quota back (worker going away).
 pub(crate) fn release_credits(w: &mut Worker) {
     quota::release(w);
 }
