@@ -100,11 +100,12 @@ fn thread_cpu_ns() -> u64 {
 }
 
 /// Common harness: spawns `n` threads running `body(thread_index, stop)`,
-/// each returning its op count, and measures from the start barrier to
-/// stop. Returns (ops, wall seconds, CPU ns of the threads that did ops).
+/// each returning its op count and whether its CPU time is part of the
+/// measured work, and measures from the start barrier to stop. Returns
+/// (ops, wall seconds, CPU ns of the measured threads).
 fn harness<F>(n: usize, duration: Duration, body: F) -> (u64, f64, u64)
 where
-    F: Fn(usize, &AtomicBool) -> u64 + Sync,
+    F: Fn(usize, &AtomicBool) -> (u64, bool) + Sync,
 {
     let stop = AtomicBool::new(false);
     let start = Barrier::new(n + 1);
@@ -117,8 +118,8 @@ where
             s.spawn(move || {
                 start.wait();
                 let c0 = thread_cpu_ns();
-                let ops = body(t, stop);
-                if ops > 0 {
+                let (ops, measured) = body(t, stop);
+                if measured {
                     cpu.fetch_add(thread_cpu_ns().saturating_sub(c0), Ordering::Relaxed);
                 }
                 total.fetch_add(ops, Ordering::Relaxed);
@@ -199,7 +200,10 @@ fn map_unmap(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
         let cons: Vec<Arc<dyn Invalidator>> = vec![consumer.clone()];
         // Per-thread IOVA regions, as a per-CPU IOVA allocator gives them.
         let base = (t as u64 + 1) << 30;
-        ring_loop(&*space, &mut w, &cons, base, o.kick, stop, &table_bytes)
+        (
+            ring_loop(&*space, &mut w, &cons, base, o.kick, stop, &table_bytes),
+            true,
+        )
     });
     Sample {
         ops,
@@ -245,6 +249,17 @@ impl Spsc {
     }
 }
 
+/// Waits for the other side of the ring: spin briefly, then yield the core
+/// (the host is shared; the other side may not be running).
+fn wait(spins: &mut u32) {
+    if *spins < 100 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+    *spins += 1;
+}
+
 fn producer_consumer(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
     let (depot, space, consumer) = setup(kind, o.cost_ns);
     let pairs = threads / 2;
@@ -269,11 +284,12 @@ fn producer_consumer(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
                         eprintln!("producer map failed");
                         break 'outer;
                     }
+                    let mut spins = 0u32;
                     while !ring.push(iova) {
                         if stop.load(Ordering::Relaxed) {
                             break 'outer;
                         }
-                        std::hint::spin_loop();
+                        wait(&mut spins);
                     }
                     i += 1;
                 }
@@ -281,12 +297,14 @@ fn producer_consumer(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
             }
             w.flush(&cons);
             table_bytes.fetch_max(space.stats().table_bytes, Ordering::Relaxed);
-            0
+            (0, true)
         } else {
             let mut n = 0u64;
+            let mut spins = 0u32;
             loop {
                 match ring.pop() {
                     Some(iova) => {
+                        spins = 0;
                         let _ = space.unmap(&mut w, iova, iova + PAGE - 1);
                         ops += 1;
                         n += 1;
@@ -299,12 +317,12 @@ fn producer_consumer(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
                         if w.has_pending() {
                             w.flush(&cons);
                         }
-                        std::hint::spin_loop();
+                        wait(&mut spins);
                     }
                 }
             }
             w.flush(&cons);
-            ops
+            (ops, true)
         }
     });
     Sample {
@@ -346,13 +364,13 @@ fn translate_under_churn(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
                 ops += 256;
             }
             std::hint::black_box(sum);
-            ops
+            (ops, true)
         } else {
             let mut w = Worker::new(&depot);
             let cons: Vec<Arc<dyn Invalidator>> = vec![consumer.clone()];
             let base = (t as u64 + 1) << 30;
             ring_loop(&*space, &mut w, &cons, base, o.kick, stop, &table_bytes);
-            0
+            (0, false)
         }
     });
     Sample {
