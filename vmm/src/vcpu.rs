@@ -5,11 +5,11 @@
 
 use std::sync::Arc;
 
-use kvm_bindings::{kvm_cpuid_entry2, CpuId, Msrs};
+use kvm_bindings::{kvm_cpuid_entry2, kvm_xcrs, CpuId, Msrs};
 use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
 use log::{debug, error, info, trace, warn};
 
-use crate::boot::cpuid::patch_cpuid;
+use crate::boot::cpuid::{initial_xcr0, patch_cpuid};
 use crate::boot::msrs::boot_msrs;
 use crate::boot::regs::{boot_fpu, boot_regs, setup_sregs, EntryMode};
 use crate::devices::bus::Bus;
@@ -105,6 +105,16 @@ impl Vcpu {
         self.fd
             .set_cpuid2(&cpuid)
             .map_err(kvm_err("KVM_SET_CPUID2"))?;
+        if let Some(xcr0) = initial_xcr0(&entries) {
+            let mut xcrs = kvm_xcrs {
+                nr_xcrs: 1,
+                ..Default::default()
+            };
+            xcrs.xcrs[0].value = xcr0;
+            if let Err(e) = self.fd.set_xcrs(&xcrs) {
+                debug!("vCPU {}: KVM_SET_XCRS({xcr0:#x}): {e}", self.index);
+            }
+        }
 
         let wanted = boot_msrs();
         let msrs =

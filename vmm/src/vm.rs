@@ -98,24 +98,8 @@ fn serial_output(cfg: &SerialConfig) -> Result<Option<Box<dyn Write + Send>>, Er
 /// Builds the VM described by `config`, runs it and returns why it ended.
 pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
     let started = Instant::now();
-    let kvm = open_kvm()?;
-    let vm = Arc::new(kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?);
-    vm.set_tss_address(KVM_TSS_ADDRESS as usize)
-        .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
-    if let Err(e) = vm.set_identity_map_address(KVM_IDENTITY_MAP_ADDRESS) {
-        debug!("KVM_SET_IDENTITY_MAP_ADDR: {e} (only needed on old Intel)");
-    }
-    vm.create_irq_chip()
-        .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
-    vm.create_pit2(kvm_pit_config {
-        flags: KVM_PIT_SPEAKER_DUMMY,
-        ..Default::default()
-    })
-    .map_err(kvm_err("KVM_CREATE_PIT2"))?;
-
     let mem_size = config.memory.size;
     let mem = create_guest_memory(mem_size)?;
-    register_memory(&vm, &mem)?;
 
     let (mmio64_start, mmio64_size) = layout::pci_mmio64_window(mem_size);
     let windows = PciWindows {
@@ -124,7 +108,8 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
         mmio64: (mmio64_start, mmio64_size),
     };
 
-    // Kernel, command line, initramfs, ACPI and boot data.
+    // Kernel, command line, initramfs, ACPI and boot data: checked before
+    // KVM is opened so that bad files are reported first.
     let kernel = load_kernel(&mem, &config.kernel)?;
     let rsdp = create_acpi_tables(
         &mem,
@@ -167,6 +152,23 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
             )
         }
     };
+
+    let kvm = open_kvm()?;
+    let vm = Arc::new(kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?);
+    vm.set_tss_address(KVM_TSS_ADDRESS as usize)
+        .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
+    if let Err(e) = vm.set_identity_map_address(KVM_IDENTITY_MAP_ADDRESS) {
+        debug!("KVM_SET_IDENTITY_MAP_ADDR: {e} (only needed on old Intel)");
+    }
+    vm.create_irq_chip()
+        .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
+    vm.create_pit2(kvm_pit_config {
+        flags: KVM_PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    })
+    .map_err(kvm_err("KVM_CREATE_PIT2"))?;
+
+    register_memory(&vm, &mem)?;
 
     // Devices.
     let (exit_tx, exit_rx) = channel();

@@ -10,6 +10,9 @@ use kvm_bindings::{kvm_cpuid_entry2, KVM_CPUID_FLAG_SIGNIFCANT_INDEX};
 const LEAF_FEATURES: u32 = 0x1;
 const LEAF_CACHE_PARAMS: u32 = 0x4;
 const LEAF_EXT_TOPOLOGY: u32 = 0xb;
+const LEAF_XSAVE: u32 = 0xd;
+/// CPUID.1:ECX XSAVE support.
+const ECX_XSAVE: u32 = 1 << 26;
 const LEAF_EXT_TOPOLOGY_V2: u32 = 0x1f;
 const LEAF_EXT_FEATURES: u32 = 0x8000_0001;
 const LEAF_ADDR_SIZES: u32 = 0x8000_0008;
@@ -116,6 +119,26 @@ pub fn patch_cpuid(
     out
 }
 
+/// The XCR0 value with every user state component KVM supports, if the
+/// vCPU has XSAVE at all.
+///
+/// Why set XCR0 before boot: Linux enables exactly these components, and KVM
+/// sizes CPUID.0xD:EBX from the XCR0 it knows. Under nested virtualization
+/// that does not intercept XSETBV, KVM never learns the guest's XCR0 and
+/// Linux warns about an inconsistent XSAVE size; starting from the final
+/// value avoids that and changes nothing where XSETBV is intercepted.
+pub fn initial_xcr0(entries: &[kvm_cpuid_entry2]) -> Option<u64> {
+    let has_xsave = entries
+        .iter()
+        .any(|e| e.function == LEAF_FEATURES && e.ecx & ECX_XSAVE != 0);
+    let leaf = entries
+        .iter()
+        .find(|e| e.function == LEAF_XSAVE && e.index == 0)?;
+    let mask = u64::from(leaf.eax) | (u64::from(leaf.edx) << 32);
+    // x87 must always be set; SSE is needed with anything beyond it.
+    (has_xsave && mask & 0x3 == 0x3).then_some(mask)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,6 +160,8 @@ mod tests {
             leaf(0, 0, 0x1f, 0, 0, 0),
             leaf(1, 0, 0x800f12, 0x0f10_0800, 0x7ed8_320b, 0x178b_fbff),
             leaf(4, 0, 0x0000_4163, 0, 0, 0),
+            leaf(0xd, 0, 7, 0x240, 0x340, 0),
+            leaf(0xd, 1, 0xf, 0x240, 0, 0),
             leaf(0xb, 0, 1, 2, 0x100, 7),
             leaf(0x1f, 0, 1, 2, 0x100, 7),
             leaf(0x8000_0001, 0, 0, 0, 0x35c2_33ff, 0),
@@ -196,6 +221,18 @@ mod tests {
         assert!(!v.iter().any(|e| e.function == 0x8000_001e));
         let cache = find(&v, 4, 0);
         assert_eq!(cache.eax >> 26, 1);
+    }
+
+    #[test]
+    fn initial_xcr0_from_leaf_0xd() {
+        let mut h = host();
+        h.push(leaf(0xd, 0, 7, 0x240, 0x340, 0));
+        h[1].ecx &= !ECX_XSAVE;
+        assert_eq!(initial_xcr0(&h), None, "no XSAVE bit in leaf 1");
+        h[1].ecx |= ECX_XSAVE;
+        assert_eq!(initial_xcr0(&h), Some(7));
+        h.retain(|e| e.function != 0xd);
+        assert_eq!(initial_xcr0(&h), None);
     }
 
     #[test]
