@@ -11,18 +11,38 @@ use crate::error::Error;
 pub const RUNNER_HINT: &str =
     "run dmavisor inside the nested-virt runner: resources/run-kvm -- dmavisor ...";
 
-/// Opens /dev/kvm and checks the capabilities the VMM relies on.
+/// Environment variable naming another KVM device node (tests use it to
+/// exercise the "no KVM" path; default `/dev/kvm`).
+pub const KVM_DEVICE_ENV: &str = "DMAVISOR_KVM_DEVICE";
+
+/// Opens /dev/kvm (or `$DMAVISOR_KVM_DEVICE`) and checks the capabilities
+/// the VMM relies on.
 pub fn open_kvm() -> Result<Kvm, Error> {
-    let kvm = Kvm::new().map_err(|e| {
+    let path = std::env::var_os(KVM_DEVICE_ENV).unwrap_or_else(|| "/dev/kvm".into());
+    open_kvm_at(Path::new(&path))
+}
+
+/// Like [`open_kvm`] for an explicit device path.
+pub fn open_kvm_at(path: &Path) -> Result<Kvm, Error> {
+    let dev = path.display();
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| Error::Kvm(format!("invalid KVM device path {dev}")))?;
+    let kvm = Kvm::new_with_path(&c_path).map_err(|e| {
         let why = match e.errno() {
-            libc::ENOENT => "/dev/kvm does not exist (no KVM on this host)".to_string(),
+            libc::ENOENT => format!("{dev} does not exist (no KVM on this host)"),
             libc::EACCES | libc::EPERM => {
-                "no permission to open /dev/kvm (are you in group 'kvm'?)".to_string()
+                format!("no permission to open {dev} (are you in group 'kvm'?)")
             }
-            _ => format!("cannot open /dev/kvm: {e}"),
+            _ => format!("cannot open {dev}: {e}"),
         };
         Error::Kvm(format!("{why}; {RUNNER_HINT}"))
     })?;
+    let version = kvm.get_api_version();
+    if version != kvm_bindings::KVM_API_VERSION as i32 {
+        return Err(Error::Kvm(format!(
+            "{dev} is not a usable KVM device (API version {version}); {RUNNER_HINT}"
+        )));
+    }
     let needed = [
         (Cap::Irqchip, "in-kernel irqchip"),
         (Cap::UserMemory, "user memory regions"),
@@ -34,7 +54,7 @@ pub fn open_kvm() -> Result<Kvm, Error> {
     for (cap, what) in needed {
         if !kvm.check_extension(cap) {
             return Err(Error::Kvm(format!(
-                "/dev/kvm lacks {what} (KVM_CAP {cap:?}); {RUNNER_HINT}"
+                "{dev} lacks {what} (KVM_CAP {cap:?}); {RUNNER_HINT}"
             )));
         }
     }
@@ -54,6 +74,22 @@ pub fn is_pvm_host(sys_module: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn missing_device_says_so_and_points_to_the_runner() {
+        let err = open_kvm_at(Path::new("/nonexistent/kvm"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/nonexistent/kvm does not exist"), "{err}");
+        assert!(err.contains("resources/run-kvm"), "{err}");
+    }
+
+    #[test]
+    fn a_file_that_is_not_kvm_is_refused() {
+        // /dev/null opens but the KVM ioctls fail on it.
+        let err = open_kvm_at(Path::new("/dev/null")).unwrap_err().to_string();
+        assert!(err.contains("/dev/null"), "{err}");
+    }
 
     #[test]
     fn pvm_detection() {
