@@ -169,7 +169,11 @@ impl<'a> Iterator for DmaSliceIter<'a> {
                     None => return self.fail(MemError::GuestAddressOverflow),
                 }
             }
-            self.current = Some(self.space.mem.get_slices(GuestAddress(gpa), run_len));
+            self.current = Some(GuestMemoryBackend::get_slices(
+                &self.space.mem,
+                GuestAddress(gpa),
+                run_len,
+            ));
         }
     }
 }
@@ -214,7 +218,10 @@ mod tests {
         let mem = ram();
         let dma = DmaSpace::identity(mem.clone());
         dma.write_obj(0x1234_5678u32, GuestAddress(0x100)).unwrap();
-        assert_eq!(mem.read_obj::<u32>(GuestAddress(0x100)).unwrap(), 0x1234_5678);
+        assert_eq!(
+            mem.read_obj::<u32>(GuestAddress(0x100)).unwrap(),
+            0x1234_5678
+        );
         assert!(dma.physical_memory().is_some());
         assert!(dma.read_obj::<u32>(GuestAddress(0x10000)).is_err());
         assert!(!GuestMemory::check_range(

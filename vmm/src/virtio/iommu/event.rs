@@ -1,0 +1,102 @@
+//! The event queue: fault events from the library's bounded fault queue
+//! into driver-supplied buffers.
+//!
+//! Woken by the driver adding buffers (kick) and by DMA consumers after a
+//! fault (the fault eventfd). An event leaves the library's queue only when
+//! a buffer is there to hold it; without buffers events wait (bounded; the
+//! library drops and counts the excess, as the spec allows).
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use log::warn;
+use virtio_iommu::device::IommuDevice;
+use virtio_iommu::wire::FAULT_SIZE;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::{scatter, wait};
+use crate::dma::DmaSpace;
+use crate::virtio::chain::{walk_into, Chain};
+use crate::virtio::{ActiveQueue, VirtioInterrupt};
+
+struct EventQueue {
+    iommu: Arc<IommuDevice>,
+    index: u16,
+    queue: Queue,
+    mem: DmaSpace,
+    interrupt: Arc<dyn VirtioInterrupt>,
+    chain: Chain,
+}
+
+/// Starts the thread serving the event queue `q`.
+pub(super) fn spawn(
+    iommu: Arc<IommuDevice>,
+    q: ActiveQueue,
+    mem: DmaSpace,
+    interrupt: Arc<dyn VirtioInterrupt>,
+    faults: Arc<EventFd>,
+    stop: Arc<EventFd>,
+) -> std::io::Result<JoinHandle<()>> {
+    let mut eq = EventQueue {
+        iommu,
+        index: q.index,
+        queue: q.queue,
+        mem,
+        interrupt,
+        chain: Chain::default(),
+    };
+    let kick = q.kick;
+    std::thread::Builder::new()
+        .name("viommu-event".into())
+        .spawn(move || while eq.deliver() && wait(&[&kick, &faults], &stop) {})
+}
+
+impl EventQueue {
+    /// Moves as many pending events as there are buffers. Returns false if
+    /// the queue is broken.
+    fn deliver(&mut self) -> bool {
+        let mut delivered = false;
+        let ok = loop {
+            let Some(dc) = self.queue.pop_descriptor_chain(&self.mem) else {
+                break true;
+            };
+            let head = dc.head_index();
+            let Some(ev) = self.iommu.pop_fault_event() else {
+                // Keep the buffer for the next fault.
+                self.queue.go_to_previous_position();
+                break true;
+            };
+            let (table, size) = (self.queue.desc_table(), self.queue.size());
+            if let Err(e) = walk_into(&self.mem, table, size, head, &mut self.chain) {
+                warn!("virtio-iommu: event queue: bad chain: {e}");
+                break false;
+            }
+            let len = if self.write_event(&ev) {
+                FAULT_SIZE as u32
+            } else {
+                warn!("virtio-iommu: event buffer too small or not writable; event dropped");
+                0
+            };
+            if let Err(e) = self.queue.add_used(&self.mem, head, len) {
+                warn!("virtio-iommu: event used ring: {e}");
+                break false;
+            }
+            delivered = true;
+        };
+        if delivered {
+            match self.queue.needs_notification(&self.mem) {
+                Ok(false) => {}
+                _ => self.interrupt.notify_queue(self.index),
+            }
+        }
+        if !ok {
+            self.interrupt.set_needs_reset();
+        }
+        ok
+    }
+
+    fn write_event(&self, ev: &[u8; FAULT_SIZE]) -> bool {
+        self.chain.writable_len() >= FAULT_SIZE as u64 && scatter(&self.mem, &self.chain.writable, ev)
+    }
+}

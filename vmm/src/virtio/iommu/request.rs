@@ -1,0 +1,187 @@
+//! One request queue: a thread with its own library `Worker`.
+//!
+//! Per kick: pop every available chain, copy its device-readable part into
+//! a bounded buffer, let the library handle it, copy the answer back; then
+//! call `complete_kick` ONCE (this flushes the batch's invalidations to all
+//! DMA consumers) and only then publish the used entries and interrupt.
+//! That order is the guarantee that the guest never sees an UNMAP complete
+//! while a device can still reach the page.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use log::{debug, warn};
+use virtio_iommu::device::IommuDevice;
+use virtio_iommu::mapping::Worker;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::{scatter, wait};
+use crate::dma::DmaSpace;
+use crate::virtio::chain::{walk_into, Buffer, Chain};
+use crate::virtio::{ActiveQueue, VirtioInterrupt};
+
+/// Largest device-readable part copied per request (requests are at most
+/// a few dozen bytes; the rest of a longer buffer is ignored).
+const MAX_READABLE: usize = 4096;
+/// Largest device-writable part served: probe properties plus the tail.
+const MAX_WRITABLE: usize = 4096 + 64 * 1024;
+
+struct RequestQueue {
+    iommu: Arc<IommuDevice>,
+    index: u16,
+    queue: Queue,
+    mem: DmaSpace,
+    interrupt: Arc<dyn VirtioInterrupt>,
+    worker: Worker,
+    chain: Chain,
+    readable: Vec<u8>,
+    writable: Vec<u8>,
+    completed: Vec<(u16, u32)>,
+}
+
+/// Starts the thread serving `q`.
+pub(super) fn spawn(
+    iommu: Arc<IommuDevice>,
+    q: ActiveQueue,
+    mem: DmaSpace,
+    interrupt: Arc<dyn VirtioInterrupt>,
+    stop: Arc<EventFd>,
+) -> std::io::Result<JoinHandle<()>> {
+    let worker = iommu.new_worker();
+    let mut rq = RequestQueue {
+        iommu,
+        index: q.index,
+        queue: q.queue,
+        mem,
+        interrupt,
+        worker,
+        chain: Chain::default(),
+        readable: Vec::with_capacity(64),
+        writable: Vec::with_capacity(64),
+        completed: Vec::new(),
+    };
+    let kick = q.kick;
+    std::thread::Builder::new()
+        .name(format!("viommu-req{}", q.index))
+        .spawn(move || {
+            // Buffers may already be there when the driver set DRIVER_OK.
+            while rq.process() && wait(&[&kick], &stop) {}
+        })
+}
+
+/// Copies up to `max` bytes from the buffers into `out`.
+fn gather(mem: &DmaSpace, bufs: &[Buffer], max: usize, out: &mut Vec<u8>) -> bool {
+    out.clear();
+    for b in bufs {
+        let room = max.saturating_sub(out.len());
+        let n = (b.len as usize).min(room);
+        if n == 0 {
+            break;
+        }
+        let start = out.len();
+        out.resize(start + n, 0);
+        let Some(dst) = out.get_mut(start..) else {
+            return false;
+        };
+        if mem.read_slice(dst, GuestAddress(b.addr)).is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+impl RequestQueue {
+    /// Serves everything available. Returns false if the queue is broken
+    /// (the driver must reset the device) and the thread should end.
+    fn process(&mut self) -> bool {
+        let ok = self.drain();
+        // Complete even after an error: requests already handled must not
+        // be lost, and their invalidations must be flushed first.
+        self.iommu.complete_kick(&mut self.worker);
+        let mut published = false;
+        for (head, len) in self.completed.drain(..) {
+            if let Err(e) = self.queue.add_used(&self.mem, head, len) {
+                warn!("virtio-iommu: used ring of queue {}: {e}", self.index);
+                self.interrupt.set_needs_reset();
+                return false;
+            }
+            published = true;
+        }
+        if published {
+            match self.queue.needs_notification(&self.mem) {
+                Ok(true) => self.interrupt.notify_queue(self.index),
+                Ok(false) => {}
+                Err(e) => {
+                    debug!("virtio-iommu: needs_notification: {e}");
+                    self.interrupt.notify_queue(self.index);
+                }
+            }
+        }
+        if !ok {
+            self.interrupt.set_needs_reset();
+        }
+        ok
+    }
+
+    /// Handles all available chains into `self.completed`.
+    fn drain(&mut self) -> bool {
+        let limit = usize::from(self.queue.size()).max(1);
+        loop {
+            if let Err(e) = self.queue.disable_notification(&self.mem) {
+                warn!("virtio-iommu: queue {}: {e}", self.index);
+                return false;
+            }
+            while let Some(dc) = self.queue.pop_descriptor_chain(&self.mem) {
+                let head = dc.head_index();
+                let len = match self.handle(head) {
+                    Some(len) => len,
+                    None => return false,
+                };
+                self.completed.push((head, len));
+                if self.completed.len() >= limit {
+                    // More than a queue's worth in one kick: the driver is
+                    // recycling buffers we have not completed; end the batch.
+                    return true;
+                }
+            }
+            match self.queue.enable_notification(&self.mem) {
+                Ok(true) => continue,
+                Ok(false) => return true,
+                Err(e) => {
+                    warn!("virtio-iommu: queue {}: {e}", self.index);
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Handles one chain; returns its used length, or None if the ring is
+    /// malformed.
+    fn handle(&mut self, head: u16) -> Option<u32> {
+        let (table, size) = (self.queue.desc_table(), self.queue.size());
+        if let Err(e) = walk_into(&self.mem, table, size, head, &mut self.chain) {
+            warn!("virtio-iommu: queue {}: bad chain: {e}", self.index);
+            return None;
+        }
+        if !gather(&self.mem, &self.chain.readable, MAX_READABLE, &mut self.readable) {
+            warn!("virtio-iommu: request buffer not readable");
+            return Some(0);
+        }
+        let wlen = usize::try_from(self.chain.writable_len())
+            .unwrap_or(usize::MAX)
+            .min(MAX_WRITABLE);
+        self.writable.clear();
+        self.writable.resize(wlen, 0);
+        let used = self
+            .iommu
+            .handle_request(&mut self.worker, &self.readable, &mut self.writable);
+        let answer = self.writable.get(..used).unwrap_or(&[]);
+        if !scatter(&self.mem, &self.chain.writable, answer) {
+            warn!("virtio-iommu: reply buffer not writable");
+            return Some(0);
+        }
+        Some(u32::try_from(used).unwrap_or(0))
+    }
+}

@@ -1,0 +1,128 @@
+//! Virtio devices and their PCI transport (virtio 1.x "modern" only).
+//!
+//! - [`VirtioDevice`]: what a device type (net, iommu, ...) implements; the
+//!   transport knows nothing device-specific.
+//! - [`pci::VirtioPciDevice`]: the virtio-pci transport (common/notify/ISR/
+//!   device capabilities and MSI-X in one memory BAR, ioeventfd kicks, MSI
+//!   through irqfd).
+//! - [`chain`]: the descriptor walker every device uses on guest rings,
+//!   which treats ring contents as hostile.
+//!
+//! All guest memory access by devices goes through a [`DmaSpace`].
+
+pub mod chain;
+pub mod common_cfg;
+pub mod iommu;
+pub mod msix;
+pub mod pci;
+
+use std::sync::Arc;
+
+use thiserror::Error;
+use virtio_queue::Queue;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::dma::DmaSpace;
+
+/// Feature bit: the device follows virtio 1.x (mandatory here).
+pub const VIRTIO_F_VERSION_1: u32 = 32;
+/// Feature bit: the device's DMA goes through the platform IOMMU.
+pub const VIRTIO_F_ACCESS_PLATFORM: u32 = 33;
+/// Feature bit: used/avail event index notification suppression.
+pub const VIRTIO_RING_F_EVENT_IDX: u32 = 29;
+/// Feature bit: indirect descriptor tables.
+pub const VIRTIO_RING_F_INDIRECT_DESC: u32 = 28;
+
+/// Device status bits (virtio 1.2, 2.1).
+pub mod status {
+    /// The guest noticed the device.
+    pub const ACKNOWLEDGE: u8 = 1;
+    /// The guest has a driver for it.
+    pub const DRIVER: u8 = 2;
+    /// The driver is set up and ready to drive the device.
+    pub const DRIVER_OK: u8 = 4;
+    /// Feature negotiation is complete.
+    pub const FEATURES_OK: u8 = 8;
+    /// The device hit an error it cannot recover from without a reset.
+    pub const DEVICE_NEEDS_RESET: u8 = 0x40;
+    /// The driver gave up on the device.
+    pub const FAILED: u8 = 0x80;
+}
+
+/// Bit `n` as a feature mask.
+pub const fn feature(n: u32) -> u64 {
+    1u64 << n
+}
+
+/// Interrupts a device raises, delivered by the transport (MSI-X or ISR).
+pub trait VirtioInterrupt: Send + Sync {
+    /// The device put buffers in the used ring of queue `queue`.
+    fn notify_queue(&self, queue: u16);
+    /// The device configuration changed.
+    fn notify_config(&self);
+    /// The device entered an error state (sets DEVICE_NEEDS_RESET and
+    /// raises a configuration interrupt so the driver notices).
+    fn set_needs_reset(&self);
+}
+
+/// One queue handed to a device at activation.
+pub struct ActiveQueue {
+    /// Queue index (its position in the device's queue list).
+    pub index: u16,
+    /// Ring state as configured by the driver.
+    pub queue: Queue,
+    /// Signalled when the driver notifies (kicks) the queue.
+    pub kick: EventFd,
+}
+
+/// Everything a device needs to run: queues, memory and interrupts.
+pub struct ActivateContext {
+    /// The device's DMA address space (its only way to guest memory).
+    pub mem: DmaSpace,
+    /// Interrupt delivery.
+    pub interrupt: Arc<dyn VirtioInterrupt>,
+    /// Queues the driver enabled, in index order.
+    pub queues: Vec<ActiveQueue>,
+    /// Features the driver accepted.
+    pub features: u64,
+}
+
+/// Why a device could not start.
+#[derive(Debug, Error)]
+pub enum ActivateError {
+    /// Queues the device needs were not enabled by the driver.
+    #[error("queue configuration not usable: {0}")]
+    Queues(String),
+    /// A thread or event fd could not be created.
+    #[error("{0}")]
+    Os(#[from] std::io::Error),
+    /// Device-specific failure.
+    #[error("{0}")]
+    Device(String),
+}
+
+/// A virtio device, independent of the transport.
+pub trait VirtioDevice: Send {
+    /// Virtio device id (1 = net, 23 = iommu, ...).
+    fn device_type(&self) -> u32;
+    /// Maximum size of each queue; the length is the number of queues.
+    fn queue_max_sizes(&self) -> Vec<u16>;
+    /// Device feature bits offered (the transport adds VERSION_1 and,
+    /// when the device is behind an IOMMU, ACCESS_PLATFORM).
+    fn features(&self) -> u64;
+    /// PCI (class, subclass) the transport advertises.
+    fn pci_class(&self) -> (u8, u8) {
+        (0xff, 0)
+    }
+    /// Reads `data.len()` bytes of device configuration at `offset`.
+    /// Out-of-range bytes read as 0.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// Writes device configuration; the default ignores writes.
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
+    /// Starts the device on `ctx` (the driver set DRIVER_OK). The device
+    /// does its work on its own thread(s).
+    fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError>;
+    /// Stops using the queues: when this returns, no device thread touches
+    /// guest memory or the queues of the previous activation.
+    fn reset(&mut self);
+}

@@ -1,0 +1,557 @@
+//! The virtio-pci modern transport (virtio 1.2, 4.1).
+//!
+//! One 64-bit memory BAR holds every structure; vendor-specific PCI
+//! capabilities tell the driver where:
+//!
+//! ```text
+//! BAR0 + 0x0000  common configuration (0x38 bytes)
+//! BAR0 + 0x1000  ISR status (1 byte, read-to-clear)
+//! BAR0 + 0x2000  device-specific configuration (up to 4 KiB)
+//! BAR0 + 0x3000  notify area: queue i at 0x3000 + 4 * i
+//! BAR0 + 0x4000  MSI-X table (16 bytes per vector)
+//! BAR0 + 0x6000  MSI-X pending bit array
+//! ```
+//!
+//! WHY one notify address per queue (`notify_off_multiplier` = 4): each
+//! address gets its own ioeventfd without data matching, so a kick is an
+//! eventfd signal in the kernel and never reaches a vCPU thread's device
+//! code. Writes that do reach us (e.g. before ioeventfds are registered)
+//! signal the same eventfd.
+
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
+use log::{debug, info, warn};
+use thiserror::Error;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestAddress;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::common_cfg::{CommonCfgAction, CommonConfig, COMMON_CFG_SIZE, VIRTIO_MSI_NO_VECTOR};
+use super::msix::{MsiSink, MsixState, MSIX_CAP_ID, MSIX_ENTRY_SIZE};
+use super::{
+    feature, ActivateContext, ActiveQueue, VirtioDevice, VirtioInterrupt, VIRTIO_F_ACCESS_PLATFORM,
+    VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX,
+};
+use crate::dma::DmaSpace;
+use crate::interrupt::{GsiRouter, InterruptError};
+use crate::pci::{BarKind, BarReprogram, PciConfigError, PciConfiguration, PciDevice, PciHeader};
+
+/// PCI vendor id of virtio devices.
+pub const VIRTIO_PCI_VENDOR_ID: u16 = 0x1af4;
+/// Modern device ids are 0x1040 + virtio device id.
+pub const VIRTIO_PCI_DEVICE_ID_BASE: u16 = 0x1040;
+/// The BAR holding every virtio structure.
+pub const VIRTIO_BAR: usize = 0;
+/// Its size.
+pub const VIRTIO_BAR_SIZE: u64 = 0x8000;
+/// Offsets inside the BAR.
+pub const COMMON_CFG_OFFSET: u64 = 0x0000;
+/// ISR status.
+pub const ISR_OFFSET: u64 = 0x1000;
+/// Device-specific configuration.
+pub const DEVICE_CFG_OFFSET: u64 = 0x2000;
+/// Size reserved for the device configuration.
+pub const DEVICE_CFG_SIZE: u64 = 0x1000;
+/// Notify area.
+pub const NOTIFY_OFFSET: u64 = 0x3000;
+/// Notify area size (up to 1024 queues).
+pub const NOTIFY_SIZE: u64 = 0x1000;
+/// Bytes between two queues' notify addresses.
+pub const NOTIFY_OFF_MULTIPLIER: u32 = 4;
+/// MSI-X table.
+pub const MSIX_TABLE_OFFSET: u64 = 0x4000;
+/// MSI-X pending bit array.
+pub const MSIX_PBA_OFFSET: u64 = 0x6000;
+/// Largest number of queues (bounded by the MSI-X table room).
+pub const MAX_QUEUES: usize = 255;
+
+const CAP_VENDOR: u8 = 0x09;
+const CFG_TYPE_COMMON: u8 = 1;
+const CFG_TYPE_NOTIFY: u8 = 2;
+const CFG_TYPE_ISR: u8 = 3;
+const CFG_TYPE_DEVICE: u8 = 4;
+/// ISR bit: a queue interrupt.
+const ISR_QUEUE: u8 = 1;
+/// ISR bit: a configuration change.
+const ISR_CONFIG: u8 = 2;
+
+/// Errors while creating the transport.
+#[derive(Debug, Error)]
+pub enum VirtioPciError {
+    /// The configuration space could not be built.
+    #[error("PCI configuration: {0}")]
+    Config(#[from] PciConfigError),
+    /// MSI-X vectors could not be set up.
+    #[error("MSI-X: {0}")]
+    Interrupt(#[from] InterruptError),
+    /// An event fd could not be created.
+    #[error("eventfd: {0}")]
+    EventFd(std::io::Error),
+    /// The device has no queues or too many.
+    #[error("device has {0} queues (1..={MAX_QUEUES} supported)")]
+    Queues(usize),
+}
+
+/// Interrupt delivery shared with the device's threads.
+struct TransportInterrupt {
+    msix: Arc<Mutex<MsixState>>,
+    queue_vectors: Vec<AtomicU16>,
+    config_vector: AtomicU16,
+    isr: AtomicU8,
+    needs_reset: AtomicBool,
+}
+
+impl TransportInterrupt {
+    fn signal(&self, vector: u16) {
+        if vector != VIRTIO_MSI_NO_VECTOR {
+            self.msix
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .signal(vector);
+        }
+    }
+}
+
+impl VirtioInterrupt for TransportInterrupt {
+    fn notify_queue(&self, queue: u16) {
+        self.isr.fetch_or(ISR_QUEUE, Ordering::SeqCst);
+        if let Some(v) = self.queue_vectors.get(usize::from(queue)) {
+            self.signal(v.load(Ordering::Acquire));
+        }
+    }
+
+    fn notify_config(&self) {
+        self.isr.fetch_or(ISR_CONFIG, Ordering::SeqCst);
+        self.signal(self.config_vector.load(Ordering::Acquire));
+    }
+
+    fn set_needs_reset(&self) {
+        if !self.needs_reset.swap(true, Ordering::SeqCst) {
+            self.notify_config();
+        }
+    }
+}
+
+/// A virtio device on the PCI bus.
+pub struct VirtioPciDevice {
+    config: PciConfiguration,
+    common: CommonConfig,
+    device: Box<dyn VirtioDevice>,
+    interrupt: Arc<TransportInterrupt>,
+    msix: Arc<Mutex<MsixState>>,
+    msix_cap_reg: usize,
+    kicks: Vec<EventFd>,
+    vm: Arc<VmFd>,
+    ioevents: Vec<(u64, usize)>,
+    dma: DmaSpace,
+    active: bool,
+}
+
+/// Builds a vendor-specific virtio capability body (after id and next).
+fn virtio_cap(cfg_type: u8, offset: u64, length: u64, extra: Option<u32>) -> Vec<u8> {
+    let cap_len: u8 = if extra.is_some() { 20 } else { 16 };
+    let mut v = vec![cap_len, cfg_type, VIRTIO_BAR as u8, 0, 0, 0];
+    v.extend_from_slice(&(offset as u32).to_le_bytes());
+    v.extend_from_slice(&(length as u32).to_le_bytes());
+    if let Some(x) = extra {
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v
+}
+
+impl VirtioPciDevice {
+    /// Wraps `device`. `iommu` offers VIRTIO_F_ACCESS_PLATFORM (the device
+    /// sits behind the vIOMMU; `dma` should then translate). MSI-X vectors
+    /// (one per queue plus one for configuration) come from `router`.
+    pub fn new(
+        device: Box<dyn VirtioDevice>,
+        vm: Arc<VmFd>,
+        router: &Arc<GsiRouter>,
+        dma: DmaSpace,
+        iommu: bool,
+    ) -> Result<Self, VirtioPciError> {
+        let num_vectors = device.queue_max_sizes().len() + 1;
+        let mut sinks: Vec<Box<dyn MsiSink>> = Vec::with_capacity(num_vectors);
+        for _ in 0..num_vectors {
+            sinks.push(Box::new(router.new_vector()?));
+        }
+        Self::with_sinks(device, vm, sinks, dma, iommu)
+    }
+
+    fn with_sinks(
+        device: Box<dyn VirtioDevice>,
+        vm: Arc<VmFd>,
+        sinks: Vec<Box<dyn MsiSink>>,
+        dma: DmaSpace,
+        iommu: bool,
+    ) -> Result<Self, VirtioPciError> {
+        let sizes = device.queue_max_sizes();
+        if sizes.is_empty() || sizes.len() > MAX_QUEUES {
+            return Err(VirtioPciError::Queues(sizes.len()));
+        }
+        let mut features = device.features() | feature(VIRTIO_F_VERSION_1);
+        if iommu {
+            features |= feature(VIRTIO_F_ACCESS_PLATFORM);
+        }
+        let num_vectors = sizes.len() + 1;
+        let (class, subclass) = device.pci_class();
+        let mut config = PciConfiguration::new(PciHeader {
+            vendor_id: VIRTIO_PCI_VENDOR_ID,
+            device_id: VIRTIO_PCI_DEVICE_ID_BASE + device.device_type() as u16,
+            class,
+            subclass,
+            prog_if: 0,
+            // Modern-only devices have revision >= 1.
+            revision: 1,
+            subsystem_vendor_id: VIRTIO_PCI_VENDOR_ID,
+            subsystem_id: 0x40,
+            interrupt_pin: 0,
+        });
+        config.add_bar(
+            VIRTIO_BAR,
+            VIRTIO_BAR_SIZE,
+            BarKind::Mem64 {
+                prefetchable: false,
+            },
+        )?;
+        config.add_capability(
+            CAP_VENDOR,
+            &virtio_cap(CFG_TYPE_COMMON, COMMON_CFG_OFFSET, COMMON_CFG_SIZE, None),
+        )?;
+        config.add_capability(
+            CAP_VENDOR,
+            &virtio_cap(
+                CFG_TYPE_NOTIFY,
+                NOTIFY_OFFSET,
+                sizes.len() as u64 * u64::from(NOTIFY_OFF_MULTIPLIER),
+                Some(NOTIFY_OFF_MULTIPLIER),
+            ),
+        )?;
+        config.add_capability(CAP_VENDOR, &virtio_cap(CFG_TYPE_ISR, ISR_OFFSET, 1, None))?;
+        config.add_capability(
+            CAP_VENDOR,
+            &virtio_cap(CFG_TYPE_DEVICE, DEVICE_CFG_OFFSET, DEVICE_CFG_SIZE, None),
+        )?;
+        let mut msix_body = Vec::with_capacity(10);
+        msix_body.extend_from_slice(&((num_vectors - 1) as u16).to_le_bytes());
+        msix_body.extend_from_slice(&(MSIX_TABLE_OFFSET as u32 | VIRTIO_BAR as u32).to_le_bytes());
+        msix_body.extend_from_slice(&(MSIX_PBA_OFFSET as u32 | VIRTIO_BAR as u32).to_le_bytes());
+        let msix_cap = config.add_capability(MSIX_CAP_ID, &msix_body)?;
+        let msix_cap_reg = msix_cap / 4;
+        // Message control is the upper half of the capability's first
+        // register; only enable (bit 15) and function mask (bit 14) are
+        // writable.
+        config.set_writable_mask(msix_cap_reg, 0xc000_0000);
+
+        let mut kicks = Vec::with_capacity(sizes.len());
+        for _ in 0..sizes.len() {
+            kicks.push(EventFd::new(libc::EFD_NONBLOCK).map_err(VirtioPciError::EventFd)?);
+        }
+        let msix = Arc::new(Mutex::new(MsixState::new(sinks)));
+        let interrupt = Arc::new(TransportInterrupt {
+            msix: msix.clone(),
+            queue_vectors: sizes
+                .iter()
+                .map(|_| AtomicU16::new(VIRTIO_MSI_NO_VECTOR))
+                .collect(),
+            config_vector: AtomicU16::new(VIRTIO_MSI_NO_VECTOR),
+            isr: AtomicU8::new(0),
+            needs_reset: AtomicBool::new(false),
+        });
+        Ok(Self {
+            config,
+            common: CommonConfig::new(features, &sizes, num_vectors as u16),
+            device,
+            interrupt,
+            msix,
+            msix_cap_reg,
+            kicks,
+            vm,
+            ioevents: Vec::new(),
+            dma,
+            active: false,
+        })
+    }
+
+    /// Replaces the DMA space (e.g. once a vIOMMU endpoint exists for this
+    /// device's BDF). Takes effect at the next activation.
+    pub fn set_dma_space(&mut self, dma: DmaSpace) {
+        self.dma = dma;
+    }
+
+    fn sync_vectors(&self) {
+        for (slot, q) in self
+            .interrupt
+            .queue_vectors
+            .iter()
+            .zip(self.common.queues())
+        {
+            slot.store(q.msix_vector, Ordering::Release);
+        }
+        self.interrupt
+            .config_vector
+            .store(self.common.msix_config(), Ordering::Release);
+    }
+
+    fn bar_addr(&self) -> Option<u64> {
+        self.config
+            .bar(VIRTIO_BAR)
+            .map(|b| b.addr)
+            .filter(|a| *a != 0)
+    }
+
+    fn register_ioevents(&mut self, queues: &[usize]) {
+        let Some(base) = self.bar_addr() else {
+            return;
+        };
+        for &q in queues {
+            let addr = base + NOTIFY_OFFSET + q as u64 * u64::from(NOTIFY_OFF_MULTIPLIER);
+            let Some(kick) = self.kicks.get(q) else {
+                continue;
+            };
+            match self
+                .vm
+                .register_ioevent(kick, &IoEventAddress::Mmio(addr), NoDatamatch)
+            {
+                Ok(()) => self.ioevents.push((addr, q)),
+                // Kicks still work through the MMIO exit path.
+                Err(e) => warn!("ioeventfd for queue {q} at {addr:#x}: {e}"),
+            }
+        }
+    }
+
+    fn unregister_ioevents(&mut self) {
+        for (addr, q) in std::mem::take(&mut self.ioevents) {
+            if let Some(kick) = self.kicks.get(q) {
+                if let Err(e) =
+                    self.vm
+                        .unregister_ioevent(kick, &IoEventAddress::Mmio(addr), NoDatamatch)
+                {
+                    debug!("removing ioeventfd at {addr:#x}: {e}");
+                }
+            }
+        }
+    }
+
+    fn build_queue(&self, index: usize, event_idx: bool) -> Result<Queue, String> {
+        let regs = self
+            .common
+            .queues()
+            .get(index)
+            .ok_or_else(|| format!("no queue {index}"))?;
+        let mut q = Queue::new(regs.max_size).map_err(|e| e.to_string())?;
+        q.try_set_size(regs.size).map_err(|e| e.to_string())?;
+        q.try_set_desc_table_address(GuestAddress(regs.desc))
+            .map_err(|e| e.to_string())?;
+        q.try_set_avail_ring_address(GuestAddress(regs.driver))
+            .map_err(|e| e.to_string())?;
+        q.try_set_used_ring_address(GuestAddress(regs.device))
+            .map_err(|e| e.to_string())?;
+        q.set_event_idx(event_idx);
+        q.set_ready(true);
+        if !q.is_valid(&self.dma) {
+            return Err(format!(
+                "queue {index} rings (desc {:#x}, avail {:#x}, used {:#x}, size {}) are not in DMA-reachable memory",
+                regs.desc, regs.driver, regs.device, regs.size
+            ));
+        }
+        Ok(q)
+    }
+
+    fn activate(&mut self) {
+        let features = self.common.driver_features();
+        let event_idx = features & feature(VIRTIO_RING_F_EVENT_IDX) != 0;
+        let ready: Vec<usize> = self
+            .common
+            .queues()
+            .iter()
+            .enumerate()
+            .filter(|(_, q)| q.ready)
+            .map(|(i, _)| i)
+            .collect();
+        let mut queues = Vec::with_capacity(ready.len());
+        for &i in &ready {
+            let queue = match self.build_queue(i, event_idx) {
+                Ok(q) => q,
+                Err(e) => {
+                    warn!("virtio device not started: {e}");
+                    self.interrupt.set_needs_reset();
+                    return;
+                }
+            };
+            let kick = match self.kicks.get(i).map(EventFd::try_clone) {
+                Some(Ok(k)) => k,
+                _ => {
+                    warn!("virtio device not started: cannot share queue {i}'s eventfd");
+                    self.interrupt.set_needs_reset();
+                    return;
+                }
+            };
+            queues.push(ActiveQueue {
+                index: i as u16,
+                queue,
+                kick,
+            });
+        }
+        self.register_ioevents(&ready);
+        let ctx = ActivateContext {
+            mem: self.dma.clone(),
+            interrupt: self.interrupt.clone(),
+            queues,
+            features,
+        };
+        match self.device.activate(ctx) {
+            Ok(()) => {
+                self.active = true;
+                info!(
+                    "virtio device type {} started: features {features:#x}, {} queue(s){}",
+                    self.device.device_type(),
+                    ready.len(),
+                    if self.dma.is_translated() {
+                        ", DMA translated"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            Err(e) => {
+                warn!("virtio device not started: {e}");
+                self.unregister_ioevents();
+                self.interrupt.set_needs_reset();
+            }
+        }
+    }
+
+    fn reset(&mut self) {
+        if self.active {
+            self.device.reset();
+            self.active = false;
+        }
+        self.unregister_ioevents();
+        // Kicks from before the reset must not reach the next activation.
+        for k in &self.kicks {
+            let _ = k.read();
+        }
+        self.interrupt.needs_reset.store(false, Ordering::SeqCst);
+        self.interrupt.isr.store(0, Ordering::SeqCst);
+        self.msix
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear_pending();
+        self.sync_vectors();
+    }
+
+    fn handle_action(&mut self, action: CommonCfgAction) {
+        match action {
+            CommonCfgAction::None => {}
+            CommonCfgAction::VectorsChanged => self.sync_vectors(),
+            CommonCfgAction::Reset => self.reset(),
+            CommonCfgAction::Activate => {
+                self.sync_vectors();
+                self.activate();
+            }
+        }
+    }
+
+    fn msix_table_len(&self) -> u64 {
+        (self.common.queues().len() as u64 + 1) * MSIX_ENTRY_SIZE
+    }
+}
+
+impl PciDevice for VirtioPciDevice {
+    fn config(&self) -> &PciConfiguration {
+        &self.config
+    }
+
+    fn config_mut(&mut self) -> &mut PciConfiguration {
+        &mut self.config
+    }
+
+    fn write_config_register(
+        &mut self,
+        reg: usize,
+        offset: u64,
+        data: &[u8],
+    ) -> Option<BarReprogram> {
+        let moved = self.config.write_reg(reg, offset, data);
+        if reg == self.msix_cap_reg {
+            let control = (self.config.read_reg(reg) >> 16) as u16;
+            self.msix
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .set_control(control);
+        }
+        if let Some(m) = moved {
+            if m.index == VIRTIO_BAR && !self.ioevents.is_empty() {
+                // The notify addresses moved with the BAR.
+                let queues: Vec<usize> = self.ioevents.iter().map(|(_, q)| *q).collect();
+                self.unregister_ioevents();
+                self.register_ioevents(&queues);
+            }
+        }
+        moved
+    }
+
+    fn read_bar(&mut self, bar: usize, offset: u64, data: &mut [u8]) {
+        data.fill(0);
+        if bar != VIRTIO_BAR {
+            return;
+        }
+        let len = data.len() as u64;
+        let within = |start: u64, size: u64| offset >= start && offset + len <= start + size;
+        if within(COMMON_CFG_OFFSET, COMMON_CFG_SIZE) {
+            let needs_reset = self.interrupt.needs_reset.load(Ordering::SeqCst);
+            self.common
+                .read(offset - COMMON_CFG_OFFSET, data, needs_reset);
+        } else if within(ISR_OFFSET, 1) {
+            data[0] = self.interrupt.isr.swap(0, Ordering::SeqCst);
+        } else if within(DEVICE_CFG_OFFSET, DEVICE_CFG_SIZE) {
+            self.device.read_config(offset - DEVICE_CFG_OFFSET, data);
+        } else if within(MSIX_TABLE_OFFSET, self.msix_table_len()) {
+            self.msix
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .read_table(offset - MSIX_TABLE_OFFSET, data);
+        } else if within(MSIX_PBA_OFFSET, 0x100) {
+            self.msix
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .read_pba(offset - MSIX_PBA_OFFSET, data);
+        }
+    }
+
+    fn write_bar(&mut self, bar: usize, offset: u64, data: &[u8]) {
+        if bar != VIRTIO_BAR {
+            return;
+        }
+        let len = data.len() as u64;
+        let within = |start: u64, size: u64| offset >= start && offset + len <= start + size;
+        if within(COMMON_CFG_OFFSET, COMMON_CFG_SIZE) {
+            let action = self.common.write(offset - COMMON_CFG_OFFSET, data);
+            self.handle_action(action);
+        } else if within(DEVICE_CFG_OFFSET, DEVICE_CFG_SIZE) {
+            self.device.write_config(offset - DEVICE_CFG_OFFSET, data);
+        } else if within(NOTIFY_OFFSET, NOTIFY_SIZE) {
+            let q = (offset - NOTIFY_OFFSET) / u64::from(NOTIFY_OFF_MULTIPLIER);
+            if let Some(k) = self.kicks.get(q as usize) {
+                let _ = k.write(1);
+            }
+        } else if within(MSIX_TABLE_OFFSET, self.msix_table_len()) {
+            self.msix
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .write_table(offset - MSIX_TABLE_OFFSET, data);
+        }
+    }
+}
+
+impl Drop for VirtioPciDevice {
+    fn drop(&mut self) {
+        if self.active {
+            self.device.reset();
+        }
+        self.unregister_ioevents();
+    }
+}
