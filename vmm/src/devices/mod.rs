@@ -1,5 +1,6 @@
 //! Platform devices and the address-range buses that dispatch guest accesses.
 
 pub mod bus;
+pub mod dma_test;
 pub mod power;
 pub mod serial;

@@ -20,6 +20,7 @@
 //! Without a vIOMMU ([`DmaSpace::identity`]) the seam is the identity over
 //! guest RAM and costs one region lookup, like the plain memory object.
 
+pub mod iommu;
 mod space;
 
 pub use space::{DmaSliceIter, DmaSpace};
