@@ -97,6 +97,7 @@ impl EventQueue {
     }
 
     fn write_event(&self, ev: &[u8; FAULT_SIZE]) -> bool {
-        self.chain.writable_len() >= FAULT_SIZE as u64 && scatter(&self.mem, &self.chain.writable, ev)
+        self.chain.writable_len() >= FAULT_SIZE as u64
+            && scatter(&self.mem, &self.chain.writable, ev)
     }
 }

@@ -165,7 +165,12 @@ impl RequestQueue {
             warn!("virtio-iommu: queue {}: bad chain: {e}", self.index);
             return None;
         }
-        if !gather(&self.mem, &self.chain.readable, MAX_READABLE, &mut self.readable) {
+        if !gather(
+            &self.mem,
+            &self.chain.readable,
+            MAX_READABLE,
+            &mut self.readable,
+        ) {
             warn!("virtio-iommu: request buffer not readable");
             return Some(0);
         }
