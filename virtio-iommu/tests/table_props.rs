@@ -197,7 +197,13 @@ fn check_translate(space: &dyn DomainSpace, model: &Model, iova: u64, access: Pe
 
 fn run(kind: SpaceImpl, ops: &[Op]) {
     let depot = Arc::new(Depot::new());
-    let space = new_space(kind, 5, &Limits::default(), &depot);
+    // Keep the concrete type of the scalable space to audit it.
+    let scalable = (kind == SpaceImpl::Scalable)
+        .then(|| Arc::new(ScalableSpace::new(5, &Limits::default(), &depot)));
+    let space: Arc<dyn DomainSpace> = match &scalable {
+        Some(s) => s.clone(),
+        None => new_space(kind, 5, &Limits::default(), &depot),
+    };
     let mut w = Worker::new(&depot);
     let log = Arc::new(Log::default());
     let consumers: Vec<Arc<dyn Invalidator>> = vec![log.clone()];
@@ -272,6 +278,7 @@ fn run(kind: SpaceImpl, ops: &[Op]) {
     }
     drop(w);
     drop(space);
+    drop(scalable);
     let d = depot.stats();
     assert_eq!(d.in_depot, d.allocated, "depot counts unbalanced");
 }

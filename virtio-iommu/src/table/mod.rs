@@ -20,6 +20,7 @@
 //! the node's generation, which the parent entry also records, so a lock-free
 //! reader that followed a stale link notices and retries.
 
+mod audit;
 pub mod entry;
 pub mod node;
 mod ops;
@@ -33,6 +34,7 @@ use std::sync::Arc;
 use crate::mapping::{
     Depot, DomainSpace, Fault, Limits, MapError, Perm, SpaceStats, Translation, UnmapError, Worker,
 };
+pub use audit::Audit;
 use node::{Node, NodePtr, NODE_BYTES};
 pub(crate) use quota::Padded;
 use quota::{Credits, Shard, SHARDS};
@@ -201,6 +203,13 @@ impl ScalableSpace {
 
     /// Bytes of an empty table (the root node only).
     pub const EMPTY_TABLE_BYTES: u64 = NODE_BYTES;
+
+    /// Checks that the table's redundant state agrees (live counts, head
+    /// and tail markers, counters, node count). Only meaningful while no
+    /// request is in progress on the domain; for tests and debugging.
+    pub fn audit(&self) -> Result<Audit, String> {
+        audit::audit(&self.t)
+    }
 }
 
 impl DomainSpace for ScalableSpace {
