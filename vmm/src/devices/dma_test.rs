@@ -50,11 +50,18 @@
 //! interrupt is delivered (no MSI capability); guests poll the command
 //! register, which is what the project's helpers do.
 
+use std::sync::{Arc, Mutex};
+
 use log::debug;
 use vm_memory::{GuestAddress, GuestMemory, Permissions};
 
+use crate::config::parse_options;
 use crate::dma::DmaSpace;
-use crate::pci::{BarKind, PciConfiguration, PciDevice, PciHeader};
+use crate::error::Error;
+use crate::memory::GuestMemoryMmap;
+use crate::pci::{BarKind, PciAddress, PciConfiguration, PciDevice, PciHeader, PciRoot};
+use crate::virtio::iommu::options::parse_on_off;
+use crate::virtio::iommu::IommuPlatform;
 
 /// PCI vendor id of QEMU's edu device.
 pub const EDU_VENDOR_ID: u16 = 0x1234;
@@ -117,6 +124,56 @@ const STATUS_IRQ_FACT: u32 = 0x80;
 const IRQ_FACT: u32 = 0x1;
 /// Interrupt status bit for a finished DMA.
 const IRQ_DMA: u32 = 0x100;
+
+/// `--dma-test iommu=on|off` (the flag may be repeated).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DmaTestConfig {
+    /// Behind the vIOMMU (needs `--iommu`).
+    pub iommu: bool,
+}
+
+impl DmaTestConfig {
+    /// Parses `--dma-test`; an empty value means `iommu=off`.
+    pub fn parse(value: &str) -> Result<Self, Error> {
+        let opts = parse_options("dma-test", value, &["iommu"])?;
+        let iommu = match opts.get("iommu") {
+            Some(v) => parse_on_off("dma-test", value, "iommu", v)?,
+            None => false,
+        };
+        Ok(Self { iommu })
+    }
+}
+
+/// Plugs a DMA test device into `pci`; with `iommu=on` its DMA goes
+/// through `iommu` (an error if there is none).
+pub fn add_dma_test(
+    cfg: &DmaTestConfig,
+    pci: &PciRoot,
+    mem: &GuestMemoryMmap,
+    iommu: Option<&mut IommuPlatform>,
+) -> Result<PciAddress, Error> {
+    let dev = Arc::new(Mutex::new(DmaTestDevice::new()));
+    let addr = pci
+        .add_device(dev.clone())
+        .map_err(|e| Error::Device(format!("dma-test: {e}")))?;
+    let dma = match (cfg.iommu, iommu) {
+        (true, Some(p)) => p.add_endpoint(addr)?,
+        (true, None) => {
+            return Err(Error::InvalidOption {
+                option: "dma-test",
+                value: "iommu=on".into(),
+                reason: "needs --iommu".into(),
+            })
+        }
+        (false, _) => DmaSpace::identity(mem.clone()),
+    };
+    dev.lock().unwrap_or_else(|e| e.into_inner()).set_dma(dma);
+    log::info!(
+        "dma-test device at {addr}{}",
+        if cfg.iommu { " behind the vIOMMU" } else { "" }
+    );
+    Ok(addr)
+}
 
 /// Values of the DMA error register (0xa0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -469,6 +526,15 @@ mod tests {
             "run bit cleared when done"
         );
         r64(d, reg::DMA_ERROR)
+    }
+
+    #[test]
+    fn config_parse() {
+        assert!(!DmaTestConfig::parse("").unwrap().iommu);
+        assert!(DmaTestConfig::parse("iommu=on").unwrap().iommu);
+        assert!(!DmaTestConfig::parse("iommu=off").unwrap().iommu);
+        assert!(DmaTestConfig::parse("iommu=1").is_err());
+        assert!(DmaTestConfig::parse("size=4").is_err());
     }
 
     #[test]

@@ -20,7 +20,12 @@
 //! conforming driver.
 
 mod event;
+pub mod options;
+pub mod platform;
 mod request;
+
+pub use options::IommuOptions;
+pub use platform::IommuPlatform;
 
 use std::sync::Arc;
 use std::thread::JoinHandle;

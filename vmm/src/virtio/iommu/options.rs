@@ -1,0 +1,80 @@
+//! `--iommu [impl=scalable|baseline][,bypass=on|off]` and the `iommu=on|off`
+//! key shared by the devices that can sit behind it.
+
+use virtio_iommu::mapping::SpaceImpl;
+
+use crate::config::parse_options;
+use crate::error::Error;
+
+/// Host choices for the virtio-iommu device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IommuOptions {
+    /// Domain-table implementation (the project's scalable one, or the
+    /// locked baseline kept for comparison).
+    pub space_impl: SpaceImpl,
+    /// Initial `bypass` config field: unattached endpoints DMA untranslated
+    /// (on) or are blocked (off, the default: nothing reaches memory before
+    /// the guest driver attached the endpoint).
+    pub bypass: bool,
+}
+
+impl Default for IommuOptions {
+    fn default() -> Self {
+        Self {
+            space_impl: SpaceImpl::Scalable,
+            bypass: false,
+        }
+    }
+}
+
+/// Parses an `on|off` value of `key` in option `option`.
+pub fn parse_on_off(option: &'static str, value: &str, key: &str, v: &str) -> Result<bool, Error> {
+    match v {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(Error::InvalidOption {
+            option,
+            value: value.to_string(),
+            reason: format!("{key} must be on or off, not '{other}'"),
+        }),
+    }
+}
+
+impl IommuOptions {
+    /// Parses `--iommu`; an empty value means the defaults.
+    pub fn parse(value: &str) -> Result<Self, Error> {
+        let opts = parse_options("iommu", value, &["impl", "bypass"])?;
+        let mut o = Self::default();
+        if let Some(i) = opts.get("impl") {
+            o.space_impl = i.parse().map_err(|reason| Error::InvalidOption {
+                option: "iommu",
+                value: value.to_string(),
+                reason,
+            })?;
+        }
+        if let Some(b) = opts.get("bypass") {
+            o.bypass = parse_on_off("iommu", value, "bypass", b)?;
+        }
+        Ok(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_impl_and_bypass() {
+        assert_eq!(IommuOptions::parse("").unwrap(), IommuOptions::default());
+        let o = IommuOptions::parse("impl=baseline,bypass=on").unwrap();
+        assert_eq!(o.space_impl, SpaceImpl::Baseline);
+        assert!(o.bypass);
+        assert_eq!(
+            IommuOptions::parse("impl=scalable").unwrap().space_impl,
+            SpaceImpl::Scalable
+        );
+        assert!(IommuOptions::parse("impl=fast").is_err());
+        assert!(IommuOptions::parse("bypass=yes").is_err());
+        assert!(IommuOptions::parse("queues=2").is_err());
+    }
+}

@@ -1,0 +1,122 @@
+//! The vIOMMU as a platform component: the virtio-iommu PCI function, the
+//! endpoints behind it and the VIOT table describing them.
+//!
+//! WHY one object: the three must agree. An endpoint registered with the
+//! device model but missing from the VIOT would be blocked forever (the
+//! guest never attaches it); one in the VIOT but not in the model would get
+//! S_NOENT on ATTACH. Every `iommu=on` device goes through
+//! [`IommuPlatform::add_endpoint`], which does both and returns the
+//! device's translated DMA space.
+
+use std::sync::{Arc, Mutex};
+
+use kvm_ioctls::VmFd;
+use virtio_iommu::device::{IommuConfig, IommuDevice};
+
+use super::options::IommuOptions;
+use super::VirtioIommu;
+use crate::acpi::viot::{bdf, build_viot, ViotConfig};
+use crate::dma::iommu::IommuTranslate;
+use crate::dma::DmaSpace;
+use crate::error::Error;
+use crate::interrupt::GsiRouter;
+use crate::memory::GuestMemoryMmap;
+use crate::pci::{PciAddress, PciRoot};
+use crate::virtio::pci::VirtioPciDevice;
+
+/// The PCI segment everything lives on.
+const SEGMENT: u16 = 0;
+
+/// The virtio-iommu function and its endpoints.
+pub struct IommuPlatform {
+    iommu: Arc<IommuDevice>,
+    fault_notify: Arc<vmm_sys_util::eventfd::EventFd>,
+    address: PciAddress,
+    endpoints: Vec<PciAddress>,
+    mem: GuestMemoryMmap,
+}
+
+impl IommuPlatform {
+    /// Plugs a virtio-iommu PCI function into `pci`. Its own rings are
+    /// accessed untranslated (identity DMA space).
+    pub fn create(
+        opts: &IommuOptions,
+        vm: Arc<VmFd>,
+        router: &Arc<GsiRouter>,
+        pci: &PciRoot,
+        mem: GuestMemoryMmap,
+    ) -> Result<Self, Error> {
+        let dev_err = |what: &str, e: &dyn std::fmt::Display| {
+            Error::Device(format!("virtio-iommu {what}: {e}"))
+        };
+        // The default config reports and reserves the x86 MSI doorbell
+        // window 0xfee00000-0xfeefffff (the host bridge's MSI window) in
+        // PROBE, so the guest never maps DMA over it.
+        let cfg = IommuConfig {
+            space_impl: opts.space_impl,
+            bypass: opts.bypass,
+            ..IommuConfig::default()
+        };
+        let iommu = Arc::new(IommuDevice::new(cfg).map_err(|e| dev_err("config", &e))?);
+        let device = VirtioIommu::new(iommu.clone()).map_err(|e| dev_err("eventfd", &e))?;
+        let fault_notify = device.fault_notify();
+        let transport = VirtioPciDevice::new(
+            Box::new(device),
+            vm,
+            router,
+            DmaSpace::identity(mem.clone()),
+            false,
+        )
+        .map_err(|e| dev_err("transport", &e))?;
+        let address = pci
+            .add_device(Arc::new(Mutex::new(transport)))
+            .map_err(|e| dev_err("PCI", &e))?;
+        log::info!(
+            "virtio-iommu at {address} ({} domain tables, bypass {})",
+            opts.space_impl,
+            if opts.bypass { "on" } else { "off" }
+        );
+        Ok(Self {
+            iommu,
+            fault_notify,
+            address,
+            endpoints: Vec::new(),
+            mem,
+        })
+    }
+
+    /// Puts the PCI function at `addr` behind the vIOMMU and returns the
+    /// DMA space its device model must use from now on.
+    pub fn add_endpoint(&mut self, addr: PciAddress) -> Result<DmaSpace, Error> {
+        let id = u32::from(bdf(addr));
+        self.iommu
+            .add_endpoint(id)
+            .map_err(|e| Error::Device(format!("vIOMMU endpoint {addr}: {e}")))?;
+        let dma = self
+            .iommu
+            .endpoint_dma(id)
+            .map_err(|e| Error::Device(format!("vIOMMU endpoint {addr}: {e}")))?;
+        self.endpoints.push(addr);
+        let translator = IommuTranslate::new(dma, Some(self.fault_notify.clone()));
+        Ok(DmaSpace::translated(self.mem.clone(), Arc::new(translator)))
+    }
+
+    /// The device model (statistics, tests).
+    pub fn iommu(&self) -> &Arc<IommuDevice> {
+        &self.iommu
+    }
+
+    /// Where the virtio-iommu function sits.
+    pub fn address(&self) -> PciAddress {
+        self.address
+    }
+
+    /// The VIOT table for the current endpoints.
+    pub fn viot(&self) -> Vec<u8> {
+        build_viot(&ViotConfig {
+            segment: SEGMENT,
+            iommu: self.address,
+            endpoints: self.endpoints.clone(),
+        })
+    }
+}
