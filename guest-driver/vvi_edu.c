@@ -25,6 +25,8 @@
 #include <linux/ktime.h>
 #include <linux/mutex.h>
 #include <linux/uaccess.h>
+#include <linux/scatterlist.h>
+#include <linux/wait_bit.h>
 
 #define EDU_REG_ID		0x00
 #define EDU_REG_DMA_SRC		0x80
@@ -66,6 +68,66 @@ static int edu_dma(struct vvi_edu *e, u64 src, u64 dst, u32 cnt, bool to_ram)
 	return -ETIMEDOUT;
 }
 
+/*
+ * The edu buffer holds @expect: DMA it into every segment of a mapped
+ * scatterlist, then into coherent memory, and compare.
+ */
+static int edu_sg_test(struct vvi_edu *e, const u8 *expect)
+{
+	struct device *dev = &e->pdev->dev;
+	struct page *pg[3] = { NULL, NULL, NULL };
+	struct scatterlist *s;
+	struct sg_table sgt;
+	int i, nents, ok = 0;
+
+	if (sg_alloc_table(&sgt, ARRAY_SIZE(pg), GFP_KERNEL))
+		return 0;
+	for_each_sg(sgt.sgl, s, ARRAY_SIZE(pg), i) {
+		pg[i] = alloc_page(GFP_KERNEL | __GFP_ZERO);
+		if (!pg[i])
+			goto out;
+		sg_set_page(s, pg[i], PAGE_SIZE, 0);
+	}
+	nents = dma_map_sg(dev, sgt.sgl, ARRAY_SIZE(pg), DMA_FROM_DEVICE);
+	if (nents <= 0)
+		goto out;
+	ok = 1;
+	for_each_sg(sgt.sgl, s, nents, i) {
+		u64 a = sg_dma_address(s), end = a + sg_dma_len(s);
+
+		for (; a < end && ok; a += PAGE_SIZE)
+			if (edu_dma(e, EDU_BUF_ADDR, a, EDU_XFER, true))
+				ok = 0;
+	}
+	dma_unmap_sg(dev, sgt.sgl, ARRAY_SIZE(pg), DMA_FROM_DEVICE);
+	for (i = 0; i < ARRAY_SIZE(pg); i++)
+		if (memcmp(page_address(pg[i]), expect, EDU_XFER))
+			ok = 0;
+out:
+	for (i = 0; i < ARRAY_SIZE(pg); i++)
+		if (pg[i])
+			__free_page(pg[i]);
+	sg_free_table(&sgt);
+	return ok;
+}
+
+static int edu_coherent_test(struct vvi_edu *e, const u8 *expect)
+{
+	struct device *dev = &e->pdev->dev;
+	dma_addr_t h;
+	int ok = 0;
+	u8 *cpu;
+
+	cpu = dma_alloc_coherent(dev, 2 * PAGE_SIZE, &h, GFP_KERNEL);
+	if (!cpu)
+		return 0;
+	memset(cpu, 0, 2 * PAGE_SIZE);
+	if (!edu_dma(e, EDU_BUF_ADDR, h + PAGE_SIZE, EDU_XFER, true))
+		ok = !memcmp(cpu + PAGE_SIZE, expect, EDU_XFER);
+	dma_free_coherent(dev, 2 * PAGE_SIZE, cpu, h);
+	return ok;
+}
+
 static void edu_pattern(u8 *p, size_t n, u8 seed)
 {
 	size_t i;
@@ -95,7 +157,7 @@ static void edu_dmatest(struct vvi_edu *e)
 	struct page *ps = NULL, *pd = NULL, *pu = NULL;
 	u8 *src, *dst, *una, *expect = NULL;
 	dma_addr_t ds, dd, du;
-	int ret, ok = 0, blocked = -1;
+	int ret, ok = 0, blocked = -1, sg_ok, coh_ok;
 	size_t diff = 0, changed = 0;
 	u8 seed = (u8)get_random_u32();
 
@@ -154,9 +216,13 @@ static void edu_dmatest(struct vvi_edu *e)
 	for (diff = 0; diff < EDU_BUF_SIZE; diff++)
 		changed += una[diff] != 0x5a;
 
+	sg_ok = edu_sg_test(e, expect);
+	coh_ok = edu_coherent_test(e, expect);
+
 	snprintf(e->result, sizeof(e->result),
-		 "dma_ok=%d\nafter_unmap_blocked=%d\nafter_unmap_changed_bytes=%zu\nsrc_iova=%#llx\ndst_iova=%#llx\nunmapped_iova=%#llx\n",
-		 ok, blocked, changed, (u64)ds, (u64)dd, (u64)du);
+		 "dma_ok=%d\nafter_unmap_blocked=%d\nafter_unmap_changed_bytes=%zu\nsg_ok=%d\ncoherent_ok=%d\nsrc_iova=%#llx\ndst_iova=%#llx\nunmapped_iova=%#llx\n",
+		 ok, blocked, changed, sg_ok, coh_ok, (u64)ds, (u64)dd,
+		 (u64)du);
 	dev_info(dev, "dmatest: dma_ok=%d after_unmap_blocked=%d\n", ok,
 		 blocked);
 	goto out;
@@ -199,8 +265,8 @@ static int bench_thread(void *arg)
 
 	buf = kmalloc(c->size, GFP_KERNEL);
 	atomic_inc(&c->ready);
-	while (!atomic_read(&c->go))
-		cpu_relax();
+	/* sleep, not spin: the starter needs a CPU to say go */
+	wait_var_event(&c->go, atomic_read(&c->go));
 	t0 = ktime_get_ns();
 	for (i = 0; buf && i < c->iters; i++) {
 		dma_addr_t d = dma_map_single(c->dev, buf, c->size, c->dir);
@@ -261,6 +327,7 @@ static void edu_bench(struct vvi_edu *e, size_t size, unsigned long iters,
 		usleep_range(1000, 2000);
 	c->start = ktime_get();
 	atomic_set(&c->go, 1);
+	wake_up_var(&c->go);
 	wait_for_completion(&c->done);
 	wall = ktime_to_ns(ktime_sub(ktime_get(), c->start));
 	for_each_online_cpu(cpu) {

@@ -164,6 +164,8 @@ one_config() {
 	dmaok=$(kv $D/vvi_edu/dmatest dma_ok)
 	blocked=$(kv $D/vvi_edu/dmatest after_unmap_blocked)
 	uiova=$(kv $D/vvi_edu/dmatest unmapped_iova)
+	sgok=$(kv $D/vvi_edu/dmatest sg_ok)
+	cohok=$(kv $D/vvi_edu/dmatest coherent_ok)
 	sleep 1
 	f2=$(faults)
 	edufaults=$(kv $edust faults)
@@ -179,6 +181,8 @@ one_config() {
 	[ "$netstate" = owned ] || { st=FAIL; why="$why,net-not-owned"; }
 	[ "$edustate" = owned ] || { st=FAIL; why="$why,edu-not-owned"; }
 	[ "$dmaok" = 1 ] || { st=FAIL; why="$why,edu-dma"; }
+	[ "$sgok" = 1 ] || { st=FAIL; why="$why,edu-sg"; }
+	[ "$cohok" = 1 ] || { st=FAIL; why="$why,edu-coherent"; }
 	[ "$busy" = yes ] || { st=FAIL; why="$why,rmmod-not-refused"; }
 	[ "$unload" = ok ] || { st=FAIL; why="$why,unload"; }
 	[ "${netmaps:-0}" -gt 0 ] || { st=FAIL; why="$why,no-maps"; }
@@ -193,7 +197,7 @@ one_config() {
 		[ "$faultlog" -gt 0 ] || { st=FAIL; why="$why,no-fault-log"; }
 	fi
 	[ "$f0" = "$f1" ] || { st=FAIL; why="$why,faults-during-net"; }
-	echo "VVI-RESULT policy=$pol inval=$inv status=$st net=$net edu_dma_ok=$dmaok after_unmap_blocked=$blocked expect_blocked=$expect_block edu_faults=$edufaults fault_log=$faultlog net_maps=$netmaps net_requests=$netreqs unmapped_iova=$uiova rmmod_busy=$busy unload=$unload why=${why#,}"
+	echo "VVI-RESULT policy=$pol inval=$inv status=$st net=$net edu_dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok after_unmap_blocked=$blocked expect_blocked=$expect_block edu_faults=$edufaults fault_log=$faultlog net_maps=$netmaps net_requests=$netreqs unmapped_iova=$uiova rmmod_busy=$busy unload=$unload why=${why#,}"
 }
 
 bench_one() {

@@ -116,6 +116,8 @@ fn check_config(policy: &str) {
         let ctx = format!("{policy}/{inval}: {f:?}");
         assert_eq!(f["net"], "ok", "TCP transfer md5 mismatch, {ctx}");
         assert_eq!(f["edu_dma_ok"], "1", "edu DMA to a mapped buffer, {ctx}");
+        assert_eq!(f["sg_ok"], "1", "edu DMA into dma_map_sg segments, {ctx}");
+        assert_eq!(f["coherent_ok"], "1", "edu DMA into coherent memory, {ctx}");
         assert_eq!(f["rmmod_busy"], "yes", "rmmod refused while owned, {ctx}");
         assert_eq!(f["unload"], "ok", "module unload after use, {ctx}");
         let maps: u64 = f["net_maps"].parse().expect("net_maps");
