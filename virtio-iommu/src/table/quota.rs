@@ -112,14 +112,14 @@ pub(crate) fn take(t: &Arc<Table>, w: &mut Worker) -> Result<(), MapError> {
 
 fn take_slow(t: &Arc<Table>, w: &mut Worker) -> Result<(), MapError> {
     let max = t.limits.max_mappings;
-    let mut chunk = if t.reserved.load(Ordering::Relaxed) + 2 * CHUNK <= max / 2 {
+    let mut chunk = if t.reserved.load(Ordering::Relaxed).saturating_add(2 * CHUNK) <= max / 2 {
         CHUNK
     } else {
         1
     };
     loop {
         let prev = t.reserved.fetch_add(chunk, Ordering::AcqRel);
-        if prev + chunk <= max {
+        if prev.saturating_add(chunk) <= max {
             break;
         }
         t.reserved.fetch_sub(chunk, Ordering::AcqRel);
