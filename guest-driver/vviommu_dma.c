@@ -1254,9 +1254,11 @@ void vvi_remove_ops(struct vvi_ep *ep)
 static int vvi_pt_map_res(struct resource *res, void *arg)
 {
 	struct vvi_ep *ep = arg;
+	u64 start = res->start & PAGE_MASK;
+	u64 last = PAGE_ALIGN(res->end + 1) - 1;
 	struct vvi_req r;
 
-	vvi_fill_map(&r, ep->domain, res->start, res->end, res->start,
+	vvi_fill_map(&r, ep->domain, start, last, start,
 		     VIRTIO_IOMMU_MAP_F_READ | VIRTIO_IOMMU_MAP_F_WRITE);
 	vvi_inc(ep, VVI_ST_MAP_REQS);
 	return vvi_send_one(ep->vd, &r, ep);

@@ -20,7 +20,8 @@ port=8000
 md5=
 policies="identity kmalloc magazine global persistent passthrough"
 invals="strict lazy-global lazy-percpu"
-iters=2000
+iters=5000
+reps=3
 for arg in $(cat /proc/cmdline); do
 	case "$arg" in
 	vvi_mode=*) mode="${arg#vvi_mode=}" ;;
@@ -29,6 +30,7 @@ for arg in $(cat /proc/cmdline); do
 	vvi_policies=*) policies="$(echo "${arg#vvi_policies=}" | tr , ' ')" ;;
 	vvi_invals=*) invals="$(echo "${arg#vvi_invals=}" | tr , ' ')" ;;
 	vvi_iters=*) iters="${arg#vvi_iters=}" ;;
+	vvi_reps=*) reps="${arg#vvi_reps=}" ;;
 	esac
 done
 
@@ -200,6 +202,7 @@ one_config() {
 	echo "VVI-RESULT policy=$pol inval=$inv status=$st net=$net edu_dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok after_unmap_blocked=$blocked expect_blocked=$expect_block edu_faults=$edufaults fault_log=$faultlog net_maps=$netmaps net_requests=$netreqs unmapped_iova=$uiova rmmod_busy=$busy unload=$unload why=${why#,}"
 }
 
+# one benchmark configuration: $reps runs, median ops/s, request deltas
 bench_one() {
 	label=$1
 	stats=$2
@@ -209,9 +212,17 @@ bench_one() {
 		r0=$(kv "$stats" requests)
 		m0=$(kv "$stats" maps)
 	fi
-	echo "size=4096 iters=$iters dir=to" > $D/vvi_edu/bench
+	all=
+	errs=0
 	b=$D/vvi_edu/bench
-	ops=$(kv $b ops)
+	i=0
+	while [ $i -lt "$reps" ]; do
+		echo "size=4096 iters=$iters dir=to" > $b
+		all="$all $(kv $b ops_per_sec)"
+		errs=$((errs + $(kv $b errors)))
+		i=$((i + 1))
+	done
+	med=$(echo $all | tr ' ' '\n' | sort -n | sed -n "$(( (reps + 1) / 2 ))p")
 	r1=0
 	m1=0
 	if [ -n "$stats" ]; then
@@ -222,9 +233,7 @@ bench_one() {
 	maps=$((m1 - m0))
 	rpd_x1000=0
 	[ "$maps" -gt 0 ] && rpd_x1000=$((reqs * 1000 / maps))
-	kicks=
-	[ -n "$stats" ] && kicks=$(kv "$stats" kicks)
-	echo "VVI-BENCH $label cpus=$(kv $b cpus) ops=$ops errors=$(kv $b errors) wall_ns=$(kv $b wall_ns) ops_per_sec=$(kv $b ops_per_sec) maps=$maps requests=$reqs req_per_dma_x1000=$rpd_x1000 fallbacks=$(kv "$stats" fallbacks) alloc_fast=$(kv "$stats" alloc_fast) alloc_slow=$(kv "$stats" alloc_slow) flushes=$(kv "$stats" flushes) mean_flush_x100=$(kv "$stats" mean_flush_x100) kicks_total=$kicks"
+	echo "VVI-BENCH $label cpus=$(kv $b cpus) ops_per_run=$(kv $b ops) errors=$errs median_ops_per_sec=$med runs_ops_per_sec=$(echo $all | tr ' ' ,) maps=$maps requests=$reqs req_per_dma_x1000=$rpd_x1000 fallbacks=$(kv "$stats" fallbacks) alloc_fast=$(kv "$stats" alloc_fast) alloc_depot=$(kv "$stats" alloc_depot) alloc_slow=$(kv "$stats" alloc_slow) kicks=$(kv "$stats" kicks) flushes=$(kv "$stats" flushes) mean_flush_x100=$(kv "$stats" mean_flush_x100)"
 }
 
 bench() {
@@ -256,6 +265,14 @@ matrix)
 	;;
 bench)
 	bench
+	;;
+linuxref)
+	# the kernel's own virtio-iommu driver (trixie) as the reference
+	t=$(cat /sys/bus/pci/devices/$EDU/iommu_group/type 2>/dev/null || echo none)
+	echo "VVI-INFO edu_iommu_group_type=$t cmdline=$(cat /proc/cmdline | tr ' ' ,)"
+	insmod $M/vvi_edu.ko
+	bench_one "policy=linux-$t inval=linux" ""
+	rmmod vvi_edu
 	;;
 plain)
 	# reference: the same network transfer without any vIOMMU driver

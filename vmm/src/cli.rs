@@ -40,6 +40,11 @@ pub struct Cli {
     #[arg(long, value_name = "tty|file=PATH|off", default_value = "tty")]
     pub serial: String,
 
+    /// virtio-net on a TAP (repeatable): tap=NAME,mac=MAC,ip=IPv4,mask=IPv4,
+    /// num_queues=2N,queue_size=N,iommu=on|off.
+    #[arg(long, value_name = "tap=NAME,...")]
+    pub net: Vec<String>,
+
     /// More logging on stderr (-v info, -vv debug, -vvv trace). RUST_LOG overrides.
     #[arg(short = 'v', action = ArgAction::Count)]
     pub verbose: u8,
@@ -55,6 +60,11 @@ impl Cli {
             cpus: CpusConfig::parse(&self.cpus)?,
             memory: MemoryConfig::parse(&self.memory)?,
             serial: SerialConfig::parse(&self.serial)?,
+            net: self
+                .net
+                .iter()
+                .map(|n| crate::net::NetConfig::parse(n))
+                .collect::<Result<_, _>>()?,
         })
     }
 }

@@ -175,6 +175,8 @@ pub struct VmConfig {
     pub memory: MemoryConfig,
     /// COM1.
     pub serial: SerialConfig,
+    /// virtio-net devices (`--net`, repeatable).
+    pub net: Vec<crate::net::NetConfig>,
 }
 
 #[cfg(test)]

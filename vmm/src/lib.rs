@@ -13,6 +13,7 @@ pub mod exit;
 pub mod interrupt;
 pub mod kvm_check;
 pub mod memory;
+pub mod net;
 pub mod pci;
 pub mod vcpu;
 pub mod virtio;

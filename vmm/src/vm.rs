@@ -56,6 +56,8 @@ pub struct VmResources {
     pub pci: Arc<PciRoot>,
     /// Exit channel.
     pub exit: ExitSender,
+    /// The VM's GSI routing table (MSI routes for every device).
+    pub irq_router: Arc<crate::interrupt::GsiRouter>,
 }
 
 fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), Error> {
@@ -223,7 +225,9 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
         mmio: mmio.clone(),
         pci,
         exit: exit_tx.clone(),
+        irq_router: Arc::new(crate::interrupt::GsiRouter::new(vm.clone())),
     };
+    let _net_devices = crate::net::add_net_devices(&resources, &config.net)?;
 
     // vCPUs.
     let supported = kvm

@@ -1,0 +1,167 @@
+//! `--net tap=NAME,mac=..,ip=..,mask=..,num_queues=..,queue_size=..,iommu=on|off`
+//! (cloud-hypervisor's syntax for the supported subset).
+
+use std::net::Ipv4Addr;
+
+use crate::config::parse_options;
+use crate::error::Error;
+
+/// Largest number of queue pairs accepted.
+pub const MAX_QUEUE_PAIRS: usize = 16;
+
+/// One virtio-net device on a TAP back-end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetConfig {
+    /// TAP interface name (created if missing; empty: the kernel picks).
+    pub tap: String,
+    /// Guest MAC address.
+    pub mac: [u8; 6],
+    /// Host-side IPv4 address of the TAP.
+    pub ip: Option<Ipv4Addr>,
+    /// Host-side netmask of the TAP.
+    pub mask: Option<Ipv4Addr>,
+    /// Number of virtqueues for data: 2 per queue pair.
+    pub num_queues: usize,
+    /// Size of each virtqueue.
+    pub queue_size: u16,
+    /// The device sits behind the virtual IOMMU.
+    pub iommu: bool,
+}
+
+fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = text.split(':');
+    for b in mac.iter_mut() {
+        let p = parts.next()?;
+        if p.len() != 2 {
+            return None;
+        }
+        *b = u8::from_str_radix(p, 16).ok()?;
+    }
+    if parts.next().is_some() {
+        return None;
+    }
+    Some(mac)
+}
+
+impl NetConfig {
+    /// Parses and validates one `--net` value.
+    pub fn parse(value: &str) -> Result<Self, Error> {
+        let opts = parse_options(
+            "net",
+            value,
+            &[
+                "tap",
+                "mac",
+                "ip",
+                "mask",
+                "num_queues",
+                "queue_size",
+                "iommu",
+            ],
+        )?;
+        let bad = |reason: String| Error::InvalidOption {
+            option: "net",
+            value: value.to_string(),
+            reason,
+        };
+        let tap = opts.get("tap").cloned().unwrap_or_default();
+        if tap.len() >= 16 {
+            return Err(bad(format!("tap name '{tap}' is longer than 15 bytes")));
+        }
+        let mac = match opts.get("mac") {
+            Some(m) => parse_mac(m).ok_or_else(|| bad(format!("'{m}' is not a MAC address")))?,
+            // Locally administered, fixed so guest-side tests are stable.
+            None => [0x52, 0x54, 0x00, 0x12, 0x34, 0x56],
+        };
+        if mac[0] & 1 != 0 {
+            return Err(bad("the MAC address is a multicast address".into()));
+        }
+        let ipv4 = |key: &str| -> Result<Option<Ipv4Addr>, Error> {
+            opts.get(key)
+                .map(|t| {
+                    t.parse::<Ipv4Addr>()
+                        .map_err(|_| bad(format!("{key} '{t}' is not an IPv4 address")))
+                })
+                .transpose()
+        };
+        let ip = ipv4("ip")?;
+        let mask = ipv4("mask")?;
+        let num_queues = match opts.get("num_queues") {
+            Some(t) => t
+                .parse::<usize>()
+                .map_err(|_| bad(format!("num_queues '{t}' is not a number")))?,
+            None => 2,
+        };
+        if num_queues < 2 || num_queues % 2 != 0 || num_queues / 2 > MAX_QUEUE_PAIRS {
+            return Err(bad(format!(
+                "num_queues must be an even number between 2 and {}",
+                2 * MAX_QUEUE_PAIRS
+            )));
+        }
+        let queue_size = match opts.get("queue_size") {
+            Some(t) => t
+                .parse::<u16>()
+                .map_err(|_| bad(format!("queue_size '{t}' is not a number")))?,
+            None => 256,
+        };
+        if !queue_size.is_power_of_two() || !(2..=32768).contains(&queue_size) {
+            return Err(bad("queue_size must be a power of two up to 32768".into()));
+        }
+        let iommu = match opts.get("iommu").map(String::as_str) {
+            None | Some("off") => false,
+            Some("on") => true,
+            Some(o) => return Err(bad(format!("iommu must be on or off, not '{o}'"))),
+        };
+        Ok(Self {
+            tap,
+            mac,
+            ip,
+            mask,
+            num_queues,
+            queue_size,
+            iommu,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_and_default() {
+        let c = NetConfig::parse(
+            "tap=dmv0,mac=12:34:56:78:9a:bc,ip=192.168.249.1,mask=255.255.255.0,num_queues=4,iommu=on",
+        )
+        .unwrap();
+        assert_eq!(c.tap, "dmv0");
+        assert_eq!(c.mac, [0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc]);
+        assert_eq!(c.ip, Some(Ipv4Addr::new(192, 168, 249, 1)));
+        assert_eq!(c.mask, Some(Ipv4Addr::new(255, 255, 255, 0)));
+        assert_eq!(c.num_queues, 4);
+        assert!(c.iommu);
+        let d = NetConfig::parse("tap=x").unwrap();
+        assert_eq!(d.num_queues, 2);
+        assert_eq!(d.queue_size, 256);
+        assert!(!d.iommu);
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        for v in [
+            "mac=12:34:56",
+            "mac=13:00:00:00:00:00",
+            "ip=1.2.3",
+            "num_queues=3",
+            "num_queues=0",
+            "num_queues=64",
+            "queue_size=100",
+            "iommu=yes",
+            "tap=0123456789abcdef",
+            "vhost=on",
+        ] {
+            assert!(NetConfig::parse(v).is_err(), "{v}");
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! virtio-net on a TAP back-end.
+//!
+//! - [`config`]: the `--net` option.
+//! - [`tap`]: TAP interface setup through ioctls.
+//! - [`device`]: the [`VirtioDevice`](crate::virtio::VirtioDevice) (features,
+//!   config space, one worker per queue pair).
+//! - [`worker`]: the receive/transmit loop of one queue pair.
+
+pub mod config;
+pub mod device;
+pub mod tap;
+pub mod worker;
+
+pub use config::NetConfig;
+pub use device::{Net, NetError};
+
+use std::sync::{Arc, Mutex};
+
+use crate::dma::DmaSpace;
+use crate::error::Error;
+use crate::virtio::pci::VirtioPciDevice;
+use crate::vm::VmResources;
+
+/// Creates one virtio-net PCI function per `--net` and plugs it into bus 0.
+///
+/// A device with `iommu=on` offers VIRTIO_F_ACCESS_PLATFORM; its DMA space
+/// starts as the identity (what a guest sees with the IOMMU in bypass) and
+/// the vIOMMU replaces it with a translating one through
+/// [`VirtioPciDevice::set_dma_space`] once the endpoint exists.
+pub fn add_net_devices(
+    res: &VmResources,
+    configs: &[NetConfig],
+) -> Result<Vec<Arc<Mutex<VirtioPciDevice>>>, Error> {
+    let mut out = Vec::with_capacity(configs.len());
+    for cfg in configs {
+        let net = Net::new(cfg).map_err(|e| Error::Device(format!("--net: {e}")))?;
+        let name = net.tap_name().to_string();
+        let dev = VirtioPciDevice::new(
+            Box::new(net),
+            res.vm.clone(),
+            &res.irq_router,
+            DmaSpace::identity(res.mem.clone()),
+            cfg.iommu,
+        )
+        .map_err(|e| Error::Device(format!("virtio-net on {name}: {e}")))?;
+        let dev = Arc::new(Mutex::new(dev));
+        let bdf = res
+            .pci
+            .add_device(dev.clone())
+            .map_err(|e| Error::Device(format!("virtio-net on {name}: {e}")))?;
+        log::info!("virtio-net on TAP {name} at PCI {bdf}");
+        out.push(dev);
+    }
+    Ok(out)
+}

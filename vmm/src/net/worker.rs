@@ -1,0 +1,558 @@
+//! The thread serving one queue pair of a virtio-net device: frames from
+//! the TAP go to the receive queue, transmit chains go to the TAP.
+//!
+//! WHY a thread per pair, woken by epoll on the TAP fd and the queues'
+//! ioeventfds: vCPUs only signal an eventfd (in the kernel) on a kick; all
+//! ring and buffer work happens here, in parallel with the guest.
+//!
+//! Every guest-memory access goes through the device's [`DmaSpace`]. Ring
+//! contents are hostile: a malformed chain, a ring index that jumps, or a
+//! buffer the IOMMU refuses marks that queue broken (logged once, the
+//! transport sets DEVICE_NEEDS_RESET) and the queue is left alone until the
+//! driver resets the device. The VMM keeps running.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use log::{debug, warn};
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::tap::{Tap, VNET_HDR_LEN};
+use crate::dma::DmaSpace;
+use crate::virtio::chain::{walk_into, Chain, MAX_CHAIN_DESCRIPTORS};
+use crate::virtio::{ActiveQueue, VirtioInterrupt};
+
+const TOKEN_STOP: u64 = 0;
+const TOKEN_RX: u64 = 1;
+const TOKEN_TX: u64 = 2;
+const TOKEN_TAP: u64 = 3;
+const TOKEN_CTRL: u64 = 4;
+
+/// Largest frame the TAP hands us: a 64 KiB GSO frame plus headers.
+pub const MAX_FRAME: usize = 65536 + 256;
+/// Control queue: class MQ, command VQ_PAIRS_SET.
+const CTRL_CLASS_MQ: u8 = 4;
+const CTRL_MQ_VQ_PAIRS_SET: u8 = 0;
+const CTRL_OK: u8 = 0;
+const CTRL_ERR: u8 = 1;
+/// Control commands are tiny; anything longer is refused.
+const CTRL_MAX_LEN: u64 = 4096;
+
+/// A queue owned by the worker.
+pub struct WorkerQueue {
+    index: u16,
+    queue: Queue,
+    kick: EventFd,
+    broken: bool,
+}
+
+impl From<ActiveQueue> for WorkerQueue {
+    fn from(q: ActiveQueue) -> Self {
+        Self {
+            index: q.index,
+            queue: q.queue,
+            kick: q.kick,
+            broken: false,
+        }
+    }
+}
+
+/// What the worker is given (all `Send`; the worker itself holds raw
+/// iovec pointers and is built on its thread).
+pub struct WorkerParts {
+    /// The device's DMA space.
+    pub mem: DmaSpace,
+    /// Interrupt delivery.
+    pub interrupt: Arc<dyn VirtioInterrupt>,
+    /// The TAP queue of this pair.
+    pub tap: Arc<Tap>,
+    /// Receive queue.
+    pub rx: WorkerQueue,
+    /// Transmit queue.
+    pub tx: WorkerQueue,
+    /// Control queue (served by the first pair's worker).
+    pub ctrl: Option<WorkerQueue>,
+    /// VIRTIO_NET_F_MRG_RXBUF was negotiated.
+    pub mrg_rxbuf: bool,
+    /// Number of queue pairs the device has (for VQ_PAIRS_SET checks).
+    pub max_pairs: u16,
+    /// Written to stop the worker.
+    pub stop: EventFd,
+}
+
+enum Delivery {
+    Done,
+    /// The frame was dropped; `true` if a buffer was returned used.
+    Dropped(bool),
+    NoBuffers,
+    Broken(String),
+}
+
+struct Worker {
+    p: WorkerParts,
+    epoll: Epoll,
+    frame: Vec<u8>,
+    frame_len: Option<usize>,
+    chain: Chain,
+    chains: Vec<Chain>,
+    tap_polled: bool,
+    tx_dropped: u64,
+}
+
+/// Pops the next available chain head, if any.
+fn pop_head(q: &mut Queue, mem: &DmaSpace) -> Result<Option<u16>, String> {
+    let mut it = q.iter(mem).map_err(|e| e.to_string())?;
+    Ok(it.next().map(|c| c.head_index()))
+}
+
+fn break_queue(q: &mut WorkerQueue, interrupt: &dyn VirtioInterrupt, why: &str) {
+    if !q.broken {
+        q.broken = true;
+        warn!(
+            "virtio-net queue {}: {why}; queue stopped until the driver resets the device",
+            q.index
+        );
+        interrupt.set_needs_reset();
+    }
+}
+
+fn signal_used(q: &mut WorkerQueue, mem: &DmaSpace, interrupt: &dyn VirtioInterrupt) {
+    // On a ring error, notify anyway: a spurious interrupt is harmless.
+    if q.queue.needs_notification(mem).unwrap_or(true) {
+        interrupt.notify_queue(q.index);
+    }
+}
+
+/// Places one received frame (`frame[..len]`, virtio-net header first) in
+/// one chain, or several with mergeable buffers.
+fn deliver(
+    mem: &DmaSpace,
+    q: &mut Queue,
+    frame: &mut [u8],
+    len: usize,
+    chains: &mut Vec<Chain>,
+    mrg_rxbuf: bool,
+) -> Delivery {
+    if len < VNET_HDR_LEN || len > frame.len() {
+        return Delivery::Dropped(false);
+    }
+    let saved = q.next_avail();
+    let mut need = len as u64;
+    let mut n = 0usize;
+    loop {
+        let head = match pop_head(q, mem) {
+            Ok(Some(h)) => h,
+            Ok(None) => {
+                // Give back what we took; wait for more buffers.
+                q.set_next_avail(saved);
+                return Delivery::NoBuffers;
+            }
+            Err(e) => return Delivery::Broken(format!("avail ring: {e}")),
+        };
+        if chains.len() <= n {
+            chains.push(Chain::default());
+        }
+        let Some(chain) = chains.get_mut(n) else {
+            return Delivery::Broken("internal chain pool".into());
+        };
+        if let Err(e) = walk_into(mem, q.desc_table(), q.size(), head, chain) {
+            return Delivery::Broken(format!("receive chain {head}: {e}"));
+        }
+        let cap = chain.writable_len();
+        if cap == 0 {
+            return Delivery::Broken(format!("receive chain {head} has no writable buffer"));
+        }
+        n += 1;
+        if cap >= need {
+            break;
+        }
+        need -= cap;
+        if !mrg_rxbuf {
+            // Too big for the one buffer the driver gave: drop the frame
+            // and hand the buffer back empty.
+            return match q.add_used(mem, head, 0) {
+                Ok(()) => Delivery::Dropped(true),
+                Err(e) => Delivery::Broken(format!("used ring: {e}")),
+            };
+        }
+    }
+    // virtio_net_hdr_v1.num_buffers (1 without mergeable buffers).
+    let nb = (n as u16).to_le_bytes();
+    frame[10] = nb[0];
+    frame[11] = nb[1];
+    let mut off = 0usize;
+    for chain in chains.iter().take(n) {
+        let mut written = 0u32;
+        for b in &chain.writable {
+            if off >= len {
+                break;
+            }
+            let want = (b.len as usize).min(len - off);
+            let Some(src) = frame.get(off..off + want) else {
+                return Delivery::Broken("internal frame bounds".into());
+            };
+            if let Err(e) = mem.write_slice(src, GuestAddress(b.addr)) {
+                return Delivery::Broken(format!("receive buffer {:#x}: {e}", b.addr));
+            }
+            off += want;
+            written += want as u32;
+        }
+        if let Err(e) = q.add_used(mem, chain.head, written) {
+            return Delivery::Broken(format!("used ring: {e}"));
+        }
+    }
+    Delivery::Done
+}
+
+impl Worker {
+    fn new(p: WorkerParts) -> io::Result<Self> {
+        let epoll = Epoll::new()?;
+        let add = |fd, token| {
+            epoll.ctl(
+                ControlOperation::Add,
+                fd,
+                EpollEvent::new(EventSet::IN, token),
+            )
+        };
+        add(p.stop.as_raw_fd(), TOKEN_STOP)?;
+        add(p.rx.kick.as_raw_fd(), TOKEN_RX)?;
+        add(p.tx.kick.as_raw_fd(), TOKEN_TX)?;
+        add(p.tap.as_raw_fd(), TOKEN_TAP)?;
+        if let Some(c) = &p.ctrl {
+            add(c.kick.as_raw_fd(), TOKEN_CTRL)?;
+        }
+        Ok(Self {
+            p,
+            epoll,
+            frame: vec![0u8; MAX_FRAME],
+            frame_len: None,
+            chain: Chain::default(),
+            chains: Vec::new(),
+            tap_polled: true,
+            tx_dropped: 0,
+        })
+    }
+
+    fn set_tap_polling(&mut self, on: bool) {
+        if self.tap_polled == on {
+            return;
+        }
+        let events = if on { EventSet::IN } else { EventSet::empty() };
+        match self.epoll.ctl(
+            ControlOperation::Modify,
+            self.p.tap.as_raw_fd(),
+            EpollEvent::new(events, TOKEN_TAP),
+        ) {
+            Ok(()) => self.tap_polled = on,
+            Err(e) => warn!("virtio-net: epoll modify on TAP: {e}"),
+        }
+    }
+
+    fn run(mut self) {
+        let mut events = vec![EpollEvent::default(); 8];
+        // Buffers or frames may already be waiting.
+        self.process_tx();
+        self.process_rx();
+        loop {
+            let n = match self.epoll.wait(-1, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    warn!("virtio-net worker: epoll: {e}");
+                    self.p.interrupt.set_needs_reset();
+                    return;
+                }
+            };
+            for ev in events.iter().take(n) {
+                match ev.data() {
+                    TOKEN_STOP => {
+                        debug!(
+                            "virtio-net worker stops ({} transmit frames dropped)",
+                            self.tx_dropped
+                        );
+                        return;
+                    }
+                    TOKEN_TX => {
+                        let _ = self.p.tx.kick.read();
+                        self.process_tx();
+                    }
+                    TOKEN_RX => {
+                        let _ = self.p.rx.kick.read();
+                        self.set_tap_polling(true);
+                        self.process_rx();
+                    }
+                    TOKEN_TAP => self.process_rx(),
+                    TOKEN_CTRL => {
+                        if let Some(c) = &self.p.ctrl {
+                            let _ = c.kick.read();
+                        }
+                        self.process_ctrl();
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Gathers the chain's readable buffers into iovecs and writes the
+    /// frame to the TAP. Returns false if the chain's memory is refused.
+    fn send_chain(&mut self) -> bool {
+        let mut iov: Vec<libc::iovec> = Vec::with_capacity(self.chain.readable.len());
+        let mut total = 0usize;
+        for b in &self.chain.readable {
+            let slices =
+                match self
+                    .p
+                    .mem
+                    .get_slices(GuestAddress(b.addr), b.len as usize, Permissions::Read)
+                {
+                    Ok(s) => s,
+                    Err(_) => return false,
+                };
+            for s in slices {
+                let Ok(s) = s else {
+                    return false;
+                };
+                if s.is_empty() {
+                    continue;
+                }
+                total += s.len();
+                iov.push(libc::iovec {
+                    iov_base: s.ptr_guard().as_ptr() as *mut libc::c_void,
+                    iov_len: s.len(),
+                });
+            }
+        }
+        if total < VNET_HDR_LEN || iov.len() > MAX_CHAIN_DESCRIPTORS {
+            self.tx_dropped += 1;
+            return true;
+        }
+        if let Err(e) = self.p.tap.write_iov(&iov) {
+            self.tx_dropped += 1;
+            debug!("virtio-net: TAP write: {e}");
+        }
+        true
+    }
+
+    fn process_tx(&mut self) {
+        if self.p.tx.broken {
+            return;
+        }
+        let mut used_any = false;
+        loop {
+            if let Err(e) = self.p.tx.queue.disable_notification(&self.p.mem) {
+                break_queue(&mut self.p.tx, &*self.p.interrupt, &format!("ring: {e}"));
+                return;
+            }
+            loop {
+                let head = match pop_head(&mut self.p.tx.queue, &self.p.mem) {
+                    Ok(Some(h)) => h,
+                    Ok(None) => break,
+                    Err(e) => {
+                        let why = format!("avail ring: {e}");
+                        break_queue(&mut self.p.tx, &*self.p.interrupt, &why);
+                        return;
+                    }
+                };
+                let q = &self.p.tx.queue;
+                if let Err(e) =
+                    walk_into(&self.p.mem, q.desc_table(), q.size(), head, &mut self.chain)
+                {
+                    let why = format!("transmit chain {head}: {e}");
+                    break_queue(&mut self.p.tx, &*self.p.interrupt, &why);
+                    return;
+                }
+                if !self.send_chain() {
+                    let why = format!("transmit chain {head}: buffer not accessible");
+                    break_queue(&mut self.p.tx, &*self.p.interrupt, &why);
+                    return;
+                }
+                if let Err(e) = self.p.tx.queue.add_used(&self.p.mem, head, 0) {
+                    break_queue(
+                        &mut self.p.tx,
+                        &*self.p.interrupt,
+                        &format!("used ring: {e}"),
+                    );
+                    return;
+                }
+                used_any = true;
+            }
+            match self.p.tx.queue.enable_notification(&self.p.mem) {
+                Ok(true) => continue,
+                Ok(false) => break,
+                Err(e) => {
+                    break_queue(&mut self.p.tx, &*self.p.interrupt, &format!("ring: {e}"));
+                    return;
+                }
+            }
+        }
+        if used_any {
+            signal_used(&mut self.p.tx, &self.p.mem, &*self.p.interrupt);
+        }
+    }
+
+    fn process_rx(&mut self) {
+        if self.p.rx.broken {
+            self.set_tap_polling(false);
+            return;
+        }
+        let mut used_any = false;
+        if let Err(e) = self.p.rx.queue.disable_notification(&self.p.mem) {
+            break_queue(&mut self.p.rx, &*self.p.interrupt, &format!("ring: {e}"));
+            self.set_tap_polling(false);
+            return;
+        }
+        loop {
+            let len = match self.frame_len {
+                Some(l) => l,
+                None => match self.p.tap.read_frame(&mut self.frame) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        debug!("virtio-net: TAP read: {e}");
+                        break;
+                    }
+                },
+            };
+            self.frame_len = Some(len);
+            match deliver(
+                &self.p.mem,
+                &mut self.p.rx.queue,
+                &mut self.frame,
+                len,
+                &mut self.chains,
+                self.p.mrg_rxbuf,
+            ) {
+                Delivery::Done => {
+                    self.frame_len = None;
+                    used_any = true;
+                }
+                Delivery::Dropped(used) => {
+                    self.frame_len = None;
+                    used_any |= used;
+                }
+                Delivery::NoBuffers => match self.p.rx.queue.enable_notification(&self.p.mem) {
+                    // Buffers arrived meanwhile: try again.
+                    Ok(true) => {
+                        let _ = self.p.rx.queue.disable_notification(&self.p.mem);
+                        continue;
+                    }
+                    Ok(false) => {
+                        self.set_tap_polling(false);
+                        break;
+                    }
+                    Err(e) => {
+                        break_queue(&mut self.p.rx, &*self.p.interrupt, &format!("ring: {e}"));
+                        self.set_tap_polling(false);
+                        break;
+                    }
+                },
+                Delivery::Broken(why) => {
+                    self.frame_len = None;
+                    break_queue(&mut self.p.rx, &*self.p.interrupt, &why);
+                    self.set_tap_polling(false);
+                    break;
+                }
+            }
+        }
+        if used_any {
+            signal_used(&mut self.p.rx, &self.p.mem, &*self.p.interrupt);
+        }
+    }
+
+    fn process_ctrl(&mut self) {
+        let Some(mut c) = self.p.ctrl.take() else {
+            return;
+        };
+        let mut used_any = false;
+        while !c.broken {
+            let head = match pop_head(&mut c.queue, &self.p.mem) {
+                Ok(Some(h)) => h,
+                Ok(None) => break,
+                Err(e) => {
+                    break_queue(&mut c, &*self.p.interrupt, &format!("avail ring: {e}"));
+                    break;
+                }
+            };
+            let q = &c.queue;
+            if let Err(e) = walk_into(&self.p.mem, q.desc_table(), q.size(), head, &mut self.chain)
+            {
+                let why = format!("control chain {head}: {e}");
+                break_queue(&mut c, &*self.p.interrupt, &why);
+                break;
+            }
+            let ack = self.control_command();
+            let Some(status) = self.chain.writable.first().copied() else {
+                break_queue(
+                    &mut c,
+                    &*self.p.interrupt,
+                    "control chain without status byte",
+                );
+                break;
+            };
+            if self
+                .p
+                .mem
+                .write_obj(ack, GuestAddress(status.addr))
+                .is_err()
+                || c.queue.add_used(&self.p.mem, head, 1).is_err()
+            {
+                break_queue(&mut c, &*self.p.interrupt, "control status not writable");
+                break;
+            }
+            used_any = true;
+        }
+        if used_any {
+            signal_used(&mut c, &self.p.mem, &*self.p.interrupt);
+        }
+        self.p.ctrl = Some(c);
+    }
+
+    /// Executes the command in `self.chain`'s readable part; returns the ack.
+    fn control_command(&self) -> u8 {
+        let len = self.chain.readable_len();
+        if !(2..=CTRL_MAX_LEN).contains(&len) {
+            return CTRL_ERR;
+        }
+        let mut cmd = Vec::with_capacity(len as usize);
+        for b in &self.chain.readable {
+            let start = cmd.len();
+            cmd.resize(start + b.len as usize, 0);
+            let Some(dst) = cmd.get_mut(start..) else {
+                return CTRL_ERR;
+            };
+            if self.p.mem.read_slice(dst, GuestAddress(b.addr)).is_err() {
+                return CTRL_ERR;
+            }
+        }
+        match (cmd.first(), cmd.get(1), cmd.get(2..4)) {
+            (Some(&CTRL_CLASS_MQ), Some(&CTRL_MQ_VQ_PAIRS_SET), Some(p)) => {
+                let pairs = u16::from_le_bytes([p[0], p[1]]);
+                // Every pair is always served, so any valid count is fine.
+                if (1..=self.p.max_pairs).contains(&pairs) {
+                    debug!("virtio-net: driver uses {pairs} queue pair(s)");
+                    CTRL_OK
+                } else {
+                    CTRL_ERR
+                }
+            }
+            _ => CTRL_ERR,
+        }
+    }
+}
+
+/// Runs a worker on the current thread until its stop eventfd is written.
+pub fn run_worker(parts: WorkerParts) {
+    let interrupt = parts.interrupt.clone();
+    match Worker::new(parts) {
+        Ok(w) => w.run(),
+        Err(e) => {
+            warn!("virtio-net worker could not start: {e}");
+            interrupt.set_needs_reset();
+        }
+    }
+}
