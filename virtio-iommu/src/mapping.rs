@@ -316,6 +316,9 @@ impl Worker {
     /// magazines. Call it before publishing the kick's used-ring entries.
     pub fn flush(&mut self, consumers: &[Arc<dyn Invalidator>]) {
         crate::table::retire_candidates(self);
+        // The cached leaf link is re-validated on use anyway; dropping it
+        // each kick bounds how long a stale one can be kept.
+        self.table.leaf_cache = None;
         let had_work = self.batch.flush(consumers);
         if had_work || !self.table.deferred.is_empty() {
             self.depot.advance_epoch();

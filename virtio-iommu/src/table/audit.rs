@@ -81,6 +81,11 @@ fn walk(
             if child.gen.load(Acquire) as u16 != entry::gen(e) {
                 return Err(format!("generation mismatch at {iova:#x}"));
             }
+            if child.owner.load(Acquire) != t.id()
+                || child.base.load(Acquire) != super::node::tag(iova, level - 1)
+            {
+                return Err(format!("node at {iova:#x} tagged for another position"));
+            }
             walk(t, child, level - 1, iova, a, open)?;
             continue;
         }

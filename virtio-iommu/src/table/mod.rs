@@ -172,6 +172,12 @@ impl Table {
         unsafe { node::node_at(addr) }
     }
 
+    /// Identity of the table recorded in its nodes (`Node::owner`).
+    #[inline]
+    pub(crate) fn id(&self) -> u64 {
+        self as *const Table as u64
+    }
+
     /// Table memory: the root plus linked nodes.
     pub(crate) fn table_bytes(&self) -> u64 {
         (self.nodes.load(Ordering::Relaxed) + 1) * NODE_BYTES

@@ -26,6 +26,18 @@ pub struct Node {
     /// stored in the parent entry that links it, so a reader can tell the
     /// incarnation it followed from a later one.
     pub gen: AtomicU64,
+    /// Address of the table the node was last linked in.
+    pub owner: AtomicU64,
+    /// [`tag`] of the position it was last linked at. With `owner`, lets a
+    /// writer that pinned the node confirm it is the node it walked to even
+    /// if the 16-bit generation wrapped while the writer was preempted.
+    pub base: AtomicU64,
+}
+
+/// Position tag of the node of `level` whose range starts at `base`.
+#[inline]
+pub fn tag(base: u64, level: u32) -> u64 {
+    base | u64::from(level)
 }
 
 /// Bytes one node costs (reported in `table_bytes`).
@@ -47,6 +59,8 @@ impl NodePtr {
             entries: std::array::from_fn(|_| AtomicU64::new(0)),
             live: AtomicU64::new(0),
             gen: AtomicU64::new(0),
+            owner: AtomicU64::new(0),
+            base: AtomicU64::new(0),
         });
         NodePtr(NonNull::from(Box::leak(node)))
     }

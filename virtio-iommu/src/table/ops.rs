@@ -1,11 +1,11 @@
 //! MAP, UNMAP and translate on the scalable table: argument checks, the
 //! one-entry fast paths (one compare-and-swap each), and the lock-free walk.
 
-use std::sync::atomic::Ordering::{AcqRel, Acquire, SeqCst};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, SeqCst};
 use std::sync::Arc;
 
 use super::entry::{self, HEAD, LOCKED, TAIL, VALID};
-use super::node::Node;
+use super::node::{self, Node};
 use super::range;
 use super::{index, quota, span, Candidate, Table, ROOT_LEVEL};
 use crate::mapping::{
@@ -42,14 +42,22 @@ impl Table {
     /// The increment and the re-read of the parent slot pair with `retire`'s
     /// lock of that slot and read of `live` (all SeqCst): at least one side
     /// sees the other, so a node is never unlinked while pinned.
+    ///
+    /// `tag` is the position the caller expects `n` at; a node linked
+    /// elsewhere (possible only if its generation wrapped while the caller
+    /// was preempted) is refused like an unlinked one.
     #[inline]
-    pub(crate) fn pin(&self, n: &Node, parent: &Node, i: usize, e: u64) -> bool {
+    pub(crate) fn pin(&self, n: &Node, parent: &Node, i: usize, e: u64, tag: u64) -> bool {
         n.live.fetch_add(1, SeqCst);
         let mut spins = 0;
         loop {
             let cur = parent.entries[i].load(SeqCst);
             if cur == e {
-                return true;
+                if n.owner.load(Acquire) == self.id() && n.base.load(Acquire) == tag {
+                    return true;
+                }
+                n.live.fetch_sub(1, SeqCst);
+                return false;
             }
             if cur == e | LOCKED {
                 backoff(&mut spins);
@@ -92,7 +100,7 @@ impl Table {
                 // or a reused table cannot hold it.
                 if c.table == me && c.region == iova >> 21 {
                     let n = self.node(entry::addr(c.entry));
-                    if self.pin(n, self.node(c.parent), c.slot, c.entry) {
+                    if self.pin(n, self.node(c.parent), c.slot, c.entry, node_tag(iova, 0)) {
                         return Ok(Found::Node(n));
                     }
                 }
@@ -107,7 +115,7 @@ impl Table {
             loop {
                 if lvl == level {
                     return match link {
-                        Some((p, i, e)) if self.pin(n, p, i, e) => {
+                        Some((p, i, e)) if self.pin(n, p, i, e, node_tag(iova, lvl)) => {
                             if level == 0 {
                                 w.table.leaf_cache = Some(super::LeafLink {
                                     table: me,
@@ -169,12 +177,12 @@ impl Table {
         i: usize,
     ) -> Result<bool, MapError> {
         if let Some((p, pi, pe)) = link {
-            if !self.pin(n, p, pi, pe) {
+            if !self.pin(n, p, pi, pe, node_tag(iova, lvl)) {
                 return Ok(false);
             }
         }
         // The pin on `n` becomes the count of the new child link on success.
-        match self.link_new_child(w, n, i) {
+        match self.link_new_child(w, n, i, node_tag(iova, lvl - 1)) {
             Ok(true) => Ok(true),
             Ok(false) => {
                 self.unpin(w, n, iova, lvl, 1);
@@ -196,6 +204,7 @@ impl Table {
         w: &mut Worker,
         n: &Node,
         i: usize,
+        child_tag: u64,
     ) -> Result<bool, MapError> {
         let max_nodes = self.limits.max_table_bytes / super::node::NODE_BYTES;
         // +1: the root.
@@ -210,6 +219,9 @@ impl Table {
             self.nodes.fetch_sub(1, AcqRel);
             return Err(MapError::NoMemory);
         }
+        child.node().owner.store(self.id(), Relaxed);
+        child.node().base.store(child_tag, Relaxed);
+        // The compare-and-swap below (release) publishes owner and base.
         let e = entry::dir(child.addr(), child.node().gen.load(Acquire));
         match n.entries[i].compare_exchange(0, e, AcqRel, Acquire) {
             Ok(_) => {
@@ -223,6 +235,12 @@ impl Table {
             }
         }
     }
+}
+
+/// Position tag of the node of `level` covering `iova`.
+#[inline]
+pub(crate) fn node_tag(iova: u64, level: u32) -> u64 {
+    node::tag(iova & !(span(level + 1) - 1), level)
 }
 
 /// Queues the node of `level` covering `iova` for retirement at the flush.
@@ -402,6 +420,8 @@ pub(crate) fn translate(t: &Table, iova: u64, access: Perm) -> Result<Translatio
                 continue;
             }
             if !entry::is_valid(e) || lvl > 1 {
+                // Nothing mapped here (or, after a stale link, in a node
+                // that is no longer ours): unmapped either way.
                 if let Some(g) = want_gen {
                     if n.gen.load(Acquire) as u16 != g {
                         continue 'retry;
@@ -434,7 +454,10 @@ pub(crate) fn translate(t: &Table, iova: u64, access: Perm) -> Result<Translatio
                 }
             }
             if let Some(g) = want_gen {
-                if n.gen.load(Acquire) as u16 != g {
+                if n.gen.load(Acquire) as u16 != g
+                    || n.owner.load(Acquire) != t.id()
+                    || n.base.load(Acquire) != node_tag(iova, lvl)
+                {
                     continue 'retry;
                 }
             }

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
 use std::sync::Arc;
 
 use super::entry::{self, CLAIM_EMPTY, HEAD, LOCKED, PENDING, TAIL, VALID};
-use super::node::Node;
+use super::node::{self, Node};
 use super::ops::backoff;
 use super::{index, quota, span, Pin, Table, ROOT_LEVEL};
 use crate::mapping::{MapError, Perm, UnmapError, Worker, HUGE_PAGE_SIZE};
@@ -96,7 +96,7 @@ impl Op<'_> {
                         continue;
                     }
                     let child = t.node(entry::addr(e));
-                    if !t.pin(child, n, i, e) {
+                    if !t.pin(child, n, i, e, node::tag(s_base, level - 1)) {
                         continue;
                     }
                     w.table.pins.push(Pin {
@@ -131,7 +131,7 @@ impl Op<'_> {
                             continue;
                         }
                         if e == 0 {
-                            match t.link_new_child(w, n, i) {
+                            match t.link_new_child(w, n, i, node::tag(s_base, level - 1)) {
                                 Ok(true) => claimed += 1,
                                 Ok(false) => {}
                                 Err(_) => {
