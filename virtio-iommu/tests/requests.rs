@@ -1050,7 +1050,34 @@ fn two_queues_map_and_unmap_the_same_domain() {
     {
         let mut w = d.new_worker();
         assert_eq!(send(&d, &mut w, &attach(1, EP, 0)), Status::Ok);
+        // A mapping that stays while the queues churn around it.
+        assert_eq!(
+            send(
+                &d,
+                &mut w,
+                &map(1, 0x7000_0000, 0x7000_ffff, 0x2000_0000, RW)
+            ),
+            Status::Ok
+        );
+        d.complete_kick(&mut w);
     }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (d, stop) = (Arc::clone(&d), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let dma = d.endpoint_dma(EP).unwrap();
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) || n == 0 {
+                let off = (n % 16) * PG;
+                assert_eq!(
+                    dma.translate_contiguous(0x7000_0000 + off, PG, Perm::RW),
+                    Ok(0x2000_0000 + off)
+                );
+                n += 1;
+            }
+            n
+        })
+    };
     let threads: Vec<_> = (0..2u64)
         .map(|t| {
             let d = Arc::clone(&d);
@@ -1090,9 +1117,12 @@ fn two_queues_map_and_unmap_the_same_domain() {
     for t in threads {
         t.join().unwrap();
     }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(reader.join().unwrap() > 0);
     let s = d.domain_stats(1).unwrap();
-    assert_eq!(s.mappings, 20);
-    assert_eq!(s.mapped_bytes, 20 * PG);
+    assert_eq!(s.mappings, 21);
+    assert_eq!(s.mapped_bytes, 20 * PG + 0x10000);
+    assert_eq!(d.faults().reported(), 0);
 }
 
 #[test]
