@@ -228,17 +228,13 @@ impl CommonConfig {
         match field {
             DEVICE_FEATURE_SELECT => self.device_feature_select = value as u32,
             DRIVER_FEATURE_SELECT => self.driver_feature_select = value as u32,
-            DRIVER_FEATURE => {
-                // Features are frozen once FEATURES_OK was accepted.
-                if self.status & FEATURES_OK == 0 {
-                    let v = value & 0xffff_ffff;
-                    match self.driver_feature_select {
-                        0 => self.driver_features = (self.driver_features & !0xffff_ffff) | v,
-                        1 => {
-                            self.driver_features = (self.driver_features & 0xffff_ffff) | (v << 32)
-                        }
-                        _ => {}
-                    }
+            // Features are frozen once FEATURES_OK was accepted.
+            DRIVER_FEATURE if self.status & FEATURES_OK == 0 => {
+                let v = value & 0xffff_ffff;
+                match self.driver_feature_select {
+                    0 => self.driver_features = (self.driver_features & !0xffff_ffff) | v,
+                    1 => self.driver_features = (self.driver_features & 0xffff_ffff) | (v << 32),
+                    _ => {}
                 }
             }
             MSIX_CONFIG => {
@@ -262,12 +258,10 @@ impl CommonConfig {
                     return CommonCfgAction::VectorsChanged;
                 }
             }
-            QUEUE_ENABLE => {
-                // Only 1 may be written (a queue is disabled by reset).
-                if value == 1 {
-                    if let Some(q) = self.selected_mut() {
-                        q.ready = true;
-                    }
+            // Only 1 may be written (a queue is disabled by reset).
+            QUEUE_ENABLE if value == 1 => {
+                if let Some(q) = self.selected_mut() {
+                    q.ready = true;
                 }
             }
             QUEUE_DESC | QUEUE_DRIVER | QUEUE_DEVICE => {
