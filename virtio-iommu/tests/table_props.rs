@@ -401,3 +401,46 @@ fn limits_answer_no_memory() {
     );
     assert_eq!(space.stats().mappings, 1);
 }
+
+#[test]
+fn mapping_limit_is_exact_across_workers_after_their_flushes() {
+    let depot = Arc::new(Depot::new());
+    let limits = Limits {
+        max_mappings: 1000,
+        max_table_bytes: 1 << 24,
+    };
+    let space = new_space(SpaceImpl::Scalable, 1, &limits, &depot);
+    let mut a = Worker::new(&depot);
+    let mut b = Worker::new(&depot);
+    // Worker a maps 400 (reserving quota in chunks), then ends its kick.
+    for i in 0..400u64 {
+        space
+            .map(&mut a, i * PAGE, i * PAGE + PAGE - 1, 0, Perm::READ)
+            .unwrap();
+    }
+    a.flush(&[]);
+    // Worker b may use every remaining mapping, in kicks of 32.
+    for i in 400..1000u64 {
+        space
+            .map(&mut b, i * PAGE, i * PAGE + PAGE - 1, 0, Perm::READ)
+            .unwrap();
+        if i % 32 == 0 {
+            b.flush(&[]);
+        }
+    }
+    assert_eq!(
+        space.map(&mut b, 2000 * PAGE, 2001 * PAGE - 1, 0, Perm::READ),
+        Err(MapError::NoMemory)
+    );
+    assert_eq!(
+        space.map(&mut a, 2000 * PAGE, 2001 * PAGE - 1, 0, Perm::READ),
+        Err(MapError::NoMemory)
+    );
+    // Worker a frees one; after its flush worker b can use it.
+    space.unmap(&mut a, 0, PAGE - 1).unwrap();
+    a.flush(&[]);
+    space
+        .map(&mut b, 2000 * PAGE, 2001 * PAGE - 1, 0, Perm::READ)
+        .unwrap();
+    assert_eq!(space.stats().mappings, 1000);
+}

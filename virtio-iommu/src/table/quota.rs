@@ -5,8 +5,11 @@
 //! request and undo the scalability of the table. The exact counters are
 //! sharded by worker; the limit is enforced with per-worker credits reserved
 //! in chunks from the domain (Linux's percpu_counter idea), falling back to
-//! exact one-by-one reservation when the domain is more than half full so
-//! the limit is never exceeded and, with one queue, never reported early.
+//! exact one-by-one reservation when the domain is more than half full, and
+//! given back at the end of every kick. So the limit is never exceeded, and
+//! a MAP is refused early only while another queue is in the middle of a
+//! kick holding credits it reserved when the domain was less than half full
+//! (at most 64 mappings per such queue).
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,16 +88,16 @@ pub(crate) fn release(w: &mut Worker) {
     }
 }
 
-/// End of a kick: keep the credits (so the next kick needs no shared
-/// write) unless the domain is more than half full, where held credits
-/// could make another queue's MAP fail early.
+/// End of a kick: gives the unused credits back, so that once every queue
+/// has finished its kick the limit is exact (a held credit would make
+/// another queue's MAP fail early). The reference to the domain is kept so
+/// the next kick does not touch the domain's reference count.
 pub(crate) fn trim(w: &mut Worker) {
-    let near = match &w.table.credits {
-        Some(c) => c.table.reserved.load(Ordering::Relaxed) > c.table.limits.max_mappings / 2,
-        None => false,
-    };
-    if near {
-        release(w);
+    if let Some(c) = w.table.credits.as_mut() {
+        if c.count > 0 {
+            c.table.reserved.fetch_sub(c.count, Ordering::AcqRel);
+            c.count = 0;
+        }
     }
 }
 

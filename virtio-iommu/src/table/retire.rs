@@ -27,7 +27,7 @@ pub(crate) fn retire_candidates(w: &mut Worker) {
     w.table.candidates = cands;
 }
 
-/// End of a kick: gives mapping quota back if its domain is nearly full.
+/// End of a kick: gives unused mapping quota back to its domain.
 pub(crate) fn trim_credits(w: &mut Worker) {
     quota::trim(w);
 }
