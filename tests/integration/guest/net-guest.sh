@@ -1,0 +1,60 @@
+#!/bin/sh
+# Guest side of the virtio-net TAP test (tests/virtio_net.rs): configure the
+# virtio NIC, ping the host end of the TAP, send 8 MiB to the host's peer
+# (net-peer.py) and fetch 8 MiB from it. Every result is a marker line.
+SIZE=8388608
+HOST=192.168.249.1
+ME=192.168.249.2
+
+iface=""
+for d in /sys/class/net/*; do
+    n=$(basename "$d")
+    [ "$n" = lo ] && continue
+    iface=$n
+    break
+done
+if [ -z "$iface" ]; then
+    echo "GUEST-NET-ERROR no network interface"
+    exit 1
+fi
+drv=$(basename "$(readlink /sys/class/net/$iface/device/driver)" 2>/dev/null)
+echo "GUEST-NET-IFACE name=$iface driver=$drv features=$(cat /sys/class/net/$iface/device/features 2>/dev/null)"
+ip link set lo up
+ip addr add $ME/24 dev "$iface"
+ip link set "$iface" up
+
+# The link may need a moment; ping until the host answers (bounded).
+ok=0
+i=0
+while [ $i -lt 20 ]; do
+    if ping -c 1 -W 2 $HOST >/dev/null 2>&1; then ok=1; break; fi
+    i=$((i + 1))
+done
+if [ $ok = 1 ]; then
+    out=$(ping -c 3 -W 2 $HOST 2>&1)
+    recv=$(echo "$out" | sed -n 's/.* \([0-9]*\) packets received.*/\1/p')
+    echo "GUEST-PING received=$recv"
+else
+    echo "GUEST-PING received=0"
+    exit 2
+fi
+
+up() { cut -d' ' -f1 /proc/uptime; }
+
+# Guest -> host: random data, checksummed here and by the receiver.
+head -c $SIZE /dev/urandom > /tmp/tx
+txmd5=$(md5sum /tmp/tx | cut -d' ' -f1)
+t0=$(up)
+nc $HOST 5001 < /tmp/tx
+rc=$?
+t1=$(up)
+echo "GUEST-TX bytes=$(wc -c < /tmp/tx) md5=$txmd5 rc=$rc t0=$t0 t1=$t1"
+rm -f /tmp/tx
+
+# Host -> guest: fetch, then checksum what arrived.
+t0=$(up)
+wget -q -O /tmp/rx "http://$HOST:5002/data"
+rc=$?
+t1=$(up)
+echo "GUEST-RX bytes=$(wc -c < /tmp/rx) md5=$(md5sum /tmp/rx | cut -d' ' -f1) rc=$rc t0=$t0 t1=$t1"
+echo "GUEST-NET-DONE"

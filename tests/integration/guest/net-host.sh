@@ -1,0 +1,57 @@
+#!/bin/sh
+# Runner side of the virtio-net TAP test (tests/virtio_net.rs), one VMM per
+# call: start the Python peer, boot the guest with a virtio-net NIC on a
+# TAP whose host end is 192.168.249.1/24, then print the peer's results.
+#
+#   net-host.sh dmavisor BIN KERNEL INITRD
+#   net-host.sh qemu     -   KERNEL INITRD
+#
+# dmavisor creates and configures its TAP itself (--net tap=...,ip=,mask=);
+# for QEMU the TAP is created and configured here first, as QEMU's
+# script=no expects.
+mode=$1
+bin=$2
+kernel=$3
+initrd=$4
+here=$(dirname "$0")
+cmdline="console=ttyS0 quiet panic=-1"
+peer_out=$(mktemp)
+
+python3 "$here/net-peer.py" --label "$mode" --timeout 500 > "$peer_out" 2>&1 &
+peer=$!
+# Wait for the peer to listen.
+i=0
+while ! grep -q PEER-READY "$peer_out" && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+
+case "$mode" in
+dmavisor)
+    "$bin" --kernel "$kernel" --initramfs "$initrd" --cmdline "$cmdline" \
+        --cpus boot=2 --memory size=512M --serial tty \
+        --net tap=dmvtap0,mac=52:54:00:12:34:56,ip=192.168.249.1,mask=255.255.255.0 -v
+    echo "VMM-EXIT rc=$?"
+    ;;
+qemu)
+    ip tuntap add dev qtap0 mode tap
+    ip addr add 192.168.249.1/24 dev qtap0
+    ip link set qtap0 up
+    qemu-system-x86_64 -enable-kvm -cpu host -M q35 -smp 2 -m 512 \
+        -nographic -nodefaults -no-reboot -serial stdio \
+        -kernel "$kernel" -initrd "$initrd" -append "$cmdline" \
+        -netdev tap,id=n0,ifname=qtap0,script=no,downscript=no,vhost=off \
+        -device virtio-net-pci,netdev=n0,mac=52:54:00:12:34:56,disable-legacy=on
+    echo "VMM-EXIT rc=$?"
+    ip link del qtap0
+    ;;
+*)
+    echo "unknown mode $mode"
+    ;;
+esac
+
+# The peer ends once both transfers are done (or at its time-out); if the
+# guest never connected, stop it now.
+i=0
+while [ "$(grep -c PEER-RESULT "$peer_out")" -lt 2 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+kill "$peer" 2>/dev/null
+wait "$peer" 2>/dev/null
+cat "$peer_out"
+rm -f "$peer_out"
