@@ -6,7 +6,7 @@
 use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex};
 
-use virtio_iommu::device::{DeviceLimits, IommuConfig, IommuDevice, MULTIQUEUE};
+use virtio_iommu::device::{DeviceLimits, EndpointListener, IommuConfig, IommuDevice, MULTIQUEUE};
 use virtio_iommu::mapping::{Invalidator, Perm, SpaceImpl, Worker};
 use virtio_iommu::translate::{DmaFault, DmaRun};
 use virtio_iommu::wire::*;
@@ -1190,5 +1190,51 @@ fn domain_teardown_is_invalidated_before_its_id_can_be_reused() {
             gpa: 0x9000,
             len: 4
         }]
+    );
+}
+
+/// Records endpoint moves.
+#[derive(Default)]
+struct Moves(Mutex<Vec<Move>>);
+
+/// (endpoint, from, to)
+type Move = (u32, Option<u32>, Option<u32>);
+
+impl EndpointListener for Moves {
+    fn endpoint_moved(&self, endpoint: u32, from: Option<u32>, to: Option<u32>) {
+        self.0.lock().unwrap().push((endpoint, from, to));
+    }
+}
+
+#[test]
+fn endpoint_listeners_see_every_move_before_completion() {
+    let d = device();
+    let moves = Arc::new(Moves::default());
+    d.add_endpoint_listener(moves.clone());
+    let mut w = d.new_worker();
+    assert_eq!(send(&d, &mut w, &attach(1, EP, 0)), Status::Ok);
+    assert_eq!(send(&d, &mut w, &attach(1, EP2, 0)), Status::Ok);
+    // Re-attach to the same domain and failed requests are not moves.
+    assert_eq!(send(&d, &mut w, &attach(1, EP, 0)), Status::Ok);
+    assert_eq!(send(&d, &mut w, &detach(7, EP)), Status::Inval);
+    // EP leaves domain 1, which lives on with EP2: nothing is unmapped, but
+    // EP's consumers are told before the request returns.
+    assert_eq!(send(&d, &mut w, &attach(2, EP, 0)), Status::Ok);
+    assert_eq!(
+        moves.0.lock().unwrap().last(),
+        Some(&(EP, Some(1), Some(2)))
+    );
+    assert_eq!(send(&d, &mut w, &detach(2, EP)), Status::Ok);
+    d.reset();
+    let got = moves.0.lock().unwrap().clone();
+    assert_eq!(
+        got,
+        vec![
+            (EP, None, Some(1)),
+            (EP2, None, Some(1)),
+            (EP, Some(1), Some(2)),
+            (EP, Some(2), None),
+            (EP2, Some(1), None),
+        ]
     );
 }

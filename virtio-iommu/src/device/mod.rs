@@ -36,6 +36,7 @@ mod dispatch;
 mod domains;
 mod endpoints;
 mod features;
+mod listener;
 mod maps;
 mod probe;
 mod sync;
@@ -48,6 +49,7 @@ use thiserror::Error;
 
 pub use config::{ConfigError, DeviceLimits, IommuConfig, X86_MSI_END, X86_MSI_START};
 pub use features::MULTIQUEUE;
+pub use listener::EndpointListener;
 
 use crate::events::FaultQueue;
 use crate::mapping::{Depot, Invalidator, SpaceStats, Worker};
@@ -91,6 +93,7 @@ pub struct IommuDevice {
     /// Serializes ATTACH, DETACH and reset (membership changes).
     topology: Mutex<()>,
     invalidators: RwLock<Vec<Arc<dyn Invalidator>>>,
+    listeners: RwLock<Vec<Arc<dyn EndpointListener>>>,
     faults: Arc<FaultQueue>,
 }
 
@@ -107,6 +110,7 @@ impl IommuDevice {
             domains: DomainRegistry::default(),
             topology: Mutex::new(()),
             invalidators: RwLock::new(Vec::new()),
+            listeners: RwLock::new(Vec::new()),
             faults: Arc::new(FaultQueue::new(
                 cfg.fault_queue_capacity,
                 cfg.fault_logs_per_sec,
@@ -241,6 +245,21 @@ impl IommuDevice {
     /// Registers a DMA consumer that caches translations.
     pub fn add_invalidator(&self, inv: Arc<dyn Invalidator>) {
         write(&self.invalidators).push(inv);
+    }
+
+    /// Registers a consumer to be told when an endpoint changes domain.
+    pub fn add_endpoint_listener(&self, l: Arc<dyn EndpointListener>) {
+        write(&self.listeners).push(l);
+    }
+
+    /// Tells every listener; caller holds the topology lock.
+    fn notify_moved(&self, endpoint: u32, from: Option<u32>, to: Option<u32>) {
+        if from == to {
+            return;
+        }
+        for l in read(&self.listeners).iter() {
+            l.endpoint_moved(endpoint, from, to);
+        }
     }
 
     /// The DMA handle of an endpoint, for the device model doing its DMA.

@@ -82,7 +82,12 @@ impl IommuDevice {
         // endpoint is repointed before the old domain may be torn down, so
         // its DMA never observes a half-cleared table.
         target.add_member(req.endpoint, ep.resv());
-        ep.set_domain(Some(target));
+        ep.set_domain(Some(Arc::clone(&target)));
+        self.notify_moved(
+            req.endpoint,
+            old.as_ref().map(|o| o.id()),
+            Some(target.id()),
+        );
         if let Some(o) = old {
             self.leave(w, &o, req.endpoint);
         }
@@ -101,6 +106,7 @@ impl IommuDevice {
             return Status::Inval;
         }
         ep.set_domain(None);
+        self.notify_moved(req.endpoint, Some(cur.id()), None);
         self.leave(w, &cur, req.endpoint);
         Status::Ok
     }
@@ -138,7 +144,9 @@ impl IommuDevice {
     /// topology lock and flushes `w`.
     pub(super) fn reset_locked(&self, w: &mut Worker) {
         for ep in self.endpoints.all() {
-            ep.set_domain(None);
+            if let Some(old) = ep.set_domain(None) {
+                self.notify_moved(ep.id(), Some(old.id()), None);
+            }
         }
         for d in self.domains.drain() {
             if let Some(space) = d.space() {
