@@ -6,9 +6,10 @@
  * debugfs (/sys/kernel/debug/vvi_edu/):
  *  dmatest  write "run": DMA through the device into mapped buffers and
  *           into a buffer after it was unmapped; read: the results.
- *  bench    write "size=<bytes> iters=<n> [dir=to|from|bi]": on every
- *           online CPU in parallel, map and unmap a buffer n times with
- *           the edu device's DMA ops; read: the results.
+ *  bench    write "size=<bytes> iters=<n> [bufs=<b>] [dir=to|from|bi]":
+ *           on every online CPU in parallel, map and unmap n times with
+ *           the edu device's DMA ops, cycling over b buffers per CPU;
+ *           read: the results.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -245,6 +246,7 @@ out:
 struct bench_ctx {
 	struct device *dev;
 	size_t size;
+	unsigned int nbufs;
 	unsigned long iters;
 	enum dma_data_direction dir;
 	atomic_t ready;
@@ -260,16 +262,23 @@ static int bench_thread(void *arg)
 {
 	struct bench_ctx *c = arg;
 	unsigned long i;
-	void *buf;
+	unsigned int b, nb = 0;
+	void **buf;
 	u64 t0;
 
-	buf = kmalloc(c->size, GFP_KERNEL);
+	buf = kcalloc(c->nbufs, sizeof(*buf), GFP_KERNEL);
+	for (b = 0; buf && b < c->nbufs; b++, nb++) {
+		buf[b] = kmalloc(c->size, GFP_KERNEL);
+		if (!buf[b])
+			break;
+	}
 	atomic_inc(&c->ready);
 	/* sleep, not spin: the starter needs a CPU to say go */
 	wait_var_event(&c->go, atomic_read(&c->go));
 	t0 = ktime_get_ns();
-	for (i = 0; buf && i < c->iters; i++) {
-		dma_addr_t d = dma_map_single(c->dev, buf, c->size, c->dir);
+	for (i = 0; nb == c->nbufs && i < c->iters; i++) {
+		void *p = buf[i % nb];
+		dma_addr_t d = dma_map_single(c->dev, p, c->size, c->dir);
 
 		if (dma_mapping_error(c->dev, d))
 			atomic64_inc(&c->errors);
@@ -278,9 +287,11 @@ static int bench_thread(void *arg)
 		if ((i & 63) == 63)
 			cond_resched();
 	}
-	if (!buf)
+	if (nb != c->nbufs)
 		atomic64_add(c->iters, &c->errors);
 	c->ns[smp_processor_id()] = ktime_get_ns() - t0;
+	for (b = 0; b < nb; b++)
+		kfree(buf[b]);
 	kfree(buf);
 	if (atomic_dec_and_test(&c->left))
 		complete(&c->done);
@@ -290,7 +301,7 @@ static int bench_thread(void *arg)
 }
 
 static void edu_bench(struct vvi_edu *e, size_t size, unsigned long iters,
-		      enum dma_data_direction dir)
+		      unsigned int nbufs, enum dma_data_direction dir)
 {
 	struct task_struct **tasks;
 	struct bench_ctx *c;
@@ -306,6 +317,7 @@ static void edu_bench(struct vvi_edu *e, size_t size, unsigned long iters,
 	c->dev = &e->pdev->dev;
 	c->size = size;
 	c->iters = iters;
+	c->nbufs = nbufs;
 	c->dir = dir;
 	init_completion(&c->done);
 
@@ -341,8 +353,8 @@ static void edu_bench(struct vvi_edu *e, size_t size, unsigned long iters,
 
 	ops = (u64)n * iters;
 	snprintf(e->result, sizeof(e->result),
-		 "cpus=%u\nsize=%zu\niters=%lu\nops=%llu\nerrors=%lld\nwall_ns=%llu\nops_per_sec=%llu\nns_per_op_per_cpu=%llu\n",
-		 n, size, iters, ops, atomic64_read(&c->errors), wall,
+		 "cpus=%u\nsize=%zu\nbufs=%u\niters=%lu\nops=%llu\nerrors=%lld\nwall_ns=%llu\nops_per_sec=%llu\nns_per_op_per_cpu=%llu\n",
+		 n, size, nbufs, iters, ops, atomic64_read(&c->errors), wall,
 		 wall ? div64_u64(ops * NSEC_PER_SEC, wall) : 0,
 		 ops ? div64_u64(sumns, ops) : 0);
 out:
@@ -384,7 +396,7 @@ static ssize_t edu_bench_write(struct file *f, const char __user *ubuf,
 	struct vvi_edu *e = f->private_data;
 	enum dma_data_direction dir = DMA_TO_DEVICE;
 	unsigned long iters = 10000;
-	unsigned long size = 4096;
+	unsigned long size = 4096, nbufs = 1;
 	char kbuf[128], *p, *tok;
 
 	if (len >= sizeof(kbuf))
@@ -402,6 +414,9 @@ static ssize_t edu_bench_write(struct file *f, const char __user *ubuf,
 		} else if (!strncmp(tok, "iters=", 6)) {
 			if (kstrtoul(tok + 6, 0, &iters))
 				return -EINVAL;
+		} else if (!strncmp(tok, "bufs=", 5)) {
+			if (kstrtoul(tok + 5, 0, &nbufs))
+				return -EINVAL;
 		} else if (!strcmp(tok, "dir=to")) {
 			dir = DMA_TO_DEVICE;
 		} else if (!strcmp(tok, "dir=from")) {
@@ -412,10 +427,10 @@ static ssize_t edu_bench_write(struct file *f, const char __user *ubuf,
 			return -EINVAL;
 		}
 	}
-	if (!size || size > SZ_1M || !iters)
+	if (!size || size > SZ_1M || !iters || !nbufs || nbufs > 4096)
 		return -EINVAL;
 	mutex_lock(&e->lock);
-	edu_bench(e, size, iters, dir);
+	edu_bench(e, size, iters, nbufs, dir);
 	mutex_unlock(&e->lock);
 	return len;
 }

@@ -22,6 +22,7 @@ policies="identity kmalloc magazine global persistent passthrough"
 invals="strict lazy-global lazy-percpu"
 iters=5000
 reps=3
+bufs_list="1 256"
 for arg in $(cat /proc/cmdline); do
 	case "$arg" in
 	vvi_mode=*) mode="${arg#vvi_mode=}" ;;
@@ -31,6 +32,7 @@ for arg in $(cat /proc/cmdline); do
 	vvi_invals=*) invals="$(echo "${arg#vvi_invals=}" | tr , ' ')" ;;
 	vvi_iters=*) iters="${arg#vvi_iters=}" ;;
 	vvi_reps=*) reps="${arg#vvi_reps=}" ;;
+	vvi_bufs=*) bufs_list="$(echo "${arg#vvi_bufs=}" | tr , ' ')" ;;
 	esac
 done
 
@@ -217,7 +219,7 @@ bench_one() {
 	b=$D/vvi_edu/bench
 	i=0
 	while [ $i -lt "$reps" ]; do
-		echo "size=4096 iters=$iters dir=to" > $b
+		echo "size=4096 iters=$iters bufs=$nbufs dir=to" > $b
 		all="$all $(kv $b ops_per_sec)"
 		errs=$((errs + $(kv $b errors)))
 		i=$((i + 1))
@@ -233,22 +235,24 @@ bench_one() {
 	maps=$((m1 - m0))
 	rpd_x1000=0
 	[ "$maps" -gt 0 ] && rpd_x1000=$((reqs * 1000 / maps))
-	echo "VVI-BENCH $label cpus=$(kv $b cpus) ops_per_run=$(kv $b ops) errors=$errs median_ops_per_sec=$med runs_ops_per_sec=$(echo $all | tr ' ' ,) maps=$maps requests=$reqs req_per_dma_x1000=$rpd_x1000 fallbacks=$(kv "$stats" fallbacks) alloc_fast=$(kv "$stats" alloc_fast) alloc_depot=$(kv "$stats" alloc_depot) alloc_slow=$(kv "$stats" alloc_slow) kicks=$(kv "$stats" kicks) flushes=$(kv "$stats" flushes) mean_flush_x100=$(kv "$stats" mean_flush_x100)"
+	echo "VVI-BENCH $label bufs=$nbufs cpus=$(kv $b cpus) ops_per_run=$(kv $b ops) errors=$errs median_ops_per_sec=$med runs_ops_per_sec=$(echo $all | tr ' ' ,) maps=$maps requests=$reqs req_per_dma_x1000=$rpd_x1000 fallbacks=$(kv "$stats" fallbacks) alloc_fast=$(kv "$stats" alloc_fast) alloc_depot=$(kv "$stats" alloc_depot) alloc_slow=$(kv "$stats" alloc_slow) kicks=$(kv "$stats" kicks) flushes=$(kv "$stats" flushes) mean_flush_x100=$(kv "$stats" mean_flush_x100)"
 }
 
 bench() {
-	# no vIOMMU driver at all: edu uses the direct DMA ops
-	insmod $M/vvi_edu.ko
-	bench_one "policy=none inval=none" ""
-	rmmod vvi_edu
-	for inv in $invals; do
-		for pol in $policies; do
-			insmod $M/vviommu.ko policy="$pol" invalidation="$inv" || {
-				echo "VVI-BENCH policy=$pol inval=$inv error=insmod"; continue; }
-			insmod $M/vvi_edu.ko
-			bench_one "policy=$pol inval=$inv" $D/vviommu/$EDU/stats
-			rmmod vvi_edu
-			rmmod vviommu
+	for nbufs in $bufs_list; do
+		# no vIOMMU driver at all: edu uses the direct DMA ops
+		insmod $M/vvi_edu.ko
+		bench_one "policy=none inval=none" ""
+		rmmod vvi_edu
+		for inv in $invals; do
+			for pol in $policies; do
+				insmod $M/vviommu.ko policy="$pol" invalidation="$inv" || {
+					echo "VVI-BENCH policy=$pol inval=$inv error=insmod"; continue; }
+				insmod $M/vvi_edu.ko
+				bench_one "policy=$pol inval=$inv" $D/vviommu/$EDU/stats
+				rmmod vvi_edu
+				rmmod vviommu
+			done
 		done
 	done
 }
@@ -268,10 +272,13 @@ bench)
 	;;
 linuxref)
 	# the kernel's own virtio-iommu driver (trixie) as the reference
-	t=$(cat /sys/bus/pci/devices/$EDU/iommu_group/type 2>/dev/null || echo none)
-	echo "VVI-INFO edu_iommu_group_type=$t cmdline=$(cat /proc/cmdline | tr ' ' ,)"
 	insmod $M/vvi_edu.ko
-	bench_one "policy=linux-$t inval=linux" ""
+	t=$(cat /sys/bus/pci/devices/$EDU/iommu_group/type 2>/dev/null || echo none)
+	echo "VVI-INFO edu_iommu_group_type=$t groups=$(ls /sys/kernel/iommu_groups | tr '\n' ,) cmdline=$(tr ' ' , < /proc/cmdline)"
+	dmesg | grep -iE "iommu|viot" | tail -n 5
+	for nbufs in $bufs_list; do
+		bench_one "policy=linux-$t inval=linux" ""
+	done
 	rmmod vvi_edu
 	;;
 plain)

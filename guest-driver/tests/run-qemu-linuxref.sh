@@ -17,6 +17,7 @@
 
 set -eu
 MODE=${1:-lazy}
+[ $# -gt 0 ] && shift
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 BUILD=${DMAVISOR_BUILD_DIR:-$REPO/build}
