@@ -297,7 +297,11 @@ fn check_invalidated(log: &Log, removed: &mut Vec<(u64, u64)>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, .. ProptestConfig::default() })]
+    // 300 cases by default; PROPTEST_CASES=N for a longer run.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn scalable_agrees_with_model(ops in proptest::collection::vec(op(), 1..60)) {
