@@ -255,14 +255,19 @@ static struct vvi_ep *vvi_find_ep(struct vvi_dev *vd, struct pci_dev *pdev)
 	return NULL;
 }
 
+/* endpoints are only freed after the virtqueues are gone */
 static struct vvi_ep *vvi_find_ep_id(struct vvi_dev *vd, u32 id)
 {
-	struct vvi_ep *ep;
+	struct vvi_ep *ep, *found = NULL;
 
-	list_for_each_entry(ep, &vd->eps, node)
-		if (ep->id == id)
-			return ep;
-	return NULL;
+	rcu_read_lock();
+	list_for_each_entry_rcu(ep, &vd->eps, node)
+		if (ep->id == id) {
+			found = ep;
+			break;
+		}
+	rcu_read_unlock();
+	return found;
 }
 
 /* vd->lock held */
@@ -288,7 +293,7 @@ static struct vvi_ep *vvi_add_ep(struct vvi_dev *vd, struct pci_dev *pdev)
 	hash_init(ep->pm_key);
 	hash_init(ep->pm_iova);
 	INIT_LIST_HEAD(&ep->pm_lru);
-	list_add_tail(&ep->node, &vd->eps);
+	list_add_tail_rcu(&ep->node, &vd->eps);
 
 	if (vvi_probe_ep(ep))
 		dev_dbg(&pdev->dev, "vviommu: PROBE failed\n");
@@ -521,9 +526,6 @@ static void vvi_event_cb(struct virtqueue *vq)
 			u32 epid = le32_to_cpu(f->endpoint);
 
 			atomic64_inc(&vd->faults);
-			/* the list only changes under vd->lock with the
-			 * endpoint kept until the device is removed
-			 */
 			ep = vvi_find_ep_id(vd, epid);
 			if (ep)
 				atomic64_inc(&ep->faults);

@@ -151,6 +151,11 @@ one_config() {
 	fi
 	insmod $M/virtio_net.ko || modprobe virtio_net
 	sleep 1
+	[ -n "$devline" ] || {
+		devline=$(dmesg | grep -o "virtio-iommu: pages.*" | head -n1)
+		echo "VVI-INFO $devline"
+		dmesg | grep -E "VIOT|reserved IOVA|translated" | sed 's/^/VVI-INFO /'
+	}
 	f0=$(faults)
 	net=$(net_test)
 	f1=$(faults)
@@ -177,6 +182,8 @@ one_config() {
 
 	unload_all
 	if [ -d /sys/module/vviommu ]; then unload=fail; else unload=ok; fi
+	# kernel complaints from the driver (dmesg keeps warnings the console hides)
+	kwarn=$(dmesg | grep -cE "still live|still in use|WARNING|BUG|not pending|unknown IOVA|UNMAP failed|cannot take over")
 
 	# expectations
 	st=PASS
@@ -189,6 +196,7 @@ one_config() {
 	[ "$cohok" = 1 ] || { st=FAIL; why="$why,edu-coherent"; }
 	[ "$busy" = yes ] || { st=FAIL; why="$why,rmmod-not-refused"; }
 	[ "$unload" = ok ] || { st=FAIL; why="$why,unload"; }
+	[ "$kwarn" = 0 ] || { st=FAIL; why="$why,kernel-warnings"; }
 	[ "${netmaps:-0}" -gt 0 ] || { st=FAIL; why="$why,no-maps"; }
 	# protection: persistent and passthrough keep mappings by design
 	expect_block=0
@@ -201,7 +209,7 @@ one_config() {
 		[ "$faultlog" -gt 0 ] || { st=FAIL; why="$why,no-fault-log"; }
 	fi
 	[ "$f0" = "$f1" ] || { st=FAIL; why="$why,faults-during-net"; }
-	echo "VVI-RESULT policy=$pol inval=$inv status=$st net=$net edu_dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok after_unmap_blocked=$blocked expect_blocked=$expect_block edu_faults=$edufaults fault_log=$faultlog net_maps=$netmaps net_requests=$netreqs unmapped_iova=$uiova rmmod_busy=$busy unload=$unload why=${why#,}"
+	echo "VVI-RESULT policy=$pol inval=$inv status=$st net=$net edu_dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok after_unmap_blocked=$blocked expect_blocked=$expect_block edu_faults=$edufaults fault_log=$faultlog net_maps=$netmaps net_requests=$netreqs unmapped_iova=$uiova rmmod_busy=$busy unload=$unload kwarn=$kwarn why=${why#,}"
 }
 
 # one benchmark configuration: $reps runs, median ops/s, request deltas

@@ -120,6 +120,7 @@ fn check_config(policy: &str) {
         assert_eq!(f["coherent_ok"], "1", "edu DMA into coherent memory, {ctx}");
         assert_eq!(f["rmmod_busy"], "yes", "rmmod refused while owned, {ctx}");
         assert_eq!(f["unload"], "ok", "module unload after use, {ctx}");
+        assert_eq!(f["kwarn"], "0", "driver warnings in dmesg, {ctx}");
         let maps: u64 = f["net_maps"].parse().expect("net_maps");
         assert!(maps > 0, "virtio-net DMA went through vviommu, {ctx}");
         // Strict invalidation must block a DMA after unmap, except for the
