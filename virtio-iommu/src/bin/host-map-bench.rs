@@ -537,6 +537,14 @@ fn main() {
             r.best.invalidations
         );
     }
+    println!(
+        "(best of {} runs of {} ms; ns/op = wall-clock per working thread; cpu_ns/op = on-CPU \
+         time per op from schedstat, which excludes waiting for a core and sleeping on a lock; \
+         map_unmap and producer_consumer ops are one map + one unmap, translate_under_churn \
+         ops are translations by one thread while threads-1 others churn)",
+        o.runs,
+        o.duration.as_millis()
+    );
     let find = |k: SpaceImpl, wl: &str, t: usize| {
         rows.iter()
             .find(|r| r.kind == k && r.workload == wl && r.threads == t)
