@@ -13,6 +13,8 @@
 //! - `translate_under_churn`: one thread translates addresses of a stable
 //!   set of mappings (emulated-device DMA) while the others run `map_unmap`;
 //!   one op = one translation.
+//! - `map_1g`: the passthrough policy's single 1 GiB MAP (2 MiB entries)
+//!   and its UNMAP, one thread; one op = the pair.
 //!
 //! Output: one JSON object per line, then a human-readable table. Every
 //! figure is the best of `--runs` runs (the host is shared, so the best run
@@ -384,10 +386,47 @@ fn translate_under_churn(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
     }
 }
 
+/// The passthrough policy's request: map 1 GiB of guest RAM in one MAP
+/// (2 MiB-aligned, so the scalable table uses 512 2 MiB entries), then
+/// unmap it. One op = that MAP + UNMAP pair. Single thread.
+fn map_1g(kind: SpaceImpl, _threads: usize, o: &Opts) -> Sample {
+    let (depot, space, consumer) = setup(kind, o.cost_ns);
+    let table_bytes = AtomicU64::new(0);
+    let (ops, secs, cpu_ns) = harness(1, o.duration, |_, stop| {
+        let mut w = Worker::new(&depot);
+        let cons: Vec<Arc<dyn Invalidator>> = vec![consumer.clone()];
+        let (iova, gpa, len) = (1u64 << 30, 1u64 << 32, 1u64 << 30);
+        let mut ops = 0;
+        while !stop.load(Ordering::Relaxed) {
+            if space
+                .map(&mut w, iova, iova + len - 1, gpa, Perm::RW)
+                .is_err()
+            {
+                eprintln!("1 GiB map failed");
+                break;
+            }
+            if ops == 0 {
+                table_bytes.store(space.stats().table_bytes, Ordering::Relaxed);
+            }
+            let _ = space.unmap(&mut w, iova, iova + len - 1);
+            w.flush(&cons);
+            ops += 1;
+        }
+        (ops, true)
+    });
+    Sample {
+        ops,
+        secs,
+        cpu_ns,
+        table_bytes: table_bytes.load(Ordering::Relaxed),
+        invalidations: consumer.calls.load(Ordering::Relaxed),
+    }
+}
+
 fn usage() -> ! {
     eprintln!(
         "usage: host-map-bench [--duration-ms N] [--runs N] [--kick N] [--threads 1,2,..] \
-         [--impl baseline,scalable] [--workload map_unmap,producer_consumer,translate_under_churn] \
+         [--impl baseline,scalable] [--workload map_unmap,producer_consumer,translate_under_churn,map_1g] \
          [--consumer-cost-ns N]"
     );
     std::process::exit(2)
@@ -411,6 +450,7 @@ fn parse() -> Opts {
             "map_unmap".into(),
             "producer_consumer".into(),
             "translate_under_churn".into(),
+            "map_1g".into(),
         ],
         cost_ns: 0,
     };
@@ -450,7 +490,7 @@ fn main() {
     let mut rows: Vec<Row> = Vec::new();
     for wl in &o.workloads {
         for &threads in &o.threads {
-            if wl == "producer_consumer" && threads < 2 {
+            if (wl == "producer_consumer" && threads < 2) || (wl == "map_1g" && threads != 1) {
                 continue;
             }
             for &kind in &o.impls {
@@ -460,6 +500,7 @@ fn main() {
                         "map_unmap" => map_unmap(kind, threads, &o),
                         "producer_consumer" => producer_consumer(kind, threads, &o),
                         "translate_under_churn" => translate_under_churn(kind, threads, &o),
+                        "map_1g" => map_1g(kind, threads, &o),
                         _ => usage(),
                     };
                     if s.ops_per_sec() > best.ops_per_sec() {
