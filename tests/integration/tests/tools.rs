@@ -1,0 +1,119 @@
+//! The test tooling itself: guest images, initramfs builder and the KVM
+//! runner. If these break, every guest test fails in confusing ways, so they
+//! get direct checks of their documented behaviour.
+
+use std::process::Command;
+use std::time::Duration;
+
+use integration_tests::images::{build_initramfs, ensure_images, InitramfsSpec};
+use integration_tests::paths::{guest_script, resource, scratch_dir};
+use integration_tests::runner::{run_capture, run_script_in_kvm, EXIT_TIMEOUT};
+
+/// Reads one file out of a gzip'd cpio.
+fn cpio_file(image: &std::path::Path, name: &str) -> Vec<u8> {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "zcat '{}' | cpio -i --quiet --to-stdout '{}'",
+            image.display(),
+            name
+        ))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cpio extraction of {name} failed");
+    out.stdout
+}
+
+#[test]
+fn initramfs_loads_dependencies_first_and_decompressed() {
+    // trixie ships .ko.xz; virtio_net needs net_failover which needs failover.
+    let mut spec = InitramfsSpec::new("trixie", guest_script("boot-info.sh"));
+    spec.modules = vec!["virtio_net".into()];
+    let image = build_initramfs(&spec).unwrap();
+    let order = String::from_utf8(cpio_file(&image, "etc/modules.order")).unwrap();
+    let names: Vec<&str> = order
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let pos = |n: &str| {
+        names
+            .iter()
+            .position(|x| *x == n)
+            .unwrap_or_else(|| panic!("{n} missing from {names:?}"))
+    };
+    assert!(pos("failover") < pos("net_failover"), "{names:?}");
+    assert!(pos("net_failover") < pos("virtio_net"), "{names:?}");
+    let ko = cpio_file(&image, "lib/modules/virtio_net.ko");
+    assert_eq!(&ko[..4], b"\x7fELF", "module not stored decompressed");
+    // Same inputs -> same cached image.
+    assert_eq!(build_initramfs(&spec).unwrap(), image);
+}
+
+#[test]
+fn initramfs_rejects_unknown_module() {
+    let out = Command::new(resource("mkinitramfs"))
+        .args(["--suite", "bookworm", "--modules", "no_such_module_xyz"])
+        .arg("--script")
+        .arg(guest_script("boot-info.sh"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("no_such_module_xyz"), "{err}");
+}
+
+#[test]
+fn extracted_vmlinux_is_elf_with_pvh_entry() {
+    for suite in ["bookworm", "trixie"] {
+        let img = ensure_images(suite).unwrap();
+        let vmlinux = img.vmlinux.expect("vmlinux extracted");
+        let out = Command::new("readelf")
+            .arg("-n")
+            .arg(&vmlinux)
+            .output()
+            .unwrap();
+        let notes = String::from_utf8_lossy(&out.stdout);
+        // XEN_ELFNOTE_PHYS32_ENTRY (18) is what PVH boot jumps to.
+        assert!(
+            notes.contains("(0x00000012)") || notes.contains("PHYS32_ENTRY"),
+            "{suite}: no PVH entry note in {}",
+            vmlinux.display()
+        );
+    }
+}
+
+#[test]
+fn runner_direct_mode_times_out_with_124() {
+    let mut cmd = Command::new(resource("run-kvm"));
+    cmd.env("DMAVISOR_RUNNER", "direct")
+        .args(["--timeout", "1", "--", "sleep", "30"]);
+    let out = run_capture(&mut cmd).unwrap();
+    assert_eq!(out.status, Some(EXIT_TIMEOUT), "{}", out.describe());
+    assert!(out.elapsed < Duration::from_secs(20));
+}
+
+#[test]
+fn runner_streams_output_status_and_results_with_kvm() {
+    let marker = scratch_dir().join(format!("runner-selftest-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
+    let script = format!(
+        "test -c /dev/kvm || {{ echo no-kvm >&2; exit 2; }}\n\
+         echo out-line \"$(pwd)\"\n\
+         echo err-line >&2\n\
+         echo written > '{}'\n\
+         exit 7\n",
+        marker.display()
+    );
+    let out = run_script_in_kvm("selftest", &script, Duration::from_secs(600), None).unwrap();
+    assert_eq!(out.status, Some(7), "{}", out.describe());
+    let cwd = std::env::current_dir().unwrap();
+    assert_eq!(
+        out.stdout,
+        format!("out-line {}\n", cwd.display()),
+        "{}",
+        out.describe()
+    );
+    assert!(out.stderr.contains("err-line"), "{}", out.describe());
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "written\n");
+    let _ = std::fs::remove_file(&marker);
+}
