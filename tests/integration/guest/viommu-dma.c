@@ -1,0 +1,293 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+/*
+ * viommu-dma: drives the edu-compatible DMA test device (1234:11e8) from
+ * guest userspace, so the vIOMMU can be tested with the guest's in-tree
+ * virtio-iommu driver and no out-of-tree module (a module would have to be
+ * built for the exact guest kernel).
+ *
+ *   viommu-dma vfio BDF GROUP
+ *       The device is bound to vfio-pci. Through a VFIO type1 container the
+ *       guest kernel's IOMMU driver maps a buffer of ours at a chosen IOVA
+ *       (VFIO_IOMMU_MAP_DMA becomes virtio-iommu MAP requests). Then:
+ *       1. DMA RAM->device and device->RAM through the mapped IOVA: must
+ *          move the data;
+ *       2. VFIO_IOMMU_UNMAP_DMA, then device->RAM to the same IOVA: must be
+ *          blocked and our buffer (still our memory) must be unchanged;
+ *       3. device->RAM to an IOVA that was never mapped: must be blocked.
+ *   viommu-dma phys BDF
+ *       No IOMMU driver: the device's BAR is mapped through sysfs and the
+ *       DMA targets the guest-physical address of a locked buffer (read
+ *       from /proc/self/pagemap). Reports whether the DMA went through.
+ *
+ * Output: lines "VDMA key=value" for the test to parse.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <linux/vfio.h>
+
+#define REG_ID		0x00
+#define REG_DMA_SRC	0x80
+#define REG_DMA_DST	0x88
+#define REG_DMA_CNT	0x90
+#define REG_DMA_CMD	0x98
+#define REG_DMA_ERROR	0xa0	/* dmavisor only: 0 ok, 1 IOMMU fault */
+#define REG_DMA_BYTES	0xa8	/* dmavisor only */
+#define REG_DMA_FAULTS	0xb0	/* dmavisor only */
+#define CMD_RUN		1
+#define CMD_TO_RAM	2
+#define DEV_BUF		0x40000
+#define PAGE		4096
+#define BAR_SIZE	(1 << 20)
+#define MAPPED_IOVA	0x10000000ULL
+#define NEVER_IOVA	0x20000000ULL
+
+static volatile uint8_t *bar;
+
+static uint64_t rd64(unsigned off)
+{
+	return *(volatile uint64_t *)(bar + off);
+}
+
+static uint32_t rd32(unsigned off)
+{
+	return *(volatile uint32_t *)(bar + off);
+}
+
+static void wr64(unsigned off, uint64_t v)
+{
+	*(volatile uint64_t *)(bar + off) = v;
+}
+
+static void die(const char *what)
+{
+	printf("VDMA error=%s errno=%d (%s)\n", what, errno, strerror(errno));
+	exit(1);
+}
+
+/* One transfer; returns the device's error register (-1 on time-out). */
+static long dma(uint64_t src, uint64_t dst, uint64_t cnt, int to_ram)
+{
+	int i;
+
+	wr64(REG_DMA_SRC, src);
+	wr64(REG_DMA_DST, dst);
+	wr64(REG_DMA_CNT, cnt);
+	wr64(REG_DMA_CMD, CMD_RUN | (to_ram ? CMD_TO_RAM : 0));
+	for (i = 0; i < 100000; i++) {
+		if (!(rd64(REG_DMA_CMD) & CMD_RUN))
+			return (long)rd64(REG_DMA_ERROR);
+		usleep(100);
+	}
+	return -1;
+}
+
+static void pattern(uint8_t *p, size_t n, uint8_t seed)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		p[i] = (uint8_t)(i * 7 + seed);
+}
+
+static size_t count_not(const uint8_t *p, size_t n, uint8_t v)
+{
+	size_t i, c = 0;
+
+	for (i = 0; i < n; i++)
+		c += p[i] != v;
+	return c;
+}
+
+static uint8_t *page_buf(void)
+{
+	uint8_t *p = mmap(NULL, PAGE, PROT_READ | PROT_WRITE,
+			  MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+
+	if (p == MAP_FAILED)
+		die("mmap_buffer");
+	if (mlock(p, PAGE))
+		die("mlock");
+	memset(p, 0, PAGE);
+	return p;
+}
+
+/*
+ * The round trip every mode starts with: pattern RAM->device from `src`,
+ * then device->RAM into `dst`; prints ok=1 if `dst_buf` got the pattern.
+ */
+static void round_trip(const char *name, uint8_t *src_buf, uint64_t src,
+		       uint8_t *dst_buf, uint64_t dst)
+{
+	static uint8_t expect[PAGE];
+	long e1, e2;
+	size_t diff = 0;
+
+	pattern(expect, PAGE, 0x3c);
+	memcpy(src_buf, expect, PAGE);
+	e1 = dma(src, DEV_BUF, PAGE, 0);
+	memset(dst_buf, 0, PAGE);
+	e2 = dma(DEV_BUF, dst, PAGE, 1);
+	for (size_t i = 0; i < PAGE; i++)
+		diff += dst_buf[i] != expect[i];
+	printf("VDMA %s_to_dev_err=%ld %s_to_ram_err=%ld %s_diff=%zu %s_ok=%d\n",
+	       name, e1, name, e2, name, diff, name,
+	       e1 == 0 && e2 == 0 && diff == 0);
+}
+
+static void counters(void)
+{
+	printf("VDMA bytes=%llu faults=%llu\n",
+	       (unsigned long long)rd64(REG_DMA_BYTES),
+	       (unsigned long long)rd64(REG_DMA_FAULTS));
+}
+
+static int run_vfio(const char *bdf, const char *group_no)
+{
+	struct vfio_group_status gs = { .argsz = sizeof(gs) };
+	struct vfio_region_info bar0 = { .argsz = sizeof(bar0),
+		.index = VFIO_PCI_BAR0_REGION_INDEX };
+	struct vfio_region_info cfg = { .argsz = sizeof(cfg),
+		.index = VFIO_PCI_CONFIG_REGION_INDEX };
+	struct vfio_iommu_type1_dma_map map = { .argsz = sizeof(map) };
+	struct vfio_iommu_type1_dma_unmap unmap = { .argsz = sizeof(unmap) };
+	char path[64];
+	int container, group, dev;
+	uint16_t cmd;
+	uint8_t *a, *b;
+	long e;
+
+	container = open("/dev/vfio/vfio", O_RDWR);
+	if (container < 0)
+		die("open_container");
+	if (ioctl(container, VFIO_GET_API_VERSION) != VFIO_API_VERSION)
+		die("api_version");
+	if (!ioctl(container, VFIO_CHECK_EXTENSION, VFIO_TYPE1v2_IOMMU))
+		die("no_type1v2");
+	snprintf(path, sizeof(path), "/dev/vfio/%s", group_no);
+	group = open(path, O_RDWR);
+	if (group < 0)
+		die("open_group");
+	if (ioctl(group, VFIO_GROUP_GET_STATUS, &gs) ||
+	    !(gs.flags & VFIO_GROUP_FLAGS_VIABLE))
+		die("group_not_viable");
+	if (ioctl(group, VFIO_GROUP_SET_CONTAINER, &container))
+		die("set_container");
+	if (ioctl(container, VFIO_SET_IOMMU, VFIO_TYPE1v2_IOMMU))
+		die("set_iommu");
+	dev = ioctl(group, VFIO_GROUP_GET_DEVICE_FD, bdf);
+	if (dev < 0)
+		die("get_device_fd");
+	if (ioctl(dev, VFIO_DEVICE_GET_REGION_INFO, &bar0) ||
+	    ioctl(dev, VFIO_DEVICE_GET_REGION_INFO, &cfg))
+		die("region_info");
+	bar = mmap(NULL, bar0.size, PROT_READ | PROT_WRITE, MAP_SHARED, dev,
+		   bar0.offset);
+	if (bar == MAP_FAILED)
+		die("mmap_bar");
+	/* memory decoding + bus mastering */
+	if (pread(dev, &cmd, 2, cfg.offset + 4) != 2)
+		die("read_command");
+	cmd |= 0x6;
+	if (pwrite(dev, &cmd, 2, cfg.offset + 4) != 2)
+		die("write_command");
+	printf("VDMA id=%#x\n", rd32(REG_ID));
+
+	a = page_buf();
+	b = page_buf();
+	map.flags = VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE;
+	map.vaddr = (uintptr_t)a;
+	map.iova = MAPPED_IOVA;
+	map.size = PAGE;
+	if (ioctl(container, VFIO_IOMMU_MAP_DMA, &map))
+		die("map_a");
+	map.vaddr = (uintptr_t)b;
+	map.iova = MAPPED_IOVA + PAGE;
+	if (ioctl(container, VFIO_IOMMU_MAP_DMA, &map))
+		die("map_b");
+	round_trip("mapped", a, MAPPED_IOVA, b, MAPPED_IOVA + PAGE);
+
+	/* Unmap b's IOVA; b itself stays our memory. */
+	unmap.iova = MAPPED_IOVA + PAGE;
+	unmap.size = PAGE;
+	if (ioctl(container, VFIO_IOMMU_UNMAP_DMA, &unmap) || unmap.size != PAGE)
+		die("unmap_b");
+	memset(b, 0x5a, PAGE);
+	e = dma(DEV_BUF, MAPPED_IOVA + PAGE, PAGE, 1);
+	printf("VDMA after_unmap_err=%ld after_unmap_changed=%zu\n", e,
+	       count_not(b, PAGE, 0x5a));
+
+	e = dma(DEV_BUF, NEVER_IOVA, PAGE, 1);
+	printf("VDMA never_mapped_err=%ld never_mapped_iova=%#llx\n", e,
+	       NEVER_IOVA);
+	/* The still-mapped IOVA keeps working after the faults. */
+	round_trip("still", a, MAPPED_IOVA, a, MAPPED_IOVA);
+	counters();
+	return 0;
+}
+
+static uint64_t phys_of(void *p)
+{
+	uint64_t ent;
+	int fd = open("/proc/self/pagemap", O_RDONLY);
+
+	if (fd < 0)
+		die("open_pagemap");
+	if (pread(fd, &ent, 8, ((uintptr_t)p / PAGE) * 8) != 8)
+		die("read_pagemap");
+	close(fd);
+	if (!(ent & (1ULL << 63)) || !(ent & ((1ULL << 55) - 1)))
+		die("page_not_present");
+	return (ent & ((1ULL << 55) - 1)) * PAGE;
+}
+
+static int run_phys(const char *bdf)
+{
+	char path[128];
+	uint16_t cmd;
+	uint8_t *a, *b;
+	int fd;
+
+	snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s/config", bdf);
+	fd = open(path, O_RDWR);
+	if (fd < 0 || pread(fd, &cmd, 2, 4) != 2)
+		die("config");
+	cmd |= 0x6;
+	if (pwrite(fd, &cmd, 2, 4) != 2)
+		die("write_command");
+	close(fd);
+	snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s/resource0", bdf);
+	fd = open(path, O_RDWR | O_SYNC);
+	if (fd < 0)
+		die("open_resource0");
+	bar = mmap(NULL, BAR_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (bar == MAP_FAILED)
+		die("mmap_resource0");
+	printf("VDMA id=%#x\n", rd32(REG_ID));
+	a = page_buf();
+	b = page_buf();
+	round_trip("phys", a, phys_of(a), b, phys_of(b));
+	memset(b, 0x5a, PAGE);
+	printf("VDMA phys_write_err=%ld", dma(DEV_BUF, phys_of(b), PAGE, 1));
+	printf(" phys_write_changed=%zu\n", count_not(b, PAGE, 0x5a));
+	counters();
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IONBF, 0);
+	if (argc == 4 && !strcmp(argv[1], "vfio"))
+		return run_vfio(argv[2], argv[3]);
+	if (argc == 3 && !strcmp(argv[1], "phys"))
+		return run_phys(argv[2]);
+	fprintf(stderr, "usage: %s vfio BDF GROUP | phys BDF\n", argv[0]);
+	return 2;
+}
