@@ -194,12 +194,26 @@ struct vvi_range {
 	u32 ep_start;
 };
 
+/*
+ * Project feature (docs/multiqueue.md): num_request_queues request queues
+ * at indexes 0..N-1, the event queue at N; config field at offset 40.
+ */
+#define VVI_F_MULTIQUEUE	23
+#define VVI_CFG_NUM_RQ		40
+#define VVI_MAX_RQ		64
+
+struct vvi_rq {
+	struct virtqueue *vq;
+	spinlock_t lock;	/* add/get on this queue only */
+	char name[16];
+} ____cacheline_aligned_in_smp;
+
 struct vvi_dev {
 	struct virtio_device *vdev;
 	struct pci_dev *self;
-	struct virtqueue *reqvq;
+	struct vvi_rq *rqs;	/* request queues, CPU c uses c % nrq */
+	unsigned int nrq;
 	struct virtqueue *evtvq;
-	spinlock_t reqlock;	/* request queue add/get only */
 	struct mutex lock;	/* endpoint list, claim and release */
 	struct list_head eps;
 	struct vvi_range ranges[VVI_MAX_RANGES];

@@ -4,7 +4,8 @@
  * invalidation (strict and deferred) and the dma_map_ops of the endpoints.
  *
  * Locking rules:
- *  - vd->reqlock is only held to add buffers to and take buffers from the
+ *  - a request queue's lock is only held to add buffers to and take buffers
+ *    from that queue (CPU c uses queue c % nrq with the multi-queue feature)
  *    request queue; nobody waits for the device while holding it.
  *  - Code that waits for the device runs with local interrupts disabled and
  *    uses this CPU's scratch buffers (struct vvi_pcpu); the only locks it
@@ -99,6 +100,7 @@ static void *vvi_req_buf(struct vvi_req *r)
 int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
 	       struct vvi_ep *ep)
 {
+	struct vvi_rq *rq = &vd->rqs[raw_smp_processor_id() % vd->nrq];
 	struct scatterlist out, in, *sgs[2] = { &out, &in };
 	int next = 0, checked = 0, i, ret = 0;
 	unsigned long flags;
@@ -113,7 +115,7 @@ int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
 		bool kick = false;
 		struct vvi_req *r;
 
-		spin_lock_irqsave(&vd->reqlock, flags);
+		spin_lock_irqsave(&rq->lock, flags);
 		while (next < n) {
 			void *b;
 			int rc;
@@ -122,7 +124,7 @@ int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
 			b = vvi_req_buf(r);
 			sg_init_one(&out, b, r->len - r->in_len);
 			sg_init_one(&in, b + r->len - r->in_len, r->in_len);
-			rc = virtqueue_add_sgs(vd->reqvq, sgs, 1, 1, r,
+			rc = virtqueue_add_sgs(rq->vq, sgs, 1, 1, r,
 					       GFP_ATOMIC);
 			if (rc == -ENOSPC)
 				break;	/* ring full: wait for completions */
@@ -135,15 +137,15 @@ int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
 			next++;
 		}
 		if (kick)
-			kick = virtqueue_kick_prepare(vd->reqvq);
-		while ((r = virtqueue_get_buf(vd->reqvq, &len))) {
+			kick = virtqueue_kick_prepare(rq->vq);
+		while ((r = virtqueue_get_buf(rq->vq, &len))) {
 			/* status visible before done; pairs with acquire below */
 			smp_store_release(&r->done, 1);
 		}
-		spin_unlock_irqrestore(&vd->reqlock, flags);
+		spin_unlock_irqrestore(&rq->lock, flags);
 
 		if (kick) {
-			virtqueue_notify(vd->reqvq);
+			virtqueue_notify(rq->vq);
 			atomic64_inc(&vd->kicks);
 			if (ep)
 				vvi_inc(ep, VVI_ST_KICKS);
@@ -152,7 +154,7 @@ int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
 		while (checked < n && smp_load_acquire(&reqs[checked].done))
 			checked++;
 		if (checked < n) {
-			if (virtqueue_is_broken(vd->reqvq))
+			if (virtqueue_is_broken(rq->vq))
 				return -EIO;
 			cpu_relax();
 		}

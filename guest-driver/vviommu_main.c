@@ -567,6 +567,8 @@ static int vvi_info_show(struct seq_file *s, void *unused)
 	seq_printf(s, "domain_range=%u-%u\nprobe_size=%u\n", vd->dom_start,
 		   vd->dom_end, vd->probe_size);
 	seq_printf(s, "bypass_domain=%s\n", vd->bypass_dom ? "yes" : "no");
+	seq_printf(s, "request_queues=%u\nmultiqueue=%s\n", vd->nrq,
+		   virtio_has_feature(vd->vdev, VVI_F_MULTIQUEUE) ? "yes" : "no");
 	seq_printf(s, "identity_bits=r:%#llx,w:%#llx,fallback:%#llx\n",
 		   vd->rbit, vd->wbit, vd->fb_base);
 	seq_printf(s, "faults=%lld\nkicks=%lld\nrequests=%lld\n",
@@ -610,9 +612,9 @@ static void vvi_free_eps(struct vvi_dev *vd)
 
 static int vvi_virtio_probe(struct virtio_device *vdev)
 {
-	vq_callback_t *cbs[2] = { NULL, vvi_event_cb };
-	const char * const names[2] = { "request", "event" };
-	struct virtqueue *vqs[2];
+	vq_callback_t **cbs = NULL;
+	const char **names = NULL;
+	struct virtqueue **vqs = NULL;
 	struct vvi_dev *vd;
 	struct pci_dev *pdev;
 	struct scatterlist sg;
@@ -639,7 +641,6 @@ static int vvi_virtio_probe(struct virtio_device *vdev)
 	vdev->priv = vd;
 	vd->self = to_pci_dev(vdev->dev.parent);
 	vd->virtio_bus = vdev->dev.bus;
-	spin_lock_init(&vd->reqlock);
 	mutex_init(&vd->lock);
 	INIT_LIST_HEAD(&vd->eps);
 	ida_init(&vd->domain_ida);
@@ -699,12 +700,43 @@ static int vvi_virtio_probe(struct virtio_device *vdev)
 	if (ret)
 		goto err_free;
 
-	ret = virtio_find_vqs(vdev, 2, vqs, cbs, names, NULL);
+	vd->nrq = 1;
+	if (virtio_has_feature(vdev, VVI_F_MULTIQUEUE)) {
+		u16 n = virtio_cread16(vdev, VVI_CFG_NUM_RQ);
+
+		vd->nrq = clamp_t(unsigned int, n, 1,
+				  min_t(unsigned int, nr_cpu_ids, VVI_MAX_RQ));
+	}
+	vd->rqs = kcalloc(vd->nrq, sizeof(*vd->rqs), GFP_KERNEL);
+	vqs = kcalloc(vd->nrq + 1, sizeof(*vqs), GFP_KERNEL);
+	cbs = kcalloc(vd->nrq + 1, sizeof(*cbs), GFP_KERNEL);
+	names = kcalloc(vd->nrq + 1, sizeof(*names), GFP_KERNEL);
+	if (!vd->rqs || !vqs || !cbs || !names) {
+		ret = -ENOMEM;
+		goto err_arrays;
+	}
+	for (i = 0; i < vd->nrq; i++) {
+		snprintf(vd->rqs[i].name, sizeof(vd->rqs[i].name),
+			 "request%d", i);
+		names[i] = vd->rqs[i].name;
+		spin_lock_init(&vd->rqs[i].lock);
+	}
+	names[vd->nrq] = "event";
+	cbs[vd->nrq] = vvi_event_cb;
+	ret = virtio_find_vqs(vdev, vd->nrq + 1, vqs, cbs, names, NULL);
 	if (ret)
-		goto err_free;
-	vd->reqvq = vqs[0];
-	vd->evtvq = vqs[1];
-	virtqueue_disable_cb(vd->reqvq);
+		goto err_arrays;
+	for (i = 0; i < vd->nrq; i++) {
+		vd->rqs[i].vq = vqs[i];
+		virtqueue_disable_cb(vqs[i]);
+	}
+	vd->evtvq = vqs[vd->nrq];
+	kfree(vqs);
+	kfree(cbs);
+	kfree(names);
+	vqs = NULL;
+	cbs = NULL;
+	names = NULL;
 
 	vd->evts = kcalloc(VVI_NR_EVTS, sizeof(*vd->evts), GFP_KERNEL);
 	if (!vd->evts) {
@@ -777,9 +809,10 @@ static int vvi_virtio_probe(struct virtio_device *vdev)
 
 	vvi = vd;
 	dev_info(&vdev->dev,
-		 "virtio-iommu: pages %#llx input %#llx-%#llx domains %u-%u probe %u bypass-domain %s; policy %s invalidation %s\n",
+		 "virtio-iommu: pages %#llx input %#llx-%#llx domains %u-%u probe %u bypass-domain %s request-queues %u; policy %s invalidation %s\n",
 		 vd->pgsize_mask, vd->in_start, vd->in_end, vd->dom_start,
 		 vd->dom_end, vd->probe_size, vd->bypass_dom ? "yes" : "no",
+		 vd->nrq,
 		 vvi_policy_names[vvi_policy_sel],
 		 vvi_inval_names[vvi_inval_sel]);
 	return 0;
@@ -796,6 +829,11 @@ err_vqs:
 	virtio_reset_device(vdev);
 	vdev->config->del_vqs(vdev);
 	kfree(vd->evts);
+err_arrays:
+	kfree(vqs);
+	kfree(cbs);
+	kfree(names);
+	kfree(vd->rqs);
 err_free:
 	ida_destroy(&vd->domain_ida);
 	kfree(vd);
@@ -835,6 +873,7 @@ static void vvi_virtio_remove(struct virtio_device *vdev)
 	debugfs_remove_recursive(vd->dbg);
 	vvi_dbg_root = NULL;
 	kfree(vd->evts);
+	kfree(vd->rqs);
 	ida_destroy(&vd->domain_ida);
 	vvi = NULL;
 	kfree(vd);
@@ -847,6 +886,7 @@ static unsigned int vvi_features[] = {
 	VIRTIO_IOMMU_F_MAP_UNMAP,
 	VIRTIO_IOMMU_F_PROBE,
 	VIRTIO_IOMMU_F_BYPASS_CONFIG,
+	VVI_F_MULTIQUEUE,
 };
 
 static const struct virtio_device_id vvi_id_table[] = {

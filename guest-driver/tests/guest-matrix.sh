@@ -70,6 +70,7 @@ net_up() {
 net_test() {
 	rm -f /tmp/blob
 	net_up || { echo bad-link; return; }
+	t0=$(cut -d' ' -f1 /proc/uptime | tr -d .)
 	i=0
 	while [ $i -lt 3 ]; do
 		if timeout 300 wget -q -O /tmp/blob "http://10.0.2.2:$port/blob"; then
@@ -78,6 +79,8 @@ net_test() {
 		i=$((i + 1))
 		sleep 1
 	done
+	t1=$(cut -d' ' -f1 /proc/uptime | tr -d .)
+	echo $(((t1 - t0) * 10)) > /tmp/net_ms
 	got=$(md5sum /tmp/blob 2>/dev/null | cut -d' ' -f1)
 	rm -f /tmp/blob
 	if [ -n "$md5" ] && [ "$got" = "$md5" ]; then
@@ -158,6 +161,7 @@ one_config() {
 	}
 	f0=$(faults)
 	net=$(net_test)
+	netms=$(cat /tmp/net_ms)
 	f1=$(faults)
 	netst=$D/vviommu/$NET/stats
 	netmaps=$(kv $netst maps)
@@ -209,7 +213,7 @@ one_config() {
 		[ "$faultlog" -gt 0 ] || { st=FAIL; why="$why,no-fault-log"; }
 	fi
 	[ "$f0" = "$f1" ] || { st=FAIL; why="$why,faults-during-net"; }
-	echo "VVI-RESULT policy=$pol inval=$inv status=$st net=$net edu_dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok after_unmap_blocked=$blocked expect_blocked=$expect_block edu_faults=$edufaults fault_log=$faultlog net_maps=$netmaps net_requests=$netreqs unmapped_iova=$uiova rmmod_busy=$busy unload=$unload kwarn=$kwarn why=${why#,}"
+	echo "VVI-RESULT policy=$pol inval=$inv status=$st net=$net net_ms=$netms edu_dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok after_unmap_blocked=$blocked expect_blocked=$expect_block edu_faults=$edufaults fault_log=$faultlog net_maps=$netmaps net_requests=$netreqs unmapped_iova=$uiova rmmod_busy=$busy unload=$unload kwarn=$kwarn why=${why#,}"
 }
 
 # one benchmark configuration: $reps runs, median ops/s, request deltas
@@ -280,6 +284,14 @@ bench)
 	;;
 linuxref)
 	# the kernel's own virtio-iommu driver (trixie) as the reference
+	if [ -n "$NET" ]; then
+		sleep 1
+		n1=$(net_test)
+		m1=$(cat /tmp/net_ms)
+		n2=$(net_test)
+		m2=$(cat /tmp/net_ms)
+		echo "VVI-NET driver=linux net=$n1,$n2 net_ms=$m1,$m2"
+	fi
 	insmod $M/vvi_edu.ko
 	t=$(cat /sys/bus/pci/devices/$EDU/iommu_group/type 2>/dev/null || echo none)
 	echo "VVI-INFO edu_iommu_group_type=$t groups=$(ls /sys/kernel/iommu_groups | tr '\n' ,) cmdline=$(tr ' ' , < /proc/cmdline)"
@@ -293,8 +305,29 @@ plain)
 	# reference: the same network transfer without any vIOMMU driver
 	insmod $M/virtio_net.ko
 	sleep 1
-	echo "VVI-RESULT plain net=$(net_test)"
-	dmesg | tail -n 20
+	n1=$(net_test)
+	m1=$(cat /tmp/net_ms)
+	n2=$(net_test)
+	m2=$(cat /tmp/net_ms)
+	echo "VVI-NET driver=none net=$n1,$n2 net_ms=$m1,$m2"
+	;;
+nettime)
+	# virtio-net transfer time per policy (lazy-percpu and strict)
+	for inv in $invals; do
+		for pol in $policies; do
+			insmod $M/vviommu.ko policy="$pol" invalidation="$inv" || continue
+			insmod $M/virtio_net.ko
+			sleep 1
+			n1=$(net_test)
+			m1=$(cat /tmp/net_ms)
+			n2=$(net_test)
+			m2=$(cat /tmp/net_ms)
+			echo "VVI-NET driver=vviommu policy=$pol inval=$inv net=$n1,$n2 net_ms=$m1,$m2"
+			ip link set eth0 down
+			rmmod virtio_net
+			rmmod vviommu
+		done
+	done
 	;;
 esac
 echo "VVI-DONE"

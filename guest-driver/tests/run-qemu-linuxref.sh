@@ -50,18 +50,30 @@ off) ARGS=iommu.passthrough=1 ;;
 *) echo "mode: lazy|strict|off" >&2; exit 2 ;;
 esac
 
-"$REPO/resources/mkinitramfs" --suite trixie --modules "virtio_iommu" \
+"$REPO/resources/mkinitramfs" --suite trixie \
+	--modules "virtio_iommu failover net_failover virtio_net" \
 	--file "$OUT/vvi_edu.ko:/opt/vvi/vvi_edu.ko" \
 	--script "$HERE/guest-matrix.sh" --script-timeout "$TIMEOUT" \
 	-o "$OUT/linuxref.cpio.gz" >&2
+
+mkdir -p "$OUT/www"
+head -c 1572864 /dev/urandom > "$OUT/www/blob"
+MD5=$(md5sum "$OUT/www/blob" | cut -d' ' -f1)
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+python3 -m http.server --bind 127.0.0.1 --directory "$OUT/www" "$PORT" \
+	>"$OUT/http.log" 2>&1 &
+HTTP_PID=$!
+trap 'kill $HTTP_PID 2>/dev/null' EXIT INT TERM
 
 TRACE=$OUT/trace-$MODE.log
 rm -f "$TRACE"
 timeout "$((TIMEOUT + 120))" qemu-system-x86_64 -M q35 -accel tcg \
 	-m 1G -smp "${VVI_SMP:-2}" -nodefaults -display none -no-reboot \
 	-serial stdio -kernel "$IMG/vmlinuz" -initrd "$OUT/linuxref.cpio.gz" \
-	-append "console=ttyS0 panic=-1 loglevel=4 vvi_mode=linuxref $ARGS $*" \
+	-append "console=ttyS0 panic=-1 loglevel=4 vvi_mode=linuxref vvi_port=$PORT vvi_md5=$MD5 $ARGS $*" \
 	-device virtio-iommu-pci \
+	-device virtio-net-pci,netdev=n0,iommu_platform=on,disable-legacy=on \
+	-netdev user,id=n0 \
 	-device edu,dma_mask=0xffffffffffffffff \
 	-trace enable=virtio_iommu_attach -trace enable=virtio_iommu_map \
 	-trace enable=virtio_iommu_unmap -D "$TRACE" \
