@@ -45,6 +45,15 @@ pub struct Cli {
     #[arg(long, value_name = "tap=NAME,...")]
     pub net: Vec<String>,
 
+    /// A virtio-iommu (with a VIOT table): [impl=scalable|baseline][,bypass=on|off].
+    /// Devices opt in with iommu=on.
+    #[arg(long, value_name = "impl=..,bypass=..", num_args = 0..=1, default_missing_value = "")]
+    pub iommu: Option<String>,
+
+    /// An edu-compatible DMA test device (repeatable): iommu=on|off.
+    #[arg(long = "dma-test", value_name = "iommu=on|off", num_args = 0..=1, default_missing_value = "")]
+    pub dma_test: Vec<String>,
+
     /// More logging on stderr (-v info, -vv debug, -vvv trace). RUST_LOG overrides.
     #[arg(short = 'v', action = ArgAction::Count)]
     pub verbose: u8,
@@ -64,6 +73,16 @@ impl Cli {
                 .net
                 .iter()
                 .map(|n| crate::net::NetConfig::parse(n))
+                .collect::<Result<_, _>>()?,
+            iommu: self
+                .iommu
+                .as_deref()
+                .map(crate::virtio::iommu::IommuOptions::parse)
+                .transpose()?,
+            dma_test: self
+                .dma_test
+                .iter()
+                .map(|d| crate::devices::dma_test::DmaTestConfig::parse(d))
                 .collect::<Result<_, _>>()?,
         })
     }
@@ -110,6 +129,38 @@ mod tests {
         assert_eq!(c.memory.size, 512 << 20);
         assert_eq!(c.serial, SerialConfig::Tty);
         assert!(c.initramfs.is_none());
+    }
+
+    #[test]
+    fn iommu_and_dma_test_flags() {
+        let c = Cli::try_parse_from([
+            "dmavisor",
+            "--kernel",
+            "/k",
+            "--iommu",
+            "--dma-test",
+            "iommu=on",
+            "--dma-test",
+        ])
+        .unwrap()
+        .to_config()
+        .unwrap();
+        assert_eq!(c.iommu, Some(Default::default()));
+        assert_eq!(c.dma_test.len(), 2);
+        assert!(c.dma_test[0].iommu && !c.dma_test[1].iommu);
+        let c = Cli::try_parse_from(["dmavisor", "--kernel", "/k", "--iommu", "impl=baseline"])
+            .unwrap()
+            .to_config()
+            .unwrap();
+        assert_eq!(
+            c.iommu.unwrap().space_impl,
+            virtio_iommu::mapping::SpaceImpl::Baseline
+        );
+        let none = Cli::try_parse_from(["dmavisor", "--kernel", "/k"])
+            .unwrap()
+            .to_config()
+            .unwrap();
+        assert!(none.iommu.is_none() && none.dma_test.is_empty());
     }
 
     #[test]

@@ -177,6 +177,10 @@ pub struct VmConfig {
     pub serial: SerialConfig,
     /// virtio-net devices (`--net`, repeatable).
     pub net: Vec<crate::net::NetConfig>,
+    /// The virtio-iommu (`--iommu`), if any.
+    pub iommu: Option<crate::virtio::iommu::IommuOptions>,
+    /// DMA test devices (`--dma-test`, repeatable).
+    pub dma_test: Vec<crate::devices::dma_test::DmaTestConfig>,
 }
 
 #[cfg(test)]
