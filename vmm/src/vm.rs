@@ -227,7 +227,37 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
         exit: exit_tx.clone(),
         irq_router: Arc::new(crate::interrupt::GsiRouter::new(vm.clone())),
     };
+    // The vIOMMU comes first: devices with iommu=on register as its
+    // endpoints when they are plugged in.
+    let mut iommu = match &config.iommu {
+        Some(opts) => Some(crate::virtio::iommu::IommuPlatform::create(
+            opts,
+            vm.clone(),
+            &resources.irq_router,
+            &resources.pci,
+            mem.clone(),
+        )?),
+        None => None,
+    };
     let _net_devices = crate::net::add_net_devices(&resources, &config.net)?;
+    for d in &config.dma_test {
+        crate::devices::dma_test::add_dma_test(d, &resources.pci, &mem, iommu.as_mut())?;
+    }
+    if let Some(p) = &iommu {
+        // The VIOT names BDFs known only now: write the tables again with
+        // it. The RSDP stays where the boot data already points.
+        let again = crate::acpi::tables::create_acpi_tables_with(
+            &mem,
+            &AcpiConfig {
+                num_vcpus: config.cpus.boot,
+                pci_windows: windows,
+            },
+            &[p.viot()],
+        )?;
+        if again != rsdp {
+            return Err(Error::Acpi("RSDP moved when adding the VIOT".into()));
+        }
+    }
 
     // vCPUs.
     let supported = kvm
