@@ -30,6 +30,7 @@ use crate::vm::VmResources;
 pub fn add_net_devices(
     res: &VmResources,
     configs: &[NetConfig],
+    mut iommu: Option<&mut crate::virtio::iommu::IommuPlatform>,
 ) -> Result<Vec<Arc<Mutex<VirtioPciDevice>>>, Error> {
     let mut out = Vec::with_capacity(configs.len());
     for cfg in configs {
@@ -49,6 +50,17 @@ pub fn add_net_devices(
             .add_device(dev.clone())
             .map_err(|e| Error::Device(format!("virtio-net on {name}: {e}")))?;
         log::info!("virtio-net on TAP {name} at PCI {bdf}");
+        if cfg.iommu {
+            let platform = iommu.as_deref_mut().ok_or_else(|| Error::InvalidOption {
+                option: "net",
+                value: "iommu=on".into(),
+                reason: "needs --iommu".into(),
+            })?;
+            let dma = platform.add_endpoint(bdf)?;
+            dev.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .set_dma_space(dma);
+        }
         out.push(dev);
     }
     Ok(out)
