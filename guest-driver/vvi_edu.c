@@ -6,10 +6,10 @@
  * debugfs (/sys/kernel/debug/vvi_edu/):
  *  dmatest  write "run": DMA through the device into mapped buffers and
  *           into a buffer after it was unmapped; read: the results.
- *  bench    write "size=<bytes> iters=<n> [bufs=<b>] [dir=to|from|bi]":
- *           on every online CPU in parallel, map and unmap n times with
- *           the edu device's DMA ops, cycling over b buffers per CPU;
- *           read: the results.
+ *  bench    write "size=<bytes> iters=<n>|ms=<t> [bufs=<b>] [dir=to|from|bi]":
+ *           on every online CPU in parallel, map and unmap n times (or
+ *           for t ms) with the edu device's DMA ops, cycling over b
+ *           buffers per CPU; read: the results.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -248,6 +248,7 @@ struct bench_ctx {
 	size_t size;
 	unsigned int nbufs;
 	unsigned long iters;
+	u64 run_ns;		/* 0: run iters; else stop after this long */
 	enum dma_data_direction dir;
 	atomic_t ready;
 	atomic_t go;
@@ -256,6 +257,7 @@ struct bench_ctx {
 	struct completion done;
 	ktime_t start;
 	u64 ns[NR_CPUS];
+	u64 done_ops[NR_CPUS];
 };
 
 static int bench_thread(void *arg)
@@ -277,6 +279,8 @@ static int bench_thread(void *arg)
 	wait_var_event(&c->go, atomic_read(&c->go));
 	t0 = ktime_get_ns();
 	for (i = 0; nb == c->nbufs && i < c->iters; i++) {
+		if (c->run_ns && (i & 63) == 0 && ktime_get_ns() - t0 > c->run_ns)
+			break;
 		void *p = buf[i % nb];
 		dma_addr_t d = dma_map_single(c->dev, p, c->size, c->dir);
 
@@ -290,6 +294,7 @@ static int bench_thread(void *arg)
 	if (nb != c->nbufs)
 		atomic64_add(c->iters, &c->errors);
 	c->ns[smp_processor_id()] = ktime_get_ns() - t0;
+	c->done_ops[smp_processor_id()] = i;
 	for (b = 0; b < nb; b++)
 		kfree(buf[b]);
 	kfree(buf);
@@ -301,12 +306,13 @@ static int bench_thread(void *arg)
 }
 
 static void edu_bench(struct vvi_edu *e, size_t size, unsigned long iters,
-		      unsigned int nbufs, enum dma_data_direction dir)
+		      unsigned long ms, unsigned int nbufs,
+		      enum dma_data_direction dir)
 {
 	struct task_struct **tasks;
 	struct bench_ctx *c;
 	unsigned int n = 0, cpu;
-	u64 wall, ops, maxns = 0, sumns = 0;
+	u64 wall, ops = 0, maxns = 0, sumns = 0;
 
 	c = kzalloc(sizeof(*c), GFP_KERNEL);
 	tasks = kcalloc(nr_cpu_ids, sizeof(*tasks), GFP_KERNEL);
@@ -317,6 +323,7 @@ static void edu_bench(struct vvi_edu *e, size_t size, unsigned long iters,
 	c->dev = &e->pdev->dev;
 	c->size = size;
 	c->iters = iters;
+	c->run_ns = ms * NSEC_PER_MSEC;
 	c->nbufs = nbufs;
 	c->dir = dir;
 	init_completion(&c->done);
@@ -348,10 +355,10 @@ static void edu_bench(struct vvi_edu *e, size_t size, unsigned long iters,
 		kthread_stop(tasks[cpu]);
 		maxns = max(maxns, c->ns[cpu]);
 		sumns += c->ns[cpu];
+		ops += c->done_ops[cpu];
 	}
 	cpus_read_unlock();
 
-	ops = (u64)n * iters;
 	snprintf(e->result, sizeof(e->result),
 		 "cpus=%u\nsize=%zu\nbufs=%u\niters=%lu\nops=%llu\nerrors=%lld\nwall_ns=%llu\nops_per_sec=%llu\nns_per_op_per_cpu=%llu\n",
 		 n, size, nbufs, iters, ops, atomic64_read(&c->errors), wall,
@@ -396,7 +403,7 @@ static ssize_t edu_bench_write(struct file *f, const char __user *ubuf,
 	struct vvi_edu *e = f->private_data;
 	enum dma_data_direction dir = DMA_TO_DEVICE;
 	unsigned long iters = 10000;
-	unsigned long size = 4096, nbufs = 1;
+	unsigned long size = 4096, nbufs = 1, ms = 0;
 	char kbuf[128], *p, *tok;
 
 	if (len >= sizeof(kbuf))
@@ -414,6 +421,10 @@ static ssize_t edu_bench_write(struct file *f, const char __user *ubuf,
 		} else if (!strncmp(tok, "iters=", 6)) {
 			if (kstrtoul(tok + 6, 0, &iters))
 				return -EINVAL;
+		} else if (!strncmp(tok, "ms=", 3)) {
+			if (kstrtoul(tok + 3, 0, &ms))
+				return -EINVAL;
+			iters = ULONG_MAX;
 		} else if (!strncmp(tok, "bufs=", 5)) {
 			if (kstrtoul(tok + 5, 0, &nbufs))
 				return -EINVAL;
@@ -427,10 +438,11 @@ static ssize_t edu_bench_write(struct file *f, const char __user *ubuf,
 			return -EINVAL;
 		}
 	}
-	if (!size || size > SZ_1M || !iters || !nbufs || nbufs > 4096)
+	if (!size || size > SZ_1M || !iters || !nbufs || nbufs > 4096 ||
+	    ms > 60000)
 		return -EINVAL;
 	mutex_lock(&e->lock);
-	edu_bench(e, size, iters, nbufs, dir);
+	edu_bench(e, size, iters, ms, nbufs, dir);
 	mutex_unlock(&e->lock);
 	return len;
 }

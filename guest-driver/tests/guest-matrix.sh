@@ -10,6 +10,7 @@
 #   vvi_policies=a,b,...    policies to test (default all)
 #   vvi_invals=a,b,...      invalidation modes (default all)
 #   vvi_iters=N             bench iterations per CPU
+#   vvi_ms=T                bench for T ms per run instead (vvi_reps runs)
 # Prints one "VVI-RESULT ..." line per configuration and "VVI-BENCH ..."
 # lines for the benchmark.
 
@@ -21,6 +22,7 @@ md5=
 policies="identity kmalloc magazine global persistent passthrough"
 invals="strict lazy-global lazy-percpu"
 iters=5000
+ms=
 reps=3
 bufs_list="1 256"
 for arg in $(cat /proc/cmdline); do
@@ -32,6 +34,7 @@ for arg in $(cat /proc/cmdline); do
 	vvi_invals=*) invals="$(echo "${arg#vvi_invals=}" | tr , ' ')" ;;
 	vvi_iters=*) iters="${arg#vvi_iters=}" ;;
 	vvi_reps=*) reps="${arg#vvi_reps=}" ;;
+	vvi_ms=*) ms="${arg#vvi_ms=}" ;;
 	vvi_bufs=*) bufs_list="$(echo "${arg#vvi_bufs=}" | tr , ' ')" ;;
 	esac
 done
@@ -231,7 +234,11 @@ bench_one() {
 	b=$D/vvi_edu/bench
 	i=0
 	while [ $i -lt "$reps" ]; do
-		echo "size=4096 iters=$iters bufs=$nbufs dir=to" > $b
+		if [ -n "$ms" ]; then
+			echo "size=4096 ms=$ms bufs=$nbufs dir=to" > $b
+		else
+			echo "size=4096 iters=$iters bufs=$nbufs dir=to" > $b
+		fi
 		all="$all $(kv $b ops_per_sec)"
 		errs=$((errs + $(kv $b errors)))
 		i=$((i + 1))
@@ -247,7 +254,7 @@ bench_one() {
 	maps=$((m1 - m0))
 	rpd_x1000=0
 	[ "$maps" -gt 0 ] && rpd_x1000=$((reqs * 1000 / maps))
-	echo "VVI-BENCH $label bufs=$nbufs cpus=$(kv $b cpus) ops_per_run=$(kv $b ops) errors=$errs median_ops_per_sec=$med runs_ops_per_sec=$(echo $all | tr ' ' ,) maps=$maps requests=$reqs req_per_dma_x1000=$rpd_x1000 fallbacks=$(kv "$stats" fallbacks) alloc_fast=$(kv "$stats" alloc_fast) alloc_depot=$(kv "$stats" alloc_depot) alloc_slow=$(kv "$stats" alloc_slow) kicks=$(kv "$stats" kicks) flushes=$(kv "$stats" flushes) mean_flush_x100=$(kv "$stats" mean_flush_x100)"
+	echo "VVI-BENCH $label bufs=$nbufs cpus=$(kv $b cpus) ops_last_run=$(kv $b ops) errors=$errs median_ops_per_sec=$med runs_ops_per_sec=$(echo $all | tr ' ' ,) maps=$maps requests=$reqs req_per_dma_x1000=$rpd_x1000 fallbacks=$(kv "$stats" fallbacks) alloc_fast=$(kv "$stats" alloc_fast) alloc_depot=$(kv "$stats" alloc_depot) alloc_slow=$(kv "$stats" alloc_slow) kicks=$(kv "$stats" kicks) flushes=$(kv "$stats" flushes) mean_flush_x100=$(kv "$stats" mean_flush_x100)"
 }
 
 bench() {
@@ -269,7 +276,55 @@ bench() {
 	done
 }
 
+# DMA-test device only (no network): dmatest + a short bench per config
+edu_config() {
+	pol=$1
+	inv=$2
+	dmesg -c >/dev/null
+	if ! insmod $M/vviommu.ko policy="$pol" invalidation="$inv" 2>/tmp/ins.err; then
+		echo "VVI-EDU policy=$pol inval=$inv status=FAIL reason=insmod"
+		return
+	fi
+	[ -n "$devline" ] || {
+		devline=$(dmesg | grep -o "virtio-iommu: pages.*" | head -n1)
+		echo "VVI-INFO $devline"
+	}
+	insmod $M/vvi_edu.ko
+	edust=$D/vviommu/$EDU/stats
+	state=$(kv $edust state)
+	echo run > $D/vvi_edu/dmatest
+	r=$D/vvi_edu/dmatest
+	dmaok=$(kv $r dma_ok)
+	blocked=$(kv $r after_unmap_blocked)
+	sgok=$(kv $r sg_ok)
+	cohok=$(kv $r coherent_ok)
+	sleep 1
+	faults=$(kv $edust faults)
+	nbufs=1
+	bench_one "policy=$pol inval=$inv" $edust
+	rmmod vvi_edu
+	rmmod vviommu
+	kwarn=$(dmesg | grep -cE "still live|still in use|WARNING|BUG|not pending|unknown IOVA|UNMAP failed|cannot take over")
+	expect_block=0
+	if [ "$inv" = strict ] && [ "$pol" != persistent ] && [ "$pol" != passthrough ]; then
+		expect_block=1
+	fi
+	st=PASS
+	[ "$state" = owned ] && [ "$dmaok" = 1 ] && [ "$sgok" = 1 ] && [ "$cohok" = 1 ] && [ "$kwarn" = 0 ] || st=FAIL
+	if [ $expect_block = 1 ]; then
+		[ "$blocked" = 1 ] && [ "${faults:-0}" -gt 0 ] || st=FAIL
+	fi
+	echo "VVI-EDU policy=$pol inval=$inv status=$st state=$state dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok after_unmap_blocked=$blocked expect_blocked=$expect_block faults=$faults kwarn=$kwarn"
+}
+
 case "$mode" in
+edu)
+	for pol in $policies; do
+		for inv in $invals; do
+			edu_config "$pol" "$inv"
+		done
+	done
+	;;
 matrix)
 	negative_test
 	refused_test
