@@ -337,3 +337,198 @@ fn viommu_bypass_config() {
     assert_eq!(int(&plain, "phys_ok"), 1, "no iommu:\n{plain}");
     assert_eq!(int(&plain, "phys_write_err"), 0, "no iommu:\n{plain}");
 }
+
+// ---------------------------------------------------------------------
+// virtio-net behind the vIOMMU: a second session (its own group).
+// ---------------------------------------------------------------------
+
+/// Bytes each way (as in tests/virtio_net.rs).
+const NET_SIZE: u64 = 8 << 20;
+const NET_CASE_TIMEOUT_SECS: u32 = 1000;
+const NET_SESSION_TIMEOUT: Duration = Duration::from_secs(4800);
+const NET_MODES: [&str; 3] = ["off", "lazy", "strict"];
+
+fn net_session() -> &'static Session {
+    static SESSION: OnceLock<Session> = OnceLock::new();
+    SESSION.get_or_init(|| {
+        let prepare = || -> Result<Vec<Case>, String> {
+            let trixie = ensure_images("trixie").map_err(|e| e.to_string())?;
+            let initrd = build_initramfs(&InitramfsSpec {
+                modules: ["virtio_iommu", "virtio_net"].map(String::from).to_vec(),
+                files: vec![(guest_script("net-guest.sh"), "/net-guest.sh".into())],
+                ..InitramfsSpec::new("trixie", guest_script("viommu-net-guest.sh"))
+            })
+            .map_err(|e| e.to_string())?;
+            let bin = s(&dmavisor_binary().map_err(|e| e.to_string())?);
+            let mut cases = Vec::new();
+            for vmm in ["dmavisor", "qemu"] {
+                for mode in NET_MODES {
+                    cases.push(Case::new(
+                        &format!("net_{vmm}_{mode}"),
+                        vec![
+                            "sh".into(),
+                            s(&guest_script("viommu-net-host.sh")),
+                            vmm.into(),
+                            mode.into(),
+                            bin.clone(),
+                            s(&trixie.vmlinuz),
+                            s(&initrd),
+                        ],
+                        NET_CASE_TIMEOUT_SECS,
+                    ));
+                }
+            }
+            Ok(cases)
+        };
+        Session {
+            result: prepare().and_then(|cases| {
+                run_session("viommu-net", &cases, NET_SESSION_TIMEOUT, None)
+                    .map_err(|e| e.to_string())
+            }),
+        }
+    })
+}
+
+fn net_case(name: &str) -> CaseResult {
+    match &net_session().result {
+        Ok(sess) => sess.case(name).unwrap_or_else(|e| panic!("{e}")).clone(),
+        Err(e) => panic!("viommu-net session failed: {e}"),
+    }
+}
+
+/// A JSON field of a `PEER-RESULT {...}` line (flat, written by net-peer.py).
+fn json_field(json: &str, key: &str) -> Option<String> {
+    let pat = format!("\"{key}\": ");
+    let rest = json.get(json.find(&pat)? + pat.len()..)?;
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    Some(rest.get(..end)?.trim().trim_matches('"').to_string())
+}
+
+fn line_with<'a>(out: &'a str, prefix: &str) -> Option<&'a str> {
+    out.lines().find_map(|l| l.trim().strip_prefix(prefix))
+}
+
+/// Checks both 8 MiB transfers and their MD5s; returns the throughputs
+/// (guest->host as timed by the host peer, host->guest as timed in the
+/// guest) in MB/s.
+fn net_transfers(name: &str) -> (f64, f64, String) {
+    let r = net_case(name);
+    let out = r.output;
+    let tail = out.lines().rev().take(80).collect::<Vec<_>>();
+    let ctx = tail.into_iter().rev().collect::<Vec<_>>().join("\n");
+    eprintln!(
+        "case {name}: exit {:?} in {:.1} s",
+        r.exit,
+        r.secs.unwrap_or(f64::NAN)
+    );
+    assert!(out.contains("VMM-EXIT rc=0"), "{name}: VMM:\n{ctx}");
+    assert_eq!(guest_script_exit(&out), Some(0), "{name}:\n{ctx}");
+    let tx = line_with(&out, "GUEST-TX").unwrap_or_else(|| panic!("{name}:\n{ctx}"));
+    let rx = line_with(&out, "GUEST-RX").unwrap_or_else(|| panic!("{name}:\n{ctx}"));
+    let peer = |dir: &str| {
+        out.lines()
+            .filter_map(|l| l.trim().strip_prefix("PEER-RESULT "))
+            .find(|j| json_field(j, "dir").as_deref() == Some(dir))
+            .unwrap_or_else(|| panic!("{name}: no peer result {dir}:\n{ctx}"))
+            .to_string()
+    };
+    let (host_rx, host_tx) = (peer("guest_to_host"), peer("host_to_guest"));
+    let tok =
+        |line: &str, k: &str| integration_tests::markers::token_value(line, k).map(String::from);
+    let size = Some(NET_SIZE.to_string());
+    assert_eq!(tok(tx, "bytes"), size, "{name}: {tx}");
+    assert_eq!(json_field(&host_rx, "bytes"), size, "{name}: {host_rx}");
+    assert_eq!(
+        json_field(&host_rx, "md5"),
+        tok(tx, "md5"),
+        "{name}: g->h corrupted"
+    );
+    assert_eq!(tok(rx, "rc").as_deref(), Some("0"), "{name}: {rx}");
+    assert_eq!(tok(rx, "bytes"), size, "{name}: {rx}");
+    assert_eq!(
+        tok(rx, "md5"),
+        json_field(&host_tx, "md5"),
+        "{name}: h->g corrupted"
+    );
+    let mb = NET_SIZE as f64 / 1e6;
+    let num = |v: Option<String>| v.and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    let g2h_secs = num(json_field(&host_rx, "secs"));
+    let h2g_secs = num(tok(rx, "t1")) - num(tok(rx, "t0"));
+    let rate = |secs: f64| if secs > 0.0 { mb / secs } else { 0.0 };
+    (rate(g2h_secs), rate(h2g_secs), out)
+}
+
+/// The NIC's IOMMU group type as the guest reports it.
+fn nic_group_type(out: &str) -> Option<String> {
+    let bdf = marker_value(out, "bdf")?;
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("IOMMU-GROUP ") && l.contains(bdf))?;
+    marker_value(line, "type").map(String::from)
+}
+
+fn assert_net_behind_viommu(name: &str, group_type: &str) {
+    let (g2h, h2g, out) = net_transfers(name);
+    assert!(g2h > 0.0 && h2g > 0.0, "{name}: no throughput");
+    assert_eq!(
+        nic_group_type(&out).as_deref(),
+        Some(group_type),
+        "{name}: NIC group:\n{out}"
+    );
+    assert!(
+        !out.contains("FAULT-LOG"),
+        "{name}: the NIC faulted during traffic:\n{out}"
+    );
+}
+
+#[test]
+fn viommu_in_tree_driver_lazy() {
+    assert_net_behind_viommu("net_dmavisor_lazy", "DMA-FQ");
+}
+
+#[test]
+fn viommu_in_tree_driver_strict() {
+    assert_net_behind_viommu("net_dmavisor_strict", "DMA");
+}
+
+#[test]
+fn viommu_net_throughput_ratios() {
+    // Prints, for dmavisor and QEMU, the iommu=on (lazy, strict) throughput
+    // as a ratio to iommu=off, from the same session. Only dmavisor's runs
+    // must pass; QEMU's are reported when they completed.
+    for vmm in ["dmavisor", "qemu"] {
+        let runs: Vec<Option<(f64, f64)>> = NET_MODES
+            .iter()
+            .map(|m| {
+                let name = format!("net_{vmm}_{m}");
+                if vmm == "dmavisor" {
+                    let (a, b, _) = net_transfers(&name);
+                    Some((a, b))
+                } else {
+                    std::panic::catch_unwind(|| net_transfers(&name))
+                        .ok()
+                        .map(|(a, b, _)| (a, b))
+                }
+            })
+            .collect();
+        if let [Some(off), lazy, strict] = runs.as_slice() {
+            let ratio =
+                |r: &Option<(f64, f64)>| r.map(|(a, b)| (a / off.0.max(1e-9), b / off.1.max(1e-9)));
+            let fmt = |r: Option<(f64, f64)>| match r {
+                Some((a, b)) => format!("[{a:.3}, {b:.3}]"),
+                None => "null".into(),
+            };
+            println!(
+                "{{\"bench\": \"viommu-net\", \"vmm\": \"{vmm}\", \"off_MBps\": [{:.3}, {:.3}], \"lazy_MBps\": {}, \"strict_MBps\": {}, \"lazy_over_off\": {}, \"strict_over_off\": {}, \"order\": \"[guest_to_host, host_to_guest]\"}}",
+                off.0,
+                off.1,
+                fmt(*lazy),
+                fmt(*strict),
+                fmt(ratio(lazy)),
+                fmt(ratio(strict)),
+            );
+        } else if vmm == "dmavisor" {
+            panic!("dmavisor iommu=off run missing");
+        }
+    }
+}

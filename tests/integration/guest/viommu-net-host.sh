@@ -1,0 +1,67 @@
+#!/bin/sh
+# Runner side of the vIOMMU virtio-net tests (tests/viommu.rs): like
+# net-host.sh (same peer, same guest traffic script, same addresses), with
+# the NIC behind a virtio-iommu and the guest's IOMMU mode chosen:
+#
+#   viommu-net-host.sh dmavisor|qemu off|lazy|strict BIN KERNEL INITRD
+#
+# off    no vIOMMU (the baseline for the ratios)
+# lazy   vIOMMU, the guest's default DMA-FQ domains (deferred invalidation)
+# strict vIOMMU, iommu.strict=1 on the guest command line (DMA domains)
+vmm=$1
+mode=$2
+bin=$3
+kernel=$4
+initrd=$5
+here=$(dirname "$0")
+cmdline="console=ttyS0 quiet loglevel=3 panic=-1"
+[ "$mode" = strict ] && cmdline="$cmdline iommu.strict=1"
+peer_out=$(mktemp)
+
+python3 "$here/net-peer.py" --label "$vmm-$mode" --timeout 800 > "$peer_out" 2>&1 &
+peer=$!
+i=0
+while ! grep -q PEER-READY "$peer_out" && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+
+net="tap=dmvtap0,mac=52:54:00:12:34:56,ip=192.168.249.1,mask=255.255.255.0"
+case "$vmm-$mode" in
+dmavisor-off)
+    "$bin" --kernel "$kernel" --initramfs "$initrd" --cmdline "$cmdline" \
+        --cpus boot=2 --memory size=512M --serial tty --net "$net"
+    echo "VMM-EXIT rc=$?"
+    ;;
+dmavisor-lazy|dmavisor-strict)
+    "$bin" --kernel "$kernel" --initramfs "$initrd" --cmdline "$cmdline" \
+        --cpus boot=2 --memory size=512M --serial tty --iommu --net "$net,iommu=on"
+    echo "VMM-EXIT rc=$?"
+    ;;
+qemu-*)
+    iommu=""
+    platform=""
+    if [ "$mode" != off ]; then
+        iommu="-device virtio-iommu-pci"
+        platform=",iommu_platform=on"
+    fi
+    ip tuntap add dev qtap0 mode tap
+    ip addr add 192.168.249.1/24 dev qtap0
+    ip link set qtap0 up
+    # shellcheck disable=SC2086
+    qemu-system-x86_64 -enable-kvm -cpu host -M q35 -smp 2 -m 512 \
+        -nographic -nodefaults -no-reboot -serial stdio \
+        -kernel "$kernel" -initrd "$initrd" -append "$cmdline" $iommu \
+        -netdev tap,id=n0,ifname=qtap0,script=no,downscript=no,vhost=off \
+        -device "virtio-net-pci,netdev=n0,mac=52:54:00:12:34:56,disable-legacy=on$platform"
+    echo "VMM-EXIT rc=$?"
+    ip link del qtap0
+    ;;
+*)
+    echo "unknown mode $vmm-$mode"
+    ;;
+esac
+
+i=0
+while [ "$(grep -c PEER-RESULT "$peer_out")" -lt 2 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+kill "$peer" 2>/dev/null
+wait "$peer" 2>/dev/null
+cat "$peer_out"
+rm -f "$peer_out"
