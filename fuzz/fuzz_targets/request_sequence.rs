@@ -16,10 +16,40 @@
 
 #![no_main]
 
+use std::collections::HashMap;
+use std::ops::RangeInclusive;
+use std::sync::{Arc, Mutex};
+
 use libfuzzer_sys::fuzz_target;
-use virtio_iommu::device::{DeviceLimits, IommuConfig, IommuDevice};
-use virtio_iommu::mapping::{Perm, SpaceImpl, Worker};
+use virtio_iommu::device::{DeviceLimits, EndpointListener, IommuConfig, IommuDevice};
+use virtio_iommu::mapping::{Invalidator, Perm, SpaceImpl, Worker};
 use virtio_iommu::wire::*;
+
+/// Mirrors endpoint attachment from listener calls; each call must start
+/// where the previous one for that endpoint ended.
+#[derive(Default)]
+struct Mirror(Mutex<HashMap<u32, Option<u32>>>);
+
+impl EndpointListener for Mirror {
+    fn endpoint_moved(&self, endpoint: u32, from: Option<u32>, to: Option<u32>) {
+        assert_ne!(from, to);
+        let mut m = self.0.lock().unwrap();
+        let prev = m.insert(endpoint, to).unwrap_or(None);
+        assert_eq!(prev, from, "listener chain broken for {endpoint:#x}");
+    }
+}
+
+/// Checks invalidation calls are well-formed.
+struct CheckRanges;
+
+impl Invalidator for CheckRanges {
+    fn invalidate(&self, _domain: u32, ranges: &[RangeInclusive<u64>]) {
+        assert!(!ranges.is_empty());
+        for r in ranges {
+            assert!(r.start() <= r.end());
+        }
+    }
+}
 
 const ENDPOINTS: [u32; 4] = [0x8, 0x10, 0x18, 0x100];
 const MAX_DOMAINS: u32 = 4;
@@ -144,6 +174,9 @@ fuzz_target!(|data: &[u8]| {
     for e in ENDPOINTS {
         assert!(d.add_endpoint(e).is_ok());
     }
+    let mirror = Arc::new(Mirror::default());
+    d.add_endpoint_listener(mirror.clone());
+    d.add_invalidator(Arc::new(CheckRanges));
     d.ack_features(d.device_features());
     let mut workers = [d.new_worker(), d.new_worker()];
     let mut cur = 0usize;
@@ -330,6 +363,10 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         check_bounds(&d);
+        let m = mirror.0.lock().unwrap();
+        for e in ENDPOINTS {
+            assert_eq!(m.get(&e).copied().flatten(), d.endpoint_domain(e));
+        }
     }
     for w in &mut workers {
         d.complete_kick(w);
