@@ -4,7 +4,9 @@
 //!
 //! 1. `IommuDevice::new(IommuConfig)`, then `add_endpoint(bdf)` for every PCI
 //!    endpoint behind the vIOMMU (and `add_invalidator` for every DMA consumer
-//!    that caches translations: vhost-user back-ends, VFIO containers).
+//!    that caches translations: vhost-user back-ends, VFIO containers;
+//!    `add_endpoint_listener` for consumers that must follow an endpoint
+//!    from domain to domain).
 //! 2. Feature negotiation: `device_features()` / `ack_features()`; config
 //!    space accesses: `read_config()` / `write_config()` (bounds-checked; only
 //!    `bypass` is writable, and only with BYPASS_CONFIG negotiated).
@@ -18,10 +20,12 @@
 //!    `complete_kick()` ONCE, and only after it returns publish the used-ring
 //!    entries and notify. This ordering is what guarantees the guest never
 //!    sees an UNMAP complete while a DMA consumer can still reach the page.
+//!    Call `complete_kick()` at least once per queue-size requests, so a
+//!    guest that keeps refilling the ring cannot grow the batch unbounded.
 //! 4. Event queue: whenever buffers are available, drain
 //!    `pop_fault_event()` into them (24 bytes each).
 //! 5. DMA from an endpoint goes through `endpoint_dma(id)`, an
-//!    [`EndpointDma`](crate::translate::EndpointDma) handle that translates
+//!    [`EndpointDma`] handle that translates
 //!    IOVA ranges and reports faults.
 //! 6. `reset()` on virtio device reset (all domains and mappings go, the
 //!    `bypass` field stays), `system_reset()` on VM reset (also restores
