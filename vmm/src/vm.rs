@@ -98,6 +98,9 @@ fn serial_output(cfg: &SerialConfig) -> Result<Option<Box<dyn Write + Send>>, Er
 }
 
 /// Builds the VM described by `config`, runs it and returns why it ended.
+///
+/// The vCPU threads are not stopped: the caller is expected to end the
+/// process with the event's exit code.
 pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
     let started = Instant::now();
     let mem_size = config.memory.size;
@@ -312,7 +315,10 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
         event.describe(),
         started.elapsed().as_secs_f64()
     );
-    // Keep devices alive until here.
-    drop(resources);
+    // Other vCPU threads may still be inside KVM_RUN: unmapping guest RAM
+    // under them makes KVM fail with EFAULT. The caller ends the process
+    // right after this returns, so the VM is deliberately leaked.
+    std::mem::forget(resources);
+    std::mem::forget(mem);
     Ok(event)
 }
