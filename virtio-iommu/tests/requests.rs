@@ -1238,3 +1238,43 @@ fn endpoint_listeners_see_every_move_before_completion() {
         ]
     );
 }
+
+#[test]
+fn domain_lookup_cache_follows_registry_changes() {
+    let d = Arc::new(device());
+    let mut w = d.new_worker();
+    assert_eq!(send(&d, &mut w, &attach(1, EP, 0)), Status::Ok);
+    // This thread now has domain 1 in its lookup cache.
+    assert_eq!(send(&d, &mut w, &map(1, 0, 0xfff, 0x1000, RW)), Status::Ok);
+    // Another queue destroys domain 1 and creates a new domain 1.
+    {
+        let d = Arc::clone(&d);
+        std::thread::spawn(move || {
+            let mut w = d.new_worker();
+            assert_eq!(send(&d, &mut w, &detach(1, EP)), Status::Ok);
+            assert_eq!(send(&d, &mut w, &attach(1, EP, 0)), Status::Ok);
+            d.complete_kick(&mut w);
+        })
+        .join()
+        .unwrap();
+    }
+    // The same IOVA maps fine: the request reached the new, empty domain.
+    assert_eq!(send(&d, &mut w, &map(1, 0, 0xfff, 0x5000, RW)), Status::Ok);
+    assert_eq!(runs(&d, EP, 0, 4, Perm::READ).unwrap()[0].gpa, 0x5000);
+    // Another device on the same thread with the same domain id.
+    let d2 = device();
+    let mut w2 = d2.new_worker();
+    assert_eq!(send(&d2, &mut w2, &map(1, 0, 0xfff, 0, RW)), Status::NoEnt);
+    assert_eq!(send(&d2, &mut w2, &attach(1, EP, 0)), Status::Ok);
+    assert_eq!(
+        send(&d2, &mut w2, &map(1, 0, 0xfff, 0x7000, RW)),
+        Status::Ok
+    );
+    assert_eq!(send(&d, &mut w, &map(1, 0, 0xfff, 0, RW)), Status::Inval);
+    assert_eq!(runs(&d2, EP, 0, 4, Perm::READ).unwrap()[0].gpa, 0x7000);
+    assert_eq!(runs(&d, EP, 0, 4, Perm::READ).unwrap()[0].gpa, 0x5000);
+    // Reset empties the registry: cached domains are not used afterwards.
+    d.reset();
+    all_features(&d);
+    assert_eq!(send(&d, &mut w, &map(1, 0, 0xfff, 0, RW)), Status::NoEnt);
+}

@@ -2,15 +2,18 @@
 //!
 //! WHY this shape: MAP/UNMAP (the hot path, possibly from several request
 //! queues at once) only needs "domain id -> its table". The registry is a
-//! `RwLock<HashMap>` taken for reading just long enough to clone an `Arc`,
-//! after which the request works on the domain's own concurrent table with no
-//! device-wide lock held. Creating and destroying domains (ATTACH/DETACH,
+//! `RwLock<HashMap>` behind per-thread lookup caches (see `lookup.rs`): a
+//! request reads one generation counter and then works on the domain's own
+//! concurrent table with no device-wide lock held and no shared cache line
+//! written. Creating and destroying domains (ATTACH/DETACH,
 //! rare) take the write lock briefly, serialized by the device's topology
 //! mutex so membership bookkeeping never races.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use super::lookup::{next_uid, with_cached};
 use super::sync::{lock, read, write};
 
 use crate::mapping::DomainSpace;
@@ -91,15 +94,37 @@ impl Domain {
 }
 
 /// Live domains by id.
-#[derive(Default)]
 pub struct DomainRegistry {
+    /// Process-unique id keying the per-thread lookup caches.
+    uid: u64,
+    /// Bumped (inside the write lock) by every insert/remove, invalidating
+    /// every thread's cached lookups.
+    gen: AtomicU64,
     map: RwLock<HashMap<u32, Arc<Domain>>>,
 }
 
+impl Default for DomainRegistry {
+    fn default() -> Self {
+        Self {
+            uid: next_uid(),
+            gen: AtomicU64::new(0),
+            map: RwLock::new(HashMap::new()),
+        }
+    }
+}
+
 impl DomainRegistry {
-    /// Read-mostly lookup for the request hot path.
+    /// Locked lookup (topology paths and cache misses).
     pub fn get(&self, id: u32) -> Option<Arc<Domain>> {
         read(&self.map).get(&id).cloned()
+    }
+
+    /// Hot-path lookup: runs `f` with the domain, through the calling
+    /// thread's cache (no shared cache line written while the registry is
+    /// unchanged).
+    pub fn with<R>(&self, id: u32, f: impl FnMut(Option<&Arc<Domain>>) -> R) -> R {
+        let gen = self.gen.load(Ordering::Acquire);
+        with_cached(self.uid, gen, id, || self.get(id), f)
     }
 
     pub fn len(&self) -> usize {
@@ -107,15 +132,23 @@ impl DomainRegistry {
     }
 
     pub fn insert(&self, d: Arc<Domain>) {
-        write(&self.map).insert(d.id(), d);
+        let mut m = write(&self.map);
+        m.insert(d.id(), d);
+        self.gen.fetch_add(1, Ordering::Release);
     }
 
     pub fn remove(&self, id: u32) -> Option<Arc<Domain>> {
-        write(&self.map).remove(&id)
+        let mut m = write(&self.map);
+        let d = m.remove(&id);
+        self.gen.fetch_add(1, Ordering::Release);
+        d
     }
 
     /// Removes every domain (device reset).
     pub fn drain(&self) -> Vec<Arc<Domain>> {
-        write(&self.map).drain().map(|(_, d)| d).collect()
+        let mut m = write(&self.map);
+        let all = m.drain().map(|(_, d)| d).collect();
+        self.gen.fetch_add(1, Ordering::Release);
+        all
     }
 }

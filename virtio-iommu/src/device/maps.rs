@@ -5,6 +5,7 @@
 //! validation the spec asks of the device happens before the table is
 //! touched, with checked arithmetic on every guest-supplied address.
 
+use super::domains::Domain;
 use super::IommuDevice;
 use crate::mapping::{MapError, Perm, UnmapError, Worker, GPA_MAX};
 use crate::wire::{feature, MapReq, Status, UnmapReq, MAP_F_ALL, MAP_F_MMIO};
@@ -19,6 +20,16 @@ impl IommuDevice {
     }
 
     pub(super) fn map(&self, w: &mut Worker, req: &MapReq) -> Status {
+        self.domains
+            .with(req.domain, |d| self.map_in(w, req, d.map(|d| &**d)))
+    }
+
+    pub(super) fn unmap(&self, w: &mut Worker, req: &UnmapReq) -> Status {
+        self.domains
+            .with(req.domain, |d| self.unmap_in(w, req, d.map(|d| &**d)))
+    }
+
+    fn map_in(&self, w: &mut Worker, req: &MapReq, domain: Option<&Domain>) -> Status {
         if !self.features.is_acked(feature::MAP_UNMAP) {
             return Status::Unsupp;
         }
@@ -28,7 +39,7 @@ impl IommuDevice {
         if req.flags & MAP_F_MMIO != 0 && !self.features.is_acked(feature::MMIO) {
             return Status::Inval;
         }
-        let Some(domain) = self.domains.get(req.domain) else {
+        let Some(domain) = domain else {
             return Status::NoEnt;
         };
         let Some(space) = domain.space() else {
@@ -70,11 +81,11 @@ impl IommuDevice {
         }
     }
 
-    pub(super) fn unmap(&self, w: &mut Worker, req: &UnmapReq) -> Status {
+    fn unmap_in(&self, w: &mut Worker, req: &UnmapReq, domain: Option<&Domain>) -> Status {
         if !self.features.is_acked(feature::MAP_UNMAP) {
             return Status::Unsupp;
         }
-        let Some(domain) = self.domains.get(req.domain) else {
+        let Some(domain) = domain else {
             return Status::NoEnt;
         };
         let Some(space) = domain.space() else {

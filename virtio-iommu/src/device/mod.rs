@@ -41,6 +41,7 @@ mod domains;
 mod endpoints;
 mod features;
 mod listener;
+mod lookup;
 mod maps;
 mod probe;
 mod sync;
