@@ -10,7 +10,7 @@
 //! mutex so membership bookkeeping never races.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::lookup::{next_uid, with_cached};
@@ -37,6 +37,9 @@ pub struct Domain {
     /// Per-endpoint reserved regions of the members (global ones are checked
     /// separately); MAP over them is refused. Rebuilt on membership change.
     member_resv: RwLock<Vec<ResvMem>>,
+    /// `!member_resv.is_empty()`, readable without touching the lock word
+    /// (the common case, no per-endpoint regions, costs MAP one load).
+    has_member_resv: AtomicBool,
 }
 
 impl Domain {
@@ -46,6 +49,7 @@ impl Domain {
             kind,
             members: Mutex::new(BTreeSet::new()),
             member_resv: RwLock::new(Vec::new()),
+            has_member_resv: AtomicBool::new(false),
         }
     }
 
@@ -72,7 +76,9 @@ impl Domain {
     /// Adds a member and its reserved regions. Topology lock held by caller.
     pub fn add_member(&self, endpoint: u32, resv: &[ResvMem]) {
         lock(&self.members).insert(endpoint);
-        write(&self.member_resv).extend_from_slice(resv);
+        let mut r = write(&self.member_resv);
+        r.extend_from_slice(resv);
+        self.has_member_resv.store(!r.is_empty(), Ordering::Release);
     }
 
     /// Removes a member; `resv_of` gives each remaining member's regions so
@@ -81,12 +87,17 @@ impl Domain {
         let mut m = lock(&self.members);
         m.remove(&endpoint);
         let rebuilt: Vec<ResvMem> = m.iter().flat_map(|&e| resv_of(e)).collect();
-        *write(&self.member_resv) = rebuilt;
+        let mut r = write(&self.member_resv);
+        *r = rebuilt;
+        self.has_member_resv.store(!r.is_empty(), Ordering::Release);
         m.len()
     }
 
     /// True if `[start, end]` intersects a member's reserved region.
     pub fn overlaps_member_resv(&self, start: u64, end: u64) -> bool {
+        if !self.has_member_resv.load(Ordering::Acquire) {
+            return false;
+        }
         read(&self.member_resv)
             .iter()
             .any(|r| r.start <= end && start <= r.end)
