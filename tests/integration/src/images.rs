@@ -68,6 +68,8 @@ pub struct InitramfsSpec {
     pub optional_modules: Vec<String>,
     /// Out-of-tree modules (e.g. the guest driver), loaded last.
     pub extra_ko: Vec<PathBuf>,
+    /// insmod parameters for the `extra_ko` entry at the same index.
+    pub extra_ko_args: Vec<String>,
     /// Extra files: (host source, absolute destination in the guest).
     pub files: Vec<(PathBuf, String)>,
     /// The guest script, run as `/guest-script.sh`.
@@ -98,6 +100,9 @@ pub fn build_initramfs(spec: &InitramfsSpec) -> Result<PathBuf, HarnessError> {
         .arg(spec.optional_modules.join(" "));
     for ko in &spec.extra_ko {
         cmd.arg("--extra-ko").arg(ko);
+    }
+    for a in &spec.extra_ko_args {
+        cmd.arg("--extra-ko-args").arg(a);
     }
     for (src, dest) in &spec.files {
         let mut arg = src.as_os_str().to_os_string();

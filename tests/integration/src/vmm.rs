@@ -57,3 +57,77 @@ pub fn dmavisor_binary() -> Result<PathBuf, HarnessError> {
         stderr: msg,
     })
 }
+
+/// A guest boot under dmavisor, turned into a command line with
+/// [`GuestBoot::argv`] (cloud-hypervisor-style flags).
+#[derive(Debug, Clone)]
+pub struct GuestBoot {
+    pub kernel: PathBuf,
+    pub initramfs: PathBuf,
+    pub cmdline: String,
+    pub cpus: u32,
+    pub memory_mib: u32,
+    /// Further flags (devices, `-v`, ...), appended as given.
+    pub extra_args: Vec<String>,
+}
+
+/// Kernel command line the tests use by default: serial console, quiet
+/// (every console byte is a VM exit, expensive in the nested runner), and
+/// reboot instead of hanging on a panic.
+pub const DEFAULT_CMDLINE: &str = "console=ttyS0 quiet panic=-1";
+
+impl GuestBoot {
+    /// 2 vCPUs, 512 MiB, [`DEFAULT_CMDLINE`].
+    pub fn new(kernel: impl Into<PathBuf>, initramfs: impl Into<PathBuf>) -> Self {
+        GuestBoot {
+            kernel: kernel.into(),
+            initramfs: initramfs.into(),
+            cmdline: DEFAULT_CMDLINE.to_string(),
+            cpus: 2,
+            memory_mib: 512,
+            extra_args: Vec::new(),
+        }
+    }
+
+    /// argv for `bin`, with the serial console on the VMM's stdout.
+    pub fn argv(&self, bin: &std::path::Path) -> Vec<String> {
+        let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
+        let mut v = vec![
+            s(bin),
+            "--kernel".into(),
+            s(&self.kernel),
+            "--initramfs".into(),
+            s(&self.initramfs),
+            "--cmdline".into(),
+            self.cmdline.clone(),
+            "--cpus".into(),
+            format!("boot={}", self.cpus),
+            "--memory".into(),
+            format!("size={}M", self.memory_mib),
+            "--serial".into(),
+            "tty".into(),
+        ];
+        v.extend(self.extra_args.iter().cloned());
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argv_has_cloud_hypervisor_style_flags() {
+        let mut b = GuestBoot::new("/k", "/i");
+        b.cpus = 4;
+        b.memory_mib = 1024;
+        b.extra_args = vec!["-v".into()];
+        let argv = b.argv(std::path::Path::new("/bin/dmavisor"));
+        let joined = argv.join(" ");
+        assert_eq!(
+            joined,
+            "/bin/dmavisor --kernel /k --initramfs /i --cmdline console=ttyS0 quiet panic=-1 \
+             --cpus boot=4 --memory size=1024M --serial tty -v"
+        );
+    }
+}

@@ -16,9 +16,9 @@ use integration_tests::images::{build_initramfs, ensure_images, InitramfsSpec};
 use integration_tests::markers::{guest_script_exit, marker_int};
 use integration_tests::paths::guest_script;
 use integration_tests::session::{run_session, Case, CaseResult, SessionResult};
-use integration_tests::vmm::dmavisor_binary;
+use integration_tests::vmm::{dmavisor_binary, GuestBoot, DEFAULT_CMDLINE};
 
-const CMDLINE: &str = "console=ttyS0 quiet panic=-1";
+const CMDLINE: &str = DEFAULT_CMDLINE;
 const CASE_TIMEOUT_SECS: u32 = 300;
 const SESSION_TIMEOUT: Duration = Duration::from_secs(1800);
 
@@ -33,25 +33,9 @@ fn s(p: &Path) -> String {
 }
 
 fn dmavisor_case(name: &str, bin: &Path, kernel: &Path, initrd: &Path) -> Case {
-    Case::new(
-        name,
-        vec![
-            s(bin),
-            "--kernel".into(),
-            s(kernel),
-            "--initramfs".into(),
-            s(initrd),
-            "--cmdline".into(),
-            CMDLINE.into(),
-            "--cpus".into(),
-            "boot=2".into(),
-            "--memory".into(),
-            "size=512M".into(),
-            "--serial".into(),
-            "tty".into(),
-        ],
-        CASE_TIMEOUT_SECS,
-    )
+    let mut boot = GuestBoot::new(kernel, initrd);
+    boot.cmdline = CMDLINE.into();
+    Case::new(name, boot.argv(bin), CASE_TIMEOUT_SECS)
 }
 
 fn qemu_case(name: &str, kernel: &Path, initrd: &Path) -> Case {
