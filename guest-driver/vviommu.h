@@ -182,7 +182,6 @@ struct vvi_ep {
 	unsigned int pm_total;
 	struct vvi_stats __percpu *stats;
 	atomic64_t faults;
-	atomic_long_t live;
 	struct dentry *dbg;
 };
 
@@ -266,6 +265,7 @@ void vvi_fill_detach(struct vvi_req *r, u32 dom, u32 epid);
 u64 vvi_map(struct vvi_ep *ep, phys_addr_t phys, size_t size,
 	    enum dma_data_direction dir, u64 mask);
 void vvi_unmap(struct vvi_ep *ep, u64 dma, size_t size, bool strict);
+long vvi_live(struct vvi_ep *ep);
 int vvi_install_ops(struct vvi_ep *ep);
 void vvi_remove_ops(struct vvi_ep *ep);
 int vvi_policy_setup(struct vvi_ep *ep);

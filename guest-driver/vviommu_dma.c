@@ -1041,12 +1041,10 @@ u64 vvi_map(struct vvi_ep *ep, phys_addr_t phys, size_t size,
 		break;
 	}
 out:
-	if (dma == DMA_MAPPING_ERROR) {
+	if (dma == DMA_MAPPING_ERROR)
 		vvi_inc(ep, VVI_ST_ERRORS);
-	} else {
+	else
 		vvi_inc(ep, VVI_ST_MAPS);
-		atomic_long_inc(&ep->live);
-	}
 	return dma;
 }
 
@@ -1059,7 +1057,6 @@ void vvi_unmap(struct vvi_ep *ep, u64 dma, size_t size, bool strict)
 	if (dma == DMA_MAPPING_ERROR || !size)
 		return;
 	vvi_inc(ep, VVI_ST_UNMAPS);
-	atomic_long_dec(&ep->live);
 
 	switch (vvi_policy_sel) {
 	case VVI_POL_PASSTHROUGH:
@@ -1082,6 +1079,20 @@ void vvi_unmap(struct vvi_ep *ep, u64 dma, size_t size, bool strict)
 		break;
 	}
 	vvi_invalidate(ep, dma - off, n, strict);
+}
+
+/* live mappings = maps - unmaps, summed over CPUs (no shared atomic) */
+long vvi_live(struct vvi_ep *ep)
+{
+	long live = 0;
+	int cpu;
+
+	for_each_possible_cpu(cpu) {
+		struct vvi_stats *st = per_cpu_ptr(ep->stats, cpu);
+
+		live += st->c[VVI_ST_MAPS] - st->c[VVI_ST_UNMAPS];
+	}
+	return live;
 }
 
 /* ------------------------------------------------------------------ */

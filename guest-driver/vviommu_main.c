@@ -228,7 +228,7 @@ static int vvi_stats_show(struct seq_file *s, void *unused)
 		   vvi_inval_names[vvi_inval_sel]);
 	for (i = 0; i < VVI_NR_STATS; i++)
 		seq_printf(s, "%s=%llu\n", vvi_stat_names[i], sum[i]);
-	seq_printf(s, "live=%ld\n", atomic_long_read(&ep->live));
+	seq_printf(s, "live=%lld\n", sum[VVI_ST_MAPS] - sum[VVI_ST_UNMAPS]);
 	seq_printf(s, "faults=%lld\n", atomic64_read(&ep->faults));
 	reqs = sum[VVI_ST_MAP_REQS] + sum[VVI_ST_UNMAP_REQS];
 	kicks = sum[VVI_ST_KICKS];
@@ -335,7 +335,6 @@ static void vvi_claim(struct vvi_ep *ep, enum vvi_owner how,
 	if (ret)
 		goto err_policy;
 
-	atomic_long_set(&ep->live, 0);
 	ret = vvi_install_ops(ep);
 	if (ret)
 		goto err_policy;
@@ -373,7 +372,7 @@ static void vvi_release(struct vvi_ep *ep)
 	if (ep->owner == VVI_OWN_NONE)
 		return;
 	vvi_flush_sync();
-	live = atomic_long_read(&ep->live);
+	live = vvi_live(ep);
 	if (live && vvi_policy_sel != VVI_POL_PASSTHROUGH)
 		dev_warn(&ep->pdev->dev,
 			 "vviommu: %ld mappings still live at release\n", live);
