@@ -234,8 +234,7 @@ fn group_type_of_device(out: &str) -> String {
 /// the fault events for exactly those addresses.
 fn assert_protects(name: &str, dmavisor_registers: bool) {
     let out = completed(name);
-    assert_eq!(int(&out, "mapped_ok"), 1, "{name}: mapped DMA:\n{out}");
-    assert_eq!(int(&out, "mapped_diff"), 0, "{name}:\n{out}");
+    assert_eq!(int(&out, "mapped_diff"), 0, "{name}: mapped DMA:\n{out}");
     assert_eq!(
         int(&out, "after_unmap_changed"),
         0,
@@ -250,13 +249,23 @@ fn assert_protects(name: &str, dmavisor_registers: bool) {
         .lines()
         .filter(|l| l.starts_with("FAULT-LOG ") && l.contains("fault from EP"))
         .collect();
-    for iova in [UNMAPPED_IOVA, NEVER_IOVA] {
+    // QEMU reports one event per 4 bytes and drops the rest when the event
+    // queue is full, so only the first faulting address is certain there.
+    let iovas: &[&str] = if dmavisor_registers {
+        &[UNMAPPED_IOVA, NEVER_IOVA]
+    } else {
+        &[UNMAPPED_IOVA]
+    };
+    for iova in iovas {
         assert!(
             faults.iter().any(|l| l.contains(&format!("at {iova}"))),
             "{name}: no guest fault event for {iova}:\n{out}"
         );
     }
     if dmavisor_registers {
+        // The device's own error/counter registers (QEMU's edu has none).
+        assert_eq!(int(&out, "mapped_ok"), 1, "{name}:\n{out}");
+        assert_eq!(int(&out, "still_ok"), 1, "{name}:\n{out}");
         assert_eq!(int(&out, "mapped_to_dev_err"), 0, "{name}:\n{out}");
         assert_eq!(
             int(&out, "after_unmap_err"),
