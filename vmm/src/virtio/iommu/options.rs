@@ -1,4 +1,4 @@
-//! `--iommu [impl=scalable|baseline][,bypass=on|off]` and the `iommu=on|off`
+//! `--iommu [impl=scalable|baseline][,bypass=on|off][,queues=N]` and the `iommu=on|off`
 //! key shared by the devices that can sit behind it.
 
 use virtio_iommu::mapping::SpaceImpl;
@@ -16,13 +16,20 @@ pub struct IommuOptions {
     /// (on) or are blocked (off, the default: nothing reaches memory before
     /// the guest driver attached the endpoint).
     pub bypass: bool,
+    /// Request queues offered behind the project's multi-queue feature
+    /// (1 = the standard single-queue device).
+    pub queues: u16,
 }
+
+/// Most request queues `queues=` accepts.
+pub const MAX_REQUEST_QUEUES: u16 = 64;
 
 impl Default for IommuOptions {
     fn default() -> Self {
         Self {
             space_impl: SpaceImpl::Scalable,
             bypass: false,
+            queues: 1,
         }
     }
 }
@@ -43,7 +50,7 @@ pub fn parse_on_off(option: &'static str, value: &str, key: &str, v: &str) -> Re
 impl IommuOptions {
     /// Parses `--iommu`; an empty value means the defaults.
     pub fn parse(value: &str) -> Result<Self, Error> {
-        let opts = parse_options("iommu", value, &["impl", "bypass"])?;
+        let opts = parse_options("iommu", value, &["impl", "bypass", "queues"])?;
         let mut o = Self::default();
         if let Some(i) = opts.get("impl") {
             o.space_impl = i.parse().map_err(|reason| Error::InvalidOption {
@@ -54,6 +61,17 @@ impl IommuOptions {
         }
         if let Some(b) = opts.get("bypass") {
             o.bypass = parse_on_off("iommu", value, "bypass", b)?;
+        }
+        if let Some(q) = opts.get("queues") {
+            o.queues = q
+                .parse()
+                .ok()
+                .filter(|n| (1..=MAX_REQUEST_QUEUES).contains(n))
+                .ok_or_else(|| Error::InvalidOption {
+                    option: "iommu",
+                    value: value.to_string(),
+                    reason: format!("queues must be 1..={MAX_REQUEST_QUEUES}, not '{q}'"),
+                })?;
         }
         Ok(o)
     }
@@ -75,6 +93,9 @@ mod tests {
         );
         assert!(IommuOptions::parse("impl=fast").is_err());
         assert!(IommuOptions::parse("bypass=yes").is_err());
-        assert!(IommuOptions::parse("queues=2").is_err());
+        assert_eq!(IommuOptions::parse("queues=4").unwrap().queues, 4);
+        assert!(IommuOptions::parse("queues=0").is_err());
+        assert!(IommuOptions::parse("queues=65").is_err());
+        assert!(IommuOptions::parse("cache=1").is_err());
     }
 }

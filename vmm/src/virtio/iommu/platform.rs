@@ -55,6 +55,7 @@ impl IommuPlatform {
         let cfg = IommuConfig {
             space_impl: opts.space_impl,
             bypass: opts.bypass,
+            num_request_queues: opts.queues,
             ..IommuConfig::default()
         };
         let iommu = Arc::new(IommuDevice::new(cfg).map_err(|e| dev_err("config", &e))?);
@@ -72,8 +73,9 @@ impl IommuPlatform {
             .add_device(Arc::new(Mutex::new(transport)))
             .map_err(|e| dev_err("PCI", &e))?;
         log::info!(
-            "virtio-iommu at {address} ({} domain tables, bypass {})",
+            "virtio-iommu at {address} ({} domain tables, {} request queue(s), bypass {})",
             opts.space_impl,
+            opts.queues,
             if opts.bypass { "on" } else { "off" }
         );
         Ok(Self {
