@@ -45,7 +45,7 @@ pub struct Cli {
     #[arg(long, value_name = "tap=NAME,...")]
     pub net: Vec<String>,
 
-    /// A virtio-iommu (with a VIOT table): [impl=scalable|baseline][,bypass=on|off].
+    /// A virtio-iommu (with a VIOT table): [impl=scalable|baseline][,bypass=on|off][,queues=N].
     /// Devices opt in with iommu=on.
     #[arg(long, value_name = "impl=..,bypass=..", num_args = 0..=1, default_missing_value = "")]
     pub iommu: Option<String>,
