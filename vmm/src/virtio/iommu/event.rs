@@ -84,6 +84,13 @@ impl EventQueue {
             }
             delivered = true;
         };
+        // With EVENT_IDX the driver kicks only past the index published
+        // here: ask for a kick once it adds buffers beyond those we hold.
+        if let Err(e) = self.queue.enable_notification(&self.mem) {
+            warn!("virtio-iommu: event queue: {e}");
+            self.interrupt.set_needs_reset();
+            return false;
+        }
         if delivered {
             match self.queue.needs_notification(&self.mem) {
                 Ok(false) => {}

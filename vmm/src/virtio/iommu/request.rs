@@ -28,6 +28,16 @@ const MAX_READABLE: usize = 4096;
 /// Largest device-writable part served: probe properties plus the tail.
 const MAX_WRITABLE: usize = 4096 + 64 * 1024;
 
+/// How a batch ended.
+enum Drain {
+    /// No more available chains (notifications re-enabled).
+    Empty,
+    /// The batch reached its bound; more chains may be waiting.
+    Full,
+    /// The ring is malformed.
+    Broken,
+}
+
 struct RequestQueue {
     iommu: Arc<IommuDevice>,
     index: u16,
@@ -93,65 +103,77 @@ fn gather(mem: &DmaSpace, bufs: &[Buffer], max: usize, out: &mut Vec<u8>) -> boo
 }
 
 impl RequestQueue {
-    /// Serves everything available. Returns false if the queue is broken
-    /// (the driver must reset the device) and the thread should end.
+    /// Serves everything available, one batch (kick) at a time. Returns
+    /// false if the queue is broken (the driver must reset the device) and
+    /// the thread should end.
     fn process(&mut self) -> bool {
-        let ok = self.drain();
-        // Complete even after an error: requests already handled must not
-        // be lost, and their invalidations must be flushed first.
-        self.iommu.complete_kick(&mut self.worker);
-        let mut published = false;
+        loop {
+            let state = self.drain();
+            // Complete even after an error: requests already handled must not
+            // be lost, and their invalidations must be flushed first.
+            self.iommu.complete_kick(&mut self.worker);
+            if !self.publish() {
+                return false;
+            }
+            match state {
+                Drain::Empty => return true,
+                Drain::Full => continue,
+                Drain::Broken => {
+                    self.interrupt.set_needs_reset();
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Adds the batch's used entries and interrupts if the driver wants it.
+    fn publish(&mut self) -> bool {
+        if self.completed.is_empty() {
+            return true;
+        }
         for (head, len) in self.completed.drain(..) {
             if let Err(e) = self.queue.add_used(&self.mem, head, len) {
                 warn!("virtio-iommu: used ring of queue {}: {e}", self.index);
                 self.interrupt.set_needs_reset();
                 return false;
             }
-            published = true;
         }
-        if published {
-            match self.queue.needs_notification(&self.mem) {
-                Ok(true) => self.interrupt.notify_queue(self.index),
-                Ok(false) => {}
-                Err(e) => {
-                    debug!("virtio-iommu: needs_notification: {e}");
-                    self.interrupt.notify_queue(self.index);
-                }
+        match self.queue.needs_notification(&self.mem) {
+            Ok(true) => self.interrupt.notify_queue(self.index),
+            Ok(false) => {}
+            Err(e) => {
+                debug!("virtio-iommu: needs_notification: {e}");
+                self.interrupt.notify_queue(self.index);
             }
         }
-        if !ok {
-            self.interrupt.set_needs_reset();
-        }
-        ok
+        true
     }
 
-    /// Handles all available chains into `self.completed`.
-    fn drain(&mut self) -> bool {
+    /// Handles available chains into `self.completed`, at most a queue's
+    /// worth per batch so one batch stays bounded.
+    fn drain(&mut self) -> Drain {
         let limit = usize::from(self.queue.size()).max(1);
         loop {
             if let Err(e) = self.queue.disable_notification(&self.mem) {
                 warn!("virtio-iommu: queue {}: {e}", self.index);
-                return false;
+                return Drain::Broken;
             }
             while let Some(dc) = self.queue.pop_descriptor_chain(&self.mem) {
                 let head = dc.head_index();
-                let len = match self.handle(head) {
-                    Some(len) => len,
-                    None => return false,
+                let Some(len) = self.handle(head) else {
+                    return Drain::Broken;
                 };
                 self.completed.push((head, len));
                 if self.completed.len() >= limit {
-                    // More than a queue's worth in one kick: the driver is
-                    // recycling buffers we have not completed; end the batch.
-                    return true;
+                    return Drain::Full;
                 }
             }
             match self.queue.enable_notification(&self.mem) {
                 Ok(true) => continue,
-                Ok(false) => return true,
+                Ok(false) => return Drain::Empty,
                 Err(e) => {
                     warn!("virtio-iommu: queue {}: {e}", self.index);
-                    return false;
+                    return Drain::Broken;
                 }
             }
         }
