@@ -244,3 +244,172 @@ fn scatter(mem: &DmaSpace, bufs: &[Buffer], mut data: &[u8]) -> bool {
     }
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::{Duration, Instant};
+
+    use virtio_iommu::device::IommuConfig;
+    use virtio_iommu::mapping::Perm;
+    use virtio_queue::{Queue, QueueT};
+    use vm_memory::{Bytes, GuestAddress};
+
+    use super::*;
+    use crate::memory::GuestMemoryMmap;
+    use crate::virtio::chain::{VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
+    use crate::virtio::{ActiveQueue, VirtioInterrupt};
+
+    const EP: u32 = 8;
+    /// (descriptor table, avail ring, used ring) of queues 0 and 1.
+    const RINGS: [(u64, u64, u64); 2] = [(0x1000, 0x2000, 0x3000), (0x4000, 0x5000, 0x6000)];
+
+    #[derive(Default)]
+    struct Irq {
+        queue: [AtomicU32; 2],
+        needs_reset: AtomicU32,
+    }
+
+    impl VirtioInterrupt for Irq {
+        fn notify_queue(&self, queue: u16) {
+            if let Some(c) = self.queue.get(usize::from(queue)) {
+                c.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        fn notify_config(&self) {}
+        fn set_needs_reset(&self) {
+            self.needs_reset.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn queue(mem: &GuestMemoryMmap, i: usize) -> Queue {
+        let (d, a, u) = RINGS[i];
+        let mut q = Queue::new(16).unwrap();
+        q.set_size(16);
+        q.set_desc_table_address(Some(d as u32), Some(0));
+        q.set_avail_ring_address(Some(a as u32), Some(0));
+        q.set_used_ring_address(Some(u as u32), Some(0));
+        q.set_ready(true);
+        assert!(q.is_valid(mem));
+        q
+    }
+
+    fn desc(mem: &GuestMemoryMmap, q: usize, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+        let at = RINGS[q].0 + u64::from(i) * 16;
+        mem.write_obj(addr, GuestAddress(at)).unwrap();
+        mem.write_obj(len, GuestAddress(at + 8)).unwrap();
+        mem.write_obj(flags, GuestAddress(at + 12)).unwrap();
+        mem.write_obj(next, GuestAddress(at + 14)).unwrap();
+    }
+
+    /// Publishes `head` as avail entry number `n` (0-based) of queue `q`.
+    fn offer(mem: &GuestMemoryMmap, q: usize, n: u16, head: u16) {
+        let a = RINGS[q].1;
+        mem.write_obj(head, GuestAddress(a + 4 + u64::from(n % 16) * 2))
+            .unwrap();
+        mem.write_obj(n + 1, GuestAddress(a + 2)).unwrap();
+    }
+
+    fn used_idx(mem: &GuestMemoryMmap, q: usize) -> u16 {
+        mem.read_obj(GuestAddress(RINGS[q].2 + 2)).unwrap()
+    }
+
+    fn used_len(mem: &GuestMemoryMmap, q: usize, n: u16) -> u32 {
+        mem.read_obj(GuestAddress(RINGS[q].2 + 4 + u64::from(n) * 8 + 4))
+            .unwrap()
+    }
+
+    fn wait_used(mem: &GuestMemoryMmap, q: usize, want: u16) {
+        let t = Instant::now();
+        while used_idx(mem, q) < want {
+            assert!(t.elapsed() < Duration::from_secs(10), "queue {q} stalled");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    #[test]
+    fn requests_are_answered_and_faults_reach_the_event_queue() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x100000)]).unwrap();
+        let iommu = Arc::new(IommuDevice::new(IommuConfig::default()).unwrap());
+        iommu.add_endpoint(EP).unwrap();
+        let mut dev = VirtioIommu::new(iommu.clone()).unwrap();
+        assert_eq!(dev.queue_max_sizes(), vec![256, 64]);
+        assert_eq!(dev.device_type(), 23);
+        let irq = Arc::new(Irq::default());
+        let kicks = [
+            EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+            EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+        ];
+        let features = dev.features();
+        dev.activate(ActivateContext {
+            mem: DmaSpace::identity(mem.clone()),
+            interrupt: irq.clone(),
+            queues: vec![
+                ActiveQueue {
+                    index: 0,
+                    queue: queue(&mem, 0),
+                    kick: kicks[0].try_clone().unwrap(),
+                },
+                ActiveQueue {
+                    index: 1,
+                    queue: queue(&mem, 1),
+                    kick: kicks[1].try_clone().unwrap(),
+                },
+            ],
+            features,
+        })
+        .unwrap();
+
+        // ATTACH endpoint 8 to domain 1: readable request, writable tail.
+        let mut attach = vec![1u8, 0, 0, 0];
+        attach.extend_from_slice(&1u32.to_le_bytes());
+        attach.extend_from_slice(&EP.to_le_bytes());
+        attach.extend_from_slice(&[0; 8]);
+        mem.write_slice(&attach, GuestAddress(0x10000)).unwrap();
+        mem.write_slice(&[0xff; 4], GuestAddress(0x11000)).unwrap();
+        desc(&mem, 0, 0, 0x10000, 20, VIRTQ_DESC_F_NEXT, 1);
+        desc(&mem, 0, 1, 0x11000, 4, VIRTQ_DESC_F_WRITE, 0);
+        offer(&mem, 0, 0, 0);
+        kicks[0].write(1).unwrap();
+        wait_used(&mem, 0, 1);
+        assert_eq!(used_len(&mem, 0, 0), 4);
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(0x11000)).unwrap(), 0);
+        assert_eq!(iommu.endpoint_domain(EP), Some(1));
+        assert_eq!(irq.queue[0].load(Ordering::SeqCst), 1);
+
+        // A malformed request (unknown type) is answered with length 0.
+        mem.write_slice(&[0x7f; 20], GuestAddress(0x10000)).unwrap();
+        offer(&mem, 0, 1, 0);
+        kicks[0].write(1).unwrap();
+        wait_used(&mem, 0, 2);
+        assert_eq!(used_len(&mem, 0, 1), 0);
+
+        // A fault waits for an event buffer, then lands in it.
+        let dma = iommu.endpoint_dma(EP).unwrap();
+        assert!(dma.translate_contiguous(0x5000, 8, Perm::READ).is_err());
+        dev.fault_notify().write(1).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(used_idx(&mem, 1), 0, "no buffer yet");
+        desc(&mem, 1, 0, 0x20000, 24, VIRTQ_DESC_F_WRITE, 0);
+        offer(&mem, 1, 0, 0);
+        kicks[1].write(1).unwrap();
+        wait_used(&mem, 1, 1);
+        assert_eq!(used_len(&mem, 1, 0), 24);
+        let ep: u32 = mem.read_obj(GuestAddress(0x20008)).unwrap();
+        let addr: u64 = mem.read_obj(GuestAddress(0x20010)).unwrap();
+        assert_eq!((ep, addr), (EP, 0x5000));
+        assert_eq!(irq.needs_reset.load(Ordering::SeqCst), 0);
+
+        // Reset stops the threads and forgets the attachment.
+        dev.reset();
+        assert_eq!(iommu.endpoint_domain(EP), None);
+        offer(&mem, 0, 2, 0);
+        kicks[0].write(1).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            used_idx(&mem, 0),
+            2,
+            "no thread serves the queue after reset"
+        );
+    }
+}
