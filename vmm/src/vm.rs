@@ -116,6 +116,7 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
     // Kernel, command line, initramfs, ACPI and boot data: checked before
     // KVM is opened so that bad files are reported first.
     let kernel = load_kernel(&mem, &config.kernel)?;
+    crate::boot::reset_vector::write_reset_vector(&mem)?;
     let rsdp = create_acpi_tables(
         &mem,
         &AcpiConfig {

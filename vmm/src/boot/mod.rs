@@ -8,5 +8,6 @@ pub mod kernel;
 pub mod msrs;
 pub mod pvh;
 pub mod regs;
+pub mod reset_vector;
 
 pub use kernel::{load_kernel, BootProtocol, LoadedKernel};

@@ -11,6 +11,7 @@
 //! 0x0000_8ff0  boot stack top       0x0000_9000  PML4, PDPT, 4 PDs (4 GiB)
 //! 0x0002_0000  kernel command line  0x0009_fc00  EBDA (not RAM in e820)
 //! 0x000e_0000  ACPI tables (RSDP first, found by the legacy BIOS-area scan)
+//! 0x000f_fff0  reset vector stub (writes the ACPI reset register)
 //! 0x0010_0000  kernel load (bzImage code32_start / vmlinux p_paddr)
 //! ...          RAM up to min(size, 3 GiB)
 //! 0xc000_0000  PCI 32-bit MMIO window (512 MiB)
@@ -51,7 +52,9 @@ pub const EBDA_START: u64 = 0x9fc00;
 /// ACPI tables live in the legacy BIOS area where Linux scans for the RSDP.
 pub const ACPI_START: u64 = 0xe0000;
 /// End (exclusive) of the ACPI table area.
-pub const ACPI_END: u64 = 0x100000;
+pub const ACPI_END: u64 = 0xffff0;
+/// Real-mode reset vector (0xf000:0xfff0), see `boot::reset_vector`.
+pub const RESET_VECTOR: u64 = 0xffff0;
 /// First byte of "high" RAM, where the kernel is loaded.
 pub const HIGH_RAM_START: u64 = 0x100000;
 /// The 32-bit device hole starts at 3 GiB.
@@ -223,7 +226,7 @@ mod tests {
         // No RAM entry overlaps the ACPI area or the 32-bit hole.
         for x in e.iter().filter(|x| x.kind == E820Kind::Ram) {
             let end = x.addr + x.size;
-            assert!(end <= ACPI_START || x.addr >= ACPI_END);
+            assert!(end <= ACPI_START || x.addr >= HIGH_RAM_START);
             assert!(end <= MEM_32BIT_GAP_START || x.addr >= FIRST_ADDR_PAST_32BITS);
         }
     }
