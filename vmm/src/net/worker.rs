@@ -556,3 +556,187 @@ pub fn run_worker(parts: WorkerParts) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::GuestMemoryMmap;
+    use crate::virtio::chain::{VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
+
+    const DESC: u64 = 0x1000;
+    const AVAIL: u64 = 0x2000;
+    const USED: u64 = 0x3000;
+    const SIZE: u16 = 8;
+
+    struct Ring {
+        mem: GuestMemoryMmap,
+        dma: DmaSpace,
+        queue: Queue,
+        avail_idx: u16,
+    }
+
+    impl Ring {
+        fn new() -> Self {
+            let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x20000)]).unwrap();
+            let dma = DmaSpace::identity(mem.clone());
+            let mut queue = Queue::new(SIZE).unwrap();
+            queue.try_set_size(SIZE).unwrap();
+            queue
+                .try_set_desc_table_address(GuestAddress(DESC))
+                .unwrap();
+            queue
+                .try_set_avail_ring_address(GuestAddress(AVAIL))
+                .unwrap();
+            queue.try_set_used_ring_address(GuestAddress(USED)).unwrap();
+            queue.set_ready(true);
+            Self {
+                mem,
+                dma,
+                queue,
+                avail_idx: 0,
+            }
+        }
+
+        fn desc(&self, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+            let at = DESC + u64::from(i) * 16;
+            self.mem.write_obj(addr, GuestAddress(at)).unwrap();
+            self.mem.write_obj(len, GuestAddress(at + 8)).unwrap();
+            self.mem.write_obj(flags, GuestAddress(at + 12)).unwrap();
+            self.mem.write_obj(next, GuestAddress(at + 14)).unwrap();
+        }
+
+        fn offer(&mut self, head: u16) {
+            let slot = AVAIL + 4 + u64::from(self.avail_idx % SIZE) * 2;
+            self.mem.write_obj(head, GuestAddress(slot)).unwrap();
+            self.avail_idx = self.avail_idx.wrapping_add(1);
+            self.mem
+                .write_obj(self.avail_idx, GuestAddress(AVAIL + 2))
+                .unwrap();
+        }
+
+        fn used_idx(&self) -> u16 {
+            self.mem.read_obj(GuestAddress(USED + 2)).unwrap()
+        }
+
+        fn used(&self, i: u64) -> (u32, u32) {
+            let at = USED + 4 + i * 8;
+            (
+                self.mem.read_obj(GuestAddress(at)).unwrap(),
+                self.mem.read_obj(GuestAddress(at + 4)).unwrap(),
+            )
+        }
+
+        fn deliver(&mut self, frame: &mut [u8], mrg: bool) -> Delivery {
+            let len = frame.len();
+            let mut chains = Vec::new();
+            deliver(&self.dma, &mut self.queue, frame, len, &mut chains, mrg)
+        }
+    }
+
+    fn frame(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 + 3) as u8).collect()
+    }
+
+    #[test]
+    fn mergeable_frame_spans_chains() {
+        let mut r = Ring::new();
+        r.desc(0, 0x8000, 2048, VIRTQ_DESC_F_WRITE, 0);
+        r.desc(1, 0x9000, 2048, VIRTQ_DESC_F_WRITE, 0);
+        r.offer(0);
+        r.offer(1);
+        let mut f = frame(3000);
+        assert!(matches!(r.deliver(&mut f, true), Delivery::Done));
+        assert_eq!(r.used_idx(), 2);
+        assert_eq!(r.used(0), (0, 2048));
+        assert_eq!(r.used(1), (1, 952));
+        let nb: u16 = r.mem.read_obj(GuestAddress(0x8000 + 10)).unwrap();
+        assert_eq!(nb, 2);
+        let mut back = vec![0u8; 952];
+        r.mem.read_slice(&mut back, GuestAddress(0x9000)).unwrap();
+        assert_eq!(&back[..], &f[2048..]);
+    }
+
+    #[test]
+    fn missing_buffers_are_given_back() {
+        let mut r = Ring::new();
+        r.desc(0, 0x8000, 1024, VIRTQ_DESC_F_WRITE, 0);
+        r.offer(0);
+        let mut f = frame(3000);
+        assert!(matches!(r.deliver(&mut f, true), Delivery::NoBuffers));
+        assert_eq!(r.queue.next_avail(), 0);
+        assert_eq!(r.used_idx(), 0);
+        // Once enough buffers exist, the same frame goes through.
+        r.desc(1, 0x9000, 4096, VIRTQ_DESC_F_WRITE, 0);
+        r.offer(1);
+        assert!(matches!(r.deliver(&mut f, true), Delivery::Done));
+        assert_eq!(r.used_idx(), 2);
+    }
+
+    #[test]
+    fn without_mergeable_buffers_a_short_chain_drops_the_frame() {
+        let mut r = Ring::new();
+        r.desc(0, 0x8000, 1024, VIRTQ_DESC_F_WRITE, 0);
+        r.offer(0);
+        let mut f = frame(3000);
+        assert!(matches!(r.deliver(&mut f, false), Delivery::Dropped(true)));
+        assert_eq!(r.used(0), (0, 0));
+        // Runt frames (shorter than the header) are dropped untouched.
+        let mut runt = frame(5);
+        assert!(matches!(
+            r.deliver(&mut runt, true),
+            Delivery::Dropped(false)
+        ));
+    }
+
+    #[test]
+    fn malformed_rings_break_the_queue_without_panic() {
+        // Head index outside the table.
+        let mut r = Ring::new();
+        r.offer(SIZE + 1);
+        assert!(matches!(
+            r.deliver(&mut frame(100), true),
+            Delivery::Broken(_)
+        ));
+        // A descriptor loop.
+        let mut r = Ring::new();
+        r.desc(0, 0x8000, 10, VIRTQ_DESC_F_WRITE | VIRTQ_DESC_F_NEXT, 1);
+        r.desc(1, 0x8100, 10, VIRTQ_DESC_F_WRITE | VIRTQ_DESC_F_NEXT, 0);
+        r.offer(0);
+        assert!(matches!(
+            r.deliver(&mut frame(100), true),
+            Delivery::Broken(_)
+        ));
+        // A receive chain with nothing writable.
+        let mut r = Ring::new();
+        r.desc(0, 0x8000, 100, 0, 0);
+        r.offer(0);
+        assert!(matches!(
+            r.deliver(&mut frame(50), true),
+            Delivery::Broken(_)
+        ));
+        // A buffer outside guest RAM.
+        let mut r = Ring::new();
+        r.desc(0, 0xffff_0000, 4096, VIRTQ_DESC_F_WRITE, 0);
+        r.offer(0);
+        assert!(matches!(
+            r.deliver(&mut frame(100), true),
+            Delivery::Broken(_)
+        ));
+        assert_eq!(r.used_idx(), 0);
+        // A buffer that wraps the address space.
+        let mut r = Ring::new();
+        r.desc(0, u64::MAX - 10, 4096, VIRTQ_DESC_F_WRITE, 0);
+        r.offer(0);
+        assert!(matches!(
+            r.deliver(&mut frame(100), true),
+            Delivery::Broken(_)
+        ));
+        // The avail index jumps by more than the queue size.
+        let mut r = Ring::new();
+        r.mem.write_obj(100u16, GuestAddress(AVAIL + 2)).unwrap();
+        assert!(matches!(
+            r.deliver(&mut frame(100), true),
+            Delivery::Broken(_)
+        ));
+    }
+}
