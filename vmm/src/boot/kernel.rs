@@ -234,6 +234,72 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A minimal ELF64 "kernel": one PT_LOAD of `code` at 1 MiB and, if
+    /// `pvh`, a Xen PHYS32_ENTRY note pointing at it.
+    fn tiny_elf(code: &[u8], pvh: bool) -> Vec<u8> {
+        let entry: u64 = 0x100000;
+        let mut note = Vec::new();
+        for v in [4u32, 4, 18] {
+            note.extend_from_slice(&v.to_le_bytes());
+        }
+        note.extend_from_slice(b"Xen\0");
+        note.extend_from_slice(&(entry as u32).to_le_bytes());
+        let phnum: u16 = if pvh { 2 } else { 1 };
+        let mut img = vec![0u8; 0x1000 + code.len()];
+        img[0..8].copy_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0]);
+        let mut w = |off: usize, bytes: &[u8]| img[off..off + bytes.len()].copy_from_slice(bytes);
+        w(16, &2u16.to_le_bytes()); // ET_EXEC
+        w(18, &0x3eu16.to_le_bytes()); // x86-64
+        w(20, &1u32.to_le_bytes());
+        w(24, &entry.to_le_bytes());
+        w(32, &64u64.to_le_bytes()); // e_phoff
+        w(52, &64u16.to_le_bytes()); // e_ehsize
+        w(54, &56u16.to_le_bytes()); // e_phentsize
+        w(56, &phnum.to_le_bytes());
+        let phdr = |ty: u32, flags: u32, off: u64, addr: u64, size: u64, align: u64| {
+            let mut p = Vec::new();
+            p.extend_from_slice(&ty.to_le_bytes());
+            p.extend_from_slice(&flags.to_le_bytes());
+            for v in [off, addr, addr, size, size, align] {
+                p.extend_from_slice(&v.to_le_bytes());
+            }
+            p
+        };
+        w(64, &phdr(1, 5, 0x1000, entry, code.len() as u64, 0x1000));
+        if pvh {
+            w(120, &phdr(4, 4, 0x200, 0, note.len() as u64, 4));
+            w(0x200, &note);
+        }
+        w(0x1000, code);
+        img
+    }
+
+    fn write_temp(name: &str, bytes: &[u8]) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("dmavisor-elf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    #[test]
+    fn elf_with_pvh_note_boots_via_pvh() {
+        let m = mem();
+        let p = write_temp("pvh.elf", &tiny_elf(&[0x0f, 0x0b, 0xeb, 0xfe], true));
+        let k = load_kernel(&m, &p).unwrap();
+        assert!(matches!(k.protocol, BootProtocol::Pvh));
+        assert_eq!(k.entry, 0x100000);
+        let code: [u8; 4] = m.read_obj(GuestAddress(0x100000)).unwrap();
+        assert_eq!(code, [0x0f, 0x0b, 0xeb, 0xfe]);
+    }
+
+    #[test]
+    fn elf_without_pvh_note_is_refused() {
+        let p = write_temp("nopvh.elf", &tiny_elf(&[0xf4], false));
+        let err = load_kernel(&mem(), &p).unwrap_err().to_string();
+        assert!(err.contains("PVH"), "{err}");
+    }
+
     #[test]
     fn cmdline_is_nul_terminated_and_checked() {
         let m = mem();
