@@ -12,11 +12,15 @@ use crate::error::Error;
 /// The guest's `poweroff` ends dmavisor with exit code 0; a guest reboot
 /// also ends it with exit code 0 (there is no in-place reset). A guest
 /// triple fault or a KVM failure ends it with exit code 1, bad options with 2.
+///
+/// Needs a hardware-backed /dev/kvm (kvm_intel/kvm_amd); elsewhere run it
+/// inside resources/run-kvm. DMAVISOR_KVM_DEVICE names another device node.
 #[derive(Debug, Parser)]
 #[command(name = "dmavisor", version, about, long_about)]
 pub struct Cli {
     /// Kernel to boot: a bzImage (e.g. Debian's vmlinuz, 64-bit Linux boot
-    /// protocol) or an ELF vmlinux with a PVH entry note.
+    /// protocol) or an ELF vmlinux with a PVH entry note (boots faster: the
+    /// guest skips decompression).
     #[arg(long, value_name = "PATH")]
     pub kernel: PathBuf,
 
