@@ -291,6 +291,7 @@ mod tests {
         assert_eq!(k.entry, 0x100000);
         let code: [u8; 4] = m.read_obj(GuestAddress(0x100000)).unwrap();
         assert_eq!(code, [0x0f, 0x0b, 0xeb, 0xfe]);
+        std::fs::remove_file(p).unwrap();
     }
 
     #[test]
@@ -298,6 +299,7 @@ mod tests {
         let p = write_temp("nopvh.elf", &tiny_elf(&[0xf4], false));
         let err = load_kernel(&mem(), &p).unwrap_err().to_string();
         assert!(err.contains("PVH"), "{err}");
+        std::fs::remove_file(p).unwrap();
     }
 
     #[test]
