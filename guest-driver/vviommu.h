@@ -204,6 +204,7 @@ struct vvi_range {
 struct vvi_rq {
 	struct virtqueue *vq;
 	spinlock_t lock;	/* add/get on this queue only */
+	unsigned long nreqs;	/* requests added, under lock */
 	char name[16];
 } ____cacheline_aligned_in_smp;
 

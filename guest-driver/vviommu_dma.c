@@ -133,6 +133,7 @@ int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
 				WRITE_ONCE(r->done, 1);
 			} else {
 				kick = true;
+				rq->nreqs++;
 			}
 			next++;
 		}

@@ -557,6 +557,7 @@ static int vvi_info_show(struct seq_file *s, void *unused)
 {
 	struct vvi_dev *vd = s->private;
 	struct vvi_ep *ep;
+	unsigned int i;
 
 	seq_printf(s, "policy=%s\ninvalidation=%s\n",
 		   vvi_policy_names[vvi_policy_sel],
@@ -568,6 +569,9 @@ static int vvi_info_show(struct seq_file *s, void *unused)
 	seq_printf(s, "bypass_domain=%s\n", vd->bypass_dom ? "yes" : "no");
 	seq_printf(s, "request_queues=%u\nmultiqueue=%s\n", vd->nrq,
 		   virtio_has_feature(vd->vdev, VVI_F_MULTIQUEUE) ? "yes" : "no");
+	for (i = 0; i < vd->nrq; i++)
+		seq_printf(s, "queue%u_requests=%lu\n", i,
+			   READ_ONCE(vd->rqs[i].nreqs));
 	seq_printf(s, "identity_bits=r:%#llx,w:%#llx,fallback:%#llx\n",
 		   vd->rbit, vd->wbit, vd->fb_base);
 	seq_printf(s, "faults=%lld\nkicks=%lld\nrequests=%lld\n",

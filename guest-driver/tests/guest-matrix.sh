@@ -302,6 +302,7 @@ edu_config() {
 	faults=$(kv $edust faults)
 	nbufs=1
 	bench_one "policy=$pol inval=$inv" $edust
+	queues=$(grep -E "^(multiqueue|queue[0-9]+_requests)=" $D/vviommu/info | tr '\n' ',')
 	rmmod vvi_edu
 	rmmod vviommu
 	kwarn=$(dmesg | grep -cE "still live|still in use|WARNING|BUG|not pending|unknown IOVA|UNMAP failed|cannot take over")
@@ -314,7 +315,7 @@ edu_config() {
 	if [ $expect_block = 1 ]; then
 		[ "$blocked" = 1 ] && [ "${faults:-0}" -gt 0 ] || st=FAIL
 	fi
-	echo "VVI-EDU policy=$pol inval=$inv status=$st state=$state dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok after_unmap_blocked=$blocked expect_blocked=$expect_block faults=$faults kwarn=$kwarn"
+	echo "VVI-EDU policy=$pol inval=$inv status=$st state=$state dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok after_unmap_blocked=$blocked expect_blocked=$expect_block faults=$faults kwarn=$kwarn queues=${queues%,}"
 }
 
 case "$mode" in

@@ -9,7 +9,8 @@
 #
 #   run-dmavisor-edu.sh [extra kernel args, e.g. vvi_policies=magazine]
 #
-# Environment: DMAVISOR_BIN (else built with cargo), VVI_TIMEOUT.
+# Environment: DMAVISOR_BIN (else built with cargo), VVI_TIMEOUT,
+# VVI_IOMMU_OPTS (value of --iommu, e.g. queues=2).
 
 set -eu
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -37,6 +38,6 @@ fi
 
 "$REPO/resources/run-kvm" --timeout "$((TIMEOUT + 300))" -- \
 	"$BIN" --kernel "$IMG/vmlinuz" --initramfs "$OUT/edu.cpio.gz" \
-	--cmdline "console=ttyS0 panic=-1 loglevel=4 vvi_mode=edu vvi_iters=2000 vvi_reps=1 $*" \
+	--cmdline "console=ttyS0 panic=-1 loglevel=4 vvi_mode=edu vvi_iters=${VVI_ITERS:-2000} vvi_reps=1 $*" \
 	--cpus boot=2 --memory size=1024M --serial tty \
-	--iommu "" --dma-test iommu=on 2>&1 | tee "$OUT/dmavisor-edu.log"
+	--iommu "${VVI_IOMMU_OPTS:-}" --dma-test iommu=on 2>&1 | tee "$OUT/dmavisor-edu.log"
