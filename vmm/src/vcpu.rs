@@ -163,6 +163,11 @@ impl Vcpu {
         Ok(())
     }
 
+    /// The vCPU's index (and APIC id).
+    pub fn index(&self) -> u8 {
+        self.index
+    }
+
     fn finish(&self, event: ExitEvent) {
         let _ = self.exit.send(event);
     }

@@ -296,7 +296,7 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
     }
     for vcpu in vcpus {
         thread::Builder::new()
-            .name("vcpu".into())
+            .name(format!("vcpu{}", vcpu.index()))
             .spawn(move || vcpu.run())
             .map_err(|source| Error::Os {
                 what: "vCPU thread",
