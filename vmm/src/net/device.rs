@@ -177,6 +177,23 @@ impl VirtioDevice for Net {
         } else {
             None
         };
+        // Until the driver sends VQ_PAIRS_SET only the first pair is in use
+        // (virtio 1.2, 5.1.6.5.5): the TAP must not steer flows elsewhere.
+        for (i, tap) in self.taps.iter().enumerate() {
+            if pairs > 1 {
+                tap.set_queue_enabled(i == 0)
+                    .map_err(|e| ActivateError::Device(e.to_string()))?;
+            }
+        }
+        let mut all_rx_kicks = Vec::with_capacity(pairs);
+        for i in 0..pairs {
+            // Positions matter (pair i at index i); an absent queue gets
+            // an eventfd nobody listens to.
+            all_rx_kicks.push(match slots.get(2 * i) {
+                Some(Some(q)) => q.kick.try_clone()?,
+                _ => EventFd::new(libc::EFD_NONBLOCK)?,
+            });
+        }
         for (i, tap) in self.taps.iter().enumerate() {
             let rx = slots.get_mut(2 * i).and_then(Option::take);
             let tx = slots.get_mut(2 * i + 1).and_then(Option::take);
@@ -193,7 +210,16 @@ impl VirtioDevice for Net {
                 tx,
                 ctrl: ctrl.take(),
                 mrg_rxbuf: has(MRG_RXBUF),
-                max_pairs: pairs as u16,
+                all_taps: if i == 0 {
+                    self.taps.clone()
+                } else {
+                    Vec::new()
+                },
+                all_rx_kicks: if i == 0 {
+                    std::mem::take(&mut all_rx_kicks)
+                } else {
+                    Vec::new()
+                },
                 stop: stop.try_clone()?,
             };
             let handle = thread::Builder::new()

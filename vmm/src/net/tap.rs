@@ -20,6 +20,9 @@ use thiserror::Error;
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
 const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
+const TUNSETQUEUE: libc::c_ulong = 0x4004_54d9;
+const IFF_ATTACH_QUEUE: u16 = 0x0200;
+const IFF_DETACH_QUEUE: u16 = 0x0400;
 const IFF_TAP: u16 = 0x0002;
 const IFF_NO_PI: u16 = 0x1000;
 const IFF_VNET_HDR: u16 = 0x4000;
@@ -182,6 +185,32 @@ impl Tap {
             what: "TUNSETOFFLOAD",
             source,
         })
+    }
+
+    /// Attaches or detaches this queue of a multi-queue TAP: the kernel
+    /// only steers frames to attached queues, so queues of pairs the driver
+    /// does not use must be detached or their flows would stall.
+    pub fn set_queue_enabled(&self, enabled: bool) -> Result<(), TapError> {
+        let mut req = IfReq::new("");
+        req.set_short(if enabled {
+            IFF_ATTACH_QUEUE
+        } else {
+            IFF_DETACH_QUEUE
+        });
+        match ioctl_ptr(
+            self.file.as_raw_fd(),
+            TUNSETQUEUE,
+            req.0.as_mut_ptr().cast(),
+        ) {
+            Ok(()) => Ok(()),
+            // Already in the requested state.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
+            Err(source) => Err(TapError::Ioctl {
+                name: self.name.clone(),
+                what: "TUNSETQUEUE",
+                source,
+            }),
+        }
     }
 
     /// Gives the host side of the interface `ip`/`mask` and brings it up.

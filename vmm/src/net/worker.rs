@@ -46,7 +46,7 @@ const CTRL_MAX_LEN: u64 = 4096;
 pub struct WorkerQueue {
     index: u16,
     queue: Queue,
-    kick: EventFd,
+    pub(crate) kick: EventFd,
     broken: bool,
 }
 
@@ -78,8 +78,12 @@ pub struct WorkerParts {
     pub ctrl: Option<WorkerQueue>,
     /// VIRTIO_NET_F_MRG_RXBUF was negotiated.
     pub mrg_rxbuf: bool,
-    /// Number of queue pairs the device has (for VQ_PAIRS_SET checks).
-    pub max_pairs: u16,
+    /// Every pair's TAP queue (pair 0's worker attaches and detaches them
+    /// on VQ_PAIRS_SET).
+    pub all_taps: Vec<Arc<Tap>>,
+    /// Every pair's receive kick (pair 0's worker wakes a pair whose TAP
+    /// queue it attached).
+    pub all_rx_kicks: Vec<EventFd>,
     /// Written to stop the worker.
     pub stop: EventFd,
 }
@@ -237,18 +241,27 @@ impl Worker {
         })
     }
 
+    /// Starts or stops watching the TAP fd. Removal rather than an empty
+    /// event mask, because epoll always reports EPOLLERR, which a detached
+    /// multi-queue TAP fd raises permanently.
     fn set_tap_polling(&mut self, on: bool) {
         if self.tap_polled == on {
             return;
         }
-        let events = if on { EventSet::IN } else { EventSet::empty() };
-        match self.epoll.ctl(
-            ControlOperation::Modify,
-            self.p.tap.as_raw_fd(),
-            EpollEvent::new(events, TOKEN_TAP),
-        ) {
+        let fd = self.p.tap.as_raw_fd();
+        let r = if on {
+            self.epoll.ctl(
+                ControlOperation::Add,
+                fd,
+                EpollEvent::new(EventSet::IN, TOKEN_TAP),
+            )
+        } else {
+            self.epoll
+                .ctl(ControlOperation::Delete, fd, EpollEvent::default())
+        };
+        match r {
             Ok(()) => self.tap_polled = on,
-            Err(e) => warn!("virtio-net: epoll modify on TAP: {e}"),
+            Err(e) => warn!("virtio-net: epoll on TAP: {e}"),
         }
     }
 
@@ -413,7 +426,10 @@ impl Worker {
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) => {
+                        // EBADFD: this queue is detached (pair not in use);
+                        // pair 0's worker kicks us when it is attached.
                         debug!("virtio-net: TAP read: {e}");
+                        self.set_tap_polling(false);
                         break;
                     }
                 },
@@ -469,42 +485,59 @@ impl Worker {
             return;
         };
         let mut used_any = false;
-        while !c.broken {
-            let head = match pop_head(&mut c.queue, &self.p.mem) {
-                Ok(Some(h)) => h,
-                Ok(None) => break,
+        'outer: while !c.broken {
+            if let Err(e) = c.queue.disable_notification(&self.p.mem) {
+                break_queue(&mut c, &*self.p.interrupt, &format!("ring: {e}"));
+                break;
+            }
+            loop {
+                let head = match pop_head(&mut c.queue, &self.p.mem) {
+                    Ok(Some(h)) => h,
+                    Ok(None) => break,
+                    Err(e) => {
+                        break_queue(&mut c, &*self.p.interrupt, &format!("avail ring: {e}"));
+                        break 'outer;
+                    }
+                };
+                let q = &c.queue;
+                if let Err(e) =
+                    walk_into(&self.p.mem, q.desc_table(), q.size(), head, &mut self.chain)
+                {
+                    let why = format!("control chain {head}: {e}");
+                    break_queue(&mut c, &*self.p.interrupt, &why);
+                    break 'outer;
+                }
+                let ack = self.control_command();
+                let Some(status) = self.chain.writable.first().copied() else {
+                    break_queue(
+                        &mut c,
+                        &*self.p.interrupt,
+                        "control chain without status byte",
+                    );
+                    break 'outer;
+                };
+                if self
+                    .p
+                    .mem
+                    .write_obj(ack, GuestAddress(status.addr))
+                    .is_err()
+                    || c.queue.add_used(&self.p.mem, head, 1).is_err()
+                {
+                    break_queue(&mut c, &*self.p.interrupt, "control status not writable");
+                    break 'outer;
+                }
+                used_any = true;
+            }
+            // Ask for the next kick (EVENT_IDX: moves avail_event); loop if
+            // commands arrived meanwhile.
+            match c.queue.enable_notification(&self.p.mem) {
+                Ok(true) => continue,
+                Ok(false) => break,
                 Err(e) => {
-                    break_queue(&mut c, &*self.p.interrupt, &format!("avail ring: {e}"));
+                    break_queue(&mut c, &*self.p.interrupt, &format!("ring: {e}"));
                     break;
                 }
-            };
-            let q = &c.queue;
-            if let Err(e) = walk_into(&self.p.mem, q.desc_table(), q.size(), head, &mut self.chain)
-            {
-                let why = format!("control chain {head}: {e}");
-                break_queue(&mut c, &*self.p.interrupt, &why);
-                break;
             }
-            let ack = self.control_command();
-            let Some(status) = self.chain.writable.first().copied() else {
-                break_queue(
-                    &mut c,
-                    &*self.p.interrupt,
-                    "control chain without status byte",
-                );
-                break;
-            };
-            if self
-                .p
-                .mem
-                .write_obj(ack, GuestAddress(status.addr))
-                .is_err()
-                || c.queue.add_used(&self.p.mem, head, 1).is_err()
-            {
-                break_queue(&mut c, &*self.p.interrupt, "control status not writable");
-                break;
-            }
-            used_any = true;
         }
         if used_any {
             signal_used(&mut c, &self.p.mem, &*self.p.interrupt);
@@ -531,14 +564,21 @@ impl Worker {
         }
         match (cmd.first(), cmd.get(1), cmd.get(2..4)) {
             (Some(&CTRL_CLASS_MQ), Some(&CTRL_MQ_VQ_PAIRS_SET), Some(p)) => {
-                let pairs = u16::from_le_bytes([p[0], p[1]]);
-                // Every pair is always served, so any valid count is fine.
-                if (1..=self.p.max_pairs).contains(&pairs) {
-                    debug!("virtio-net: driver uses {pairs} queue pair(s)");
-                    CTRL_OK
-                } else {
-                    CTRL_ERR
+                let pairs = usize::from(u16::from_le_bytes([p[0], p[1]]));
+                if !(1..=self.p.all_taps.len()).contains(&pairs) {
+                    return CTRL_ERR;
                 }
+                for (i, tap) in self.p.all_taps.iter().enumerate() {
+                    if let Err(e) = tap.set_queue_enabled(i < pairs) {
+                        warn!("virtio-net: VQ_PAIRS_SET {pairs}: {e}");
+                        return CTRL_ERR;
+                    }
+                }
+                for k in self.p.all_rx_kicks.iter().take(pairs).skip(1) {
+                    let _ = k.write(1);
+                }
+                debug!("virtio-net: driver uses {pairs} queue pair(s)");
+                CTRL_OK
             }
             _ => CTRL_ERR,
         }
