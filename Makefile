@@ -25,9 +25,11 @@ lint:
 unit:
 	$(CARGO) test --workspace --exclude integration-tests
 
+# The module must build without warnings (-Werror) and pass checkpatch.
 guest-driver:
-	$(MAKE) -C guest-driver
-	$(MAKE) -C guest-driver checkpatch
+	resources/fetch-checkpatch
+	$(MAKE) -C guest-driver KCFLAGS=-Werror
+	$(MAKE) -C guest-driver check CHECKPATCH=$(CURDIR)/build/checkpatch/checkpatch.pl
 
 fuzz:
 	fuzz/run.sh $(FUZZ_SECONDS)
