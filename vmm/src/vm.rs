@@ -160,6 +160,14 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
     };
 
     let kvm = open_kvm()?;
+    let max_vcpus = kvm.get_max_vcpus();
+    if usize::from(config.cpus.boot) > max_vcpus {
+        return Err(Error::InvalidOption {
+            option: "cpus",
+            value: format!("boot={}", config.cpus.boot),
+            reason: format!("this host's KVM supports at most {max_vcpus} vCPUs"),
+        });
+    }
     let vm = Arc::new(kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?);
     vm.set_tss_address(KVM_TSS_ADDRESS as usize)
         .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
