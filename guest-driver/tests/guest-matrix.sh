@@ -318,6 +318,22 @@ edu_config() {
 	echo "VVI-EDU policy=$pol inval=$inv status=$st state=$state dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok after_unmap_blocked=$blocked expect_blocked=$expect_block faults=$faults kwarn=$kwarn queues=${queues%,}"
 }
 
+# request accounting on a short benchmark (counts do not depend on speed)
+minibench() {
+	nbufs=1
+	reps=1
+	iters=1000
+	for inv in strict lazy-percpu; do
+		for pol in identity magazine persistent passthrough; do
+			insmod $M/vviommu.ko policy="$pol" invalidation="$inv" || continue
+			insmod $M/vvi_edu.ko
+			bench_one "policy=$pol inval=$inv" $D/vviommu/$EDU/stats
+			rmmod vvi_edu
+			rmmod vviommu
+		done
+	done
+}
+
 case "$mode" in
 edu)
 	for pol in $policies; do
@@ -334,6 +350,7 @@ matrix)
 			one_config "$pol" "$inv"
 		done
 	done
+	minibench
 	;;
 bench)
 	bench

@@ -212,6 +212,51 @@ fn every_configuration_reported_once() {
     }
 }
 
+fn bench_line(policy: &str, inval: &str) -> HashMap<String, String> {
+    let r = run();
+    let prefix = format!("VVI-BENCH policy={policy} inval={inval} ");
+    let line = r
+        .output
+        .lines()
+        .filter_map(|l| l.find("VVI-BENCH ").map(|i| &l[i..]))
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no bench line for {policy}/{inval}"));
+    fields(line)
+}
+
+/// Requests per DMA of the short in-guest benchmark (2 CPUs x 1000
+/// map/unmap of one 4 KiB buffer each), in thousandths.
+fn req_per_dma_x1000(policy: &str, inval: &str) -> u64 {
+    let f = bench_line(policy, inval);
+    assert_eq!(f["errors"], "0", "{policy}/{inval}: {f:?}");
+    let maps: u64 = f["maps"].parse().expect("maps");
+    assert!(maps >= 2000, "{policy}/{inval}: all DMAs counted: {f:?}");
+    f["req_per_dma_x1000"].parse().expect("req_per_dma_x1000")
+}
+
+#[test]
+fn strict_costs_one_map_and_one_unmap_per_dma() {
+    assert_eq!(req_per_dma_x1000("magazine", "strict"), 2000);
+    assert_eq!(req_per_dma_x1000("identity", "strict"), 2000);
+}
+
+#[test]
+fn lazy_percpu_merges_unmaps() {
+    // one MAP per DMA is unavoidable; the UNMAPs of a flush are merged
+    let m = req_per_dma_x1000("magazine", "lazy-percpu");
+    assert!((1000..1100).contains(&m), "magazine lazy-percpu: {m}");
+}
+
+#[test]
+fn identity_reuse_and_persistent_avoid_requests() {
+    // a page mapped again while its UNMAP is queued keeps its mapping
+    let i = req_per_dma_x1000("identity", "lazy-percpu");
+    assert!(i < 10, "identity lazy-percpu: {i}");
+    let p = req_per_dma_x1000("persistent", "strict");
+    assert!(p < 10, "persistent strict: {p}");
+    assert_eq!(req_per_dma_x1000("passthrough", "strict"), 0);
+}
+
 #[test]
 fn field_parser_handles_quotes() {
     let f = fields("VVI-RESULT negative policy=bogus status=PASS msg=\"a b=c\" x=1");
