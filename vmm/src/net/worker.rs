@@ -13,6 +13,7 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 use log::{debug, warn};
@@ -129,6 +130,37 @@ fn signal_used(q: &mut WorkerQueue, mem: &DmaSpace, interrupt: &dyn VirtioInterr
     if q.queue.needs_notification(mem).unwrap_or(true) {
         interrupt.notify_queue(q.index);
     }
+}
+
+/// After a receive ran out of buffers: asks the driver to kick on the next
+/// buffer it adds, and says whether buffers arrived meanwhile.
+///
+/// WHY not `Queue::enable_notification`: with EVENT_IDX it sets
+/// `avail_event` to `next_avail`, but buffers between `next_avail` and the
+/// driver's `avail_idx` are already published and too few for the pending
+/// frame; the driver only kicks when its index crosses `avail_event`, which
+/// it already has, so no kick would ever come. Here `avail_event` is set to
+/// the driver's current index, so its next buffer triggers the kick.
+fn arm_rx_kick(q: &mut Queue, mem: &DmaSpace) -> Result<bool, String> {
+    let seen = q
+        .avail_idx(mem, Ordering::Acquire)
+        .map_err(|e| e.to_string())?;
+    if q.event_idx_enabled() {
+        // used ring: flags, idx, ring[size], then avail_event.
+        let at = q
+            .used_ring()
+            .checked_add(4 + 8 * u64::from(q.size()))
+            .ok_or("used ring address overflows")?;
+        mem.store(u16::to_le(seen.0), GuestAddress(at), Ordering::Release)
+            .map_err(|e| e.to_string())?;
+    } else {
+        q.enable_notification(mem).map_err(|e| e.to_string())?;
+    }
+    fence(Ordering::SeqCst);
+    let now = q
+        .avail_idx(mem, Ordering::Acquire)
+        .map_err(|e| e.to_string())?;
+    Ok(now != seen)
 }
 
 /// Places one received frame (`frame[..len]`, virtio-net header first) in
@@ -451,22 +483,26 @@ impl Worker {
                     self.frame_len = None;
                     used_any |= used;
                 }
-                Delivery::NoBuffers => match self.p.rx.queue.enable_notification(&self.p.mem) {
-                    // Buffers arrived meanwhile: try again.
-                    Ok(true) => {
-                        let _ = self.p.rx.queue.disable_notification(&self.p.mem);
-                        continue;
+                Delivery::NoBuffers => {
+                    // Hand over what was delivered so the driver can refill,
+                    // then ask for a kick on its next buffer.
+                    if used_any {
+                        signal_used(&mut self.p.rx, &self.p.mem, &*self.p.interrupt);
+                        used_any = false;
                     }
-                    Ok(false) => {
-                        self.set_tap_polling(false);
-                        break;
+                    match arm_rx_kick(&mut self.p.rx.queue, &self.p.mem) {
+                        Ok(true) => continue,
+                        Ok(false) => {
+                            self.set_tap_polling(false);
+                            break;
+                        }
+                        Err(e) => {
+                            break_queue(&mut self.p.rx, &*self.p.interrupt, &format!("ring: {e}"));
+                            self.set_tap_polling(false);
+                            break;
+                        }
                     }
-                    Err(e) => {
-                        break_queue(&mut self.p.rx, &*self.p.interrupt, &format!("ring: {e}"));
-                        self.set_tap_polling(false);
-                        break;
-                    }
-                },
+                }
                 Delivery::Broken(why) => {
                     self.frame_len = None;
                     break_queue(&mut self.p.rx, &*self.p.interrupt, &why);
@@ -710,6 +746,28 @@ mod tests {
         r.offer(1);
         assert!(matches!(r.deliver(&mut f, true), Delivery::Done));
         assert_eq!(r.used_idx(), 2);
+    }
+
+    #[test]
+    fn out_of_buffers_arms_a_kick_past_the_published_buffers() {
+        let mut r = Ring::new();
+        r.queue.set_event_idx(true);
+        r.desc(0, 0x8000, 1024, VIRTQ_DESC_F_WRITE, 0);
+        r.offer(0);
+        let mut f = frame(3000);
+        assert!(matches!(r.deliver(&mut f, true), Delivery::NoBuffers));
+        // avail_event must be the driver's index (1), not next_avail (0):
+        // the driver kicks only when its next buffer crosses it.
+        assert!(!arm_rx_kick(&mut r.queue, &r.dma).unwrap());
+        let event: u16 = r
+            .mem
+            .read_obj(GuestAddress(USED + 4 + 8 * u64::from(SIZE)))
+            .unwrap();
+        assert_eq!(event, 1);
+        // Without EVENT_IDX the flags route is used and nothing is written.
+        let mut r = Ring::new();
+        r.offer(0);
+        assert!(!arm_rx_kick(&mut r.queue, &r.dma).unwrap());
     }
 
     #[test]
