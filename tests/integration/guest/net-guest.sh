@@ -19,6 +19,13 @@ if [ -z "$iface" ]; then
 fi
 drv=$(basename "$(readlink /sys/class/net/$iface/device/driver)" 2>/dev/null)
 echo "GUEST-NET-IFACE name=$iface driver=$drv features=$(cat /sys/class/net/$iface/device/features 2>/dev/null)"
+echo "GUEST-NET-QUEUES rx=$(ls -d /sys/class/net/$iface/queues/rx-* | wc -l) tx=$(ls -d /sys/class/net/$iface/queues/tx-* | wc -l)"
+grp=$(readlink -f /sys/class/net/$iface/device/../iommu_group 2>/dev/null)
+if [ -n "$grp" ] && [ -e "$grp/type" ]; then
+    echo "GUEST-NET-IOMMU group=$(basename "$grp") type=$(cat "$grp/type")"
+else
+    echo "GUEST-NET-IOMMU group=none type=none"
+fi
 ip link set lo up
 ip addr add $ME/24 dev "$iface"
 ip link set "$iface" up
@@ -57,4 +64,27 @@ wget -q -O /tmp/rx "http://$HOST:5002/data"
 rc=$?
 t1=$(up)
 echo "GUEST-RX bytes=$(wc -c < /tmp/rx) md5=$(md5sum /tmp/rx | cut -d' ' -f1) rc=$rc t0=$t0 t1=$t1"
+
+# Device reset and re-activation: unbind the driver (the device is reset,
+# its queues stop), bind it again, and ping over the new queues.
+pci=$(basename "$(readlink -f /sys/class/net/$iface/device/..)")
+echo "$pci" > /sys/bus/pci/drivers/virtio-pci/unbind
+echo "$pci" > /sys/bus/pci/drivers/virtio-pci/bind
+sleep 1
+iface2=""
+for d in /sys/class/net/*; do
+    n=$(basename "$d")
+    [ "$n" = lo ] && continue
+    iface2=$n
+    break
+done
+ip addr add $ME/24 dev "$iface2" 2>/dev/null
+ip link set "$iface2" up
+i=0
+ok=0
+while [ $i -lt 20 ]; do
+    if ping -c 1 -W 2 $HOST >/dev/null 2>&1; then ok=1; break; fi
+    i=$((i + 1))
+done
+echo "GUEST-REBIND pci=$pci iface=$iface2 ok=$ok"
 echo "GUEST-NET-DONE"

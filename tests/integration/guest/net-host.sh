@@ -4,6 +4,8 @@
 # TAP whose host end is 192.168.249.1/24, then print the peer's results.
 #
 #   net-host.sh dmavisor BIN KERNEL INITRD
+#   net-host.sh dmavisor-mq BIN KERNEL INITRD   (num_queues=4: 2 pairs + ctrl)
+#   net-host.sh dmavisor-viommu BIN KERNEL INITRD   (--iommu, NIC iommu=on)
 #   net-host.sh qemu     -   KERNEL INITRD
 #
 # dmavisor creates and configures its TAP itself (--net tap=...,ip=,mask=);
@@ -24,10 +26,18 @@ i=0
 while ! grep -q PEER-READY "$peer_out" && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
 
 case "$mode" in
-dmavisor)
+dmavisor|dmavisor-mq|dmavisor-viommu)
+    queues=2
+    [ "$mode" = dmavisor-mq ] && queues=4
+    iommu=off
+    viommu=""
+    if [ "$mode" = dmavisor-viommu ]; then
+        iommu=on
+        viommu="--iommu"
+    fi
     "$bin" --kernel "$kernel" --initramfs "$initrd" --cmdline "$cmdline" \
-        --cpus boot=2 --memory size=512M --serial tty \
-        --net tap=dmvtap0,mac=52:54:00:12:34:56,ip=192.168.249.1,mask=255.255.255.0 -v
+        --cpus boot=2 --memory size=512M --serial tty $viommu \
+        --net tap=dmvtap0,mac=52:54:00:12:34:56,ip=192.168.249.1,mask=255.255.255.0,num_queues=$queues,iommu=$iommu -v
     echo "VMM-EXIT rc=$?"
     ;;
 qemu)
