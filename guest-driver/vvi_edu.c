@@ -129,6 +129,33 @@ static int edu_coherent_test(struct vvi_edu *e, const u8 *expect)
 	return ok;
 }
 
+/* a device write into a buffer mapped DMA_TO_DEVICE must not land */
+static int edu_ro_write_test(struct vvi_edu *e)
+{
+	struct device *dev = &e->pdev->dev;
+	struct page *pg = alloc_page(GFP_KERNEL);
+	int i, blocked = -1;
+	dma_addr_t d;
+	u8 *p;
+
+	if (!pg)
+		return -1;
+	p = page_address(pg);
+	memset(p, 0x33, PAGE_SIZE);
+	d = dma_map_page(dev, pg, 0, PAGE_SIZE, DMA_TO_DEVICE);
+	if (!dma_mapping_error(dev, d)) {
+		if (!edu_dma(e, EDU_BUF_ADDR, d, EDU_XFER, true)) {
+			blocked = 1;
+			for (i = 0; i < PAGE_SIZE; i++)
+				if (p[i] != 0x33)
+					blocked = 0;
+		}
+		dma_unmap_page(dev, d, PAGE_SIZE, DMA_TO_DEVICE);
+	}
+	__free_page(pg);
+	return blocked;
+}
+
 static void edu_pattern(u8 *p, size_t n, u8 seed)
 {
 	size_t i;
@@ -150,7 +177,9 @@ static size_t edu_count_diff(const u8 *a, const u8 *b, size_t n)
  * 1. RAM -> edu from a buffer mapped DMA_TO_DEVICE,
  * 2. edu -> RAM into a buffer mapped DMA_FROM_DEVICE; must equal 1.,
  * 3. edu -> RAM into the IOVA of a buffer that was unmapped before:
- *    the buffer must stay unchanged if the IOMMU blocked the DMA.
+ *    the buffer must stay unchanged if the IOMMU blocked the DMA;
+ * then scatterlist and coherent buffers, and a device write into a
+ * buffer mapped read-only (DMA_TO_DEVICE).
  */
 static void edu_dmatest(struct vvi_edu *e)
 {
@@ -158,7 +187,7 @@ static void edu_dmatest(struct vvi_edu *e)
 	struct page *ps = NULL, *pd = NULL, *pu = NULL;
 	u8 *src, *dst, *una, *expect = NULL;
 	dma_addr_t ds, dd, du;
-	int ret, ok = 0, blocked = -1, sg_ok, coh_ok;
+	int ret, ok = 0, blocked = -1, sg_ok, coh_ok, ro_blocked;
 	size_t diff = 0, changed = 0;
 	u8 seed = (u8)get_random_u32();
 
@@ -219,11 +248,12 @@ static void edu_dmatest(struct vvi_edu *e)
 
 	sg_ok = edu_sg_test(e, expect);
 	coh_ok = edu_coherent_test(e, expect);
+	ro_blocked = edu_ro_write_test(e);
 
 	snprintf(e->result, sizeof(e->result),
-		 "dma_ok=%d\nafter_unmap_blocked=%d\nafter_unmap_changed_bytes=%zu\nsg_ok=%d\ncoherent_ok=%d\nsrc_iova=%#llx\ndst_iova=%#llx\nunmapped_iova=%#llx\n",
-		 ok, blocked, changed, sg_ok, coh_ok, (u64)ds, (u64)dd,
-		 (u64)du);
+		 "dma_ok=%d\nafter_unmap_blocked=%d\nafter_unmap_changed_bytes=%zu\nsg_ok=%d\ncoherent_ok=%d\nro_write_blocked=%d\nsrc_iova=%#llx\ndst_iova=%#llx\nunmapped_iova=%#llx\n",
+		 ok, blocked, changed, sg_ok, coh_ok, ro_blocked, (u64)ds,
+		 (u64)dd, (u64)du);
 	dev_info(dev, "dmatest: dma_ok=%d after_unmap_blocked=%d\n", ok,
 		 blocked);
 	goto out;

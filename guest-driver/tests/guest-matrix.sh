@@ -182,6 +182,7 @@ one_config() {
 	uiova=$(kv $D/vvi_edu/dmatest unmapped_iova)
 	sgok=$(kv $D/vvi_edu/dmatest sg_ok)
 	cohok=$(kv $D/vvi_edu/dmatest coherent_ok)
+	roblk=$(kv $D/vvi_edu/dmatest ro_write_blocked)
 	sleep 1
 	f2=$(faults)
 	edufaults=$(kv $edust faults)
@@ -210,13 +211,17 @@ one_config() {
 	if [ "$inv" = strict ] && [ "$pol" != persistent ] && [ "$pol" != passthrough ]; then
 		expect_block=1
 	fi
+	# every policy but passthrough maps DMA_TO_DEVICE read-only
+	expect_ro=1
+	[ "$pol" = passthrough ] && expect_ro=0
+	[ "$roblk" = "$expect_ro" ] || { st=FAIL; why="$why,ro-write"; }
 	if [ $expect_block = 1 ]; then
 		[ "$blocked" = 1 ] || { st=FAIL; why="$why,not-blocked"; }
 		[ "${edufaults:-0}" -gt 0 ] || { st=FAIL; why="$why,no-fault-event"; }
 		[ "$faultlog" -gt 0 ] || { st=FAIL; why="$why,no-fault-log"; }
 	fi
 	[ "$f0" = "$f1" ] || { st=FAIL; why="$why,faults-during-net"; }
-	echo "VVI-RESULT policy=$pol inval=$inv status=$st net=$net net_ms=$netms edu_dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok after_unmap_blocked=$blocked expect_blocked=$expect_block edu_faults=$edufaults fault_log=$faultlog net_maps=$netmaps net_requests=$netreqs unmapped_iova=$uiova rmmod_busy=$busy unload=$unload kwarn=$kwarn why=${why#,}"
+	echo "VVI-RESULT policy=$pol inval=$inv status=$st net=$net net_ms=$netms edu_dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok ro_write_blocked=$roblk after_unmap_blocked=$blocked expect_blocked=$expect_block edu_faults=$edufaults fault_log=$faultlog net_maps=$netmaps net_requests=$netreqs unmapped_iova=$uiova rmmod_busy=$busy unload=$unload kwarn=$kwarn why=${why#,}"
 }
 
 # one benchmark configuration: $reps runs, median ops/s, request deltas
@@ -298,6 +303,7 @@ edu_config() {
 	blocked=$(kv $r after_unmap_blocked)
 	sgok=$(kv $r sg_ok)
 	cohok=$(kv $r coherent_ok)
+	roblk=$(kv $r ro_write_blocked)
 	sleep 1
 	faults=$(kv $edust faults)
 	nbufs=1
@@ -315,7 +321,10 @@ edu_config() {
 	if [ $expect_block = 1 ]; then
 		[ "$blocked" = 1 ] && [ "${faults:-0}" -gt 0 ] || st=FAIL
 	fi
-	echo "VVI-EDU policy=$pol inval=$inv status=$st state=$state dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok after_unmap_blocked=$blocked expect_blocked=$expect_block faults=$faults kwarn=$kwarn queues=${queues%,}"
+	expect_ro=1
+	[ "$pol" = passthrough ] && expect_ro=0
+	[ "$roblk" = "$expect_ro" ] || st=FAIL
+	echo "VVI-EDU policy=$pol inval=$inv status=$st state=$state dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok ro_write_blocked=$roblk after_unmap_blocked=$blocked expect_blocked=$expect_block faults=$faults kwarn=$kwarn queues=${queues%,}"
 }
 
 # request accounting on a short benchmark (counts do not depend on speed)

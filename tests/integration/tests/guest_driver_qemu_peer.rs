@@ -118,6 +118,9 @@ fn check_config(policy: &str) {
         assert_eq!(f["edu_dma_ok"], "1", "edu DMA to a mapped buffer, {ctx}");
         assert_eq!(f["sg_ok"], "1", "edu DMA into dma_map_sg segments, {ctx}");
         assert_eq!(f["coherent_ok"], "1", "edu DMA into coherent memory, {ctx}");
+        // DMA_TO_DEVICE is mapped read-only (passthrough maps all RAM RW)
+        let ro = if policy == "passthrough" { "0" } else { "1" };
+        assert_eq!(f["ro_write_blocked"], ro, "device write into RO map, {ctx}");
         assert_eq!(f["rmmod_busy"], "yes", "rmmod refused while owned, {ctx}");
         assert_eq!(f["unload"], "ok", "module unload after use, {ctx}");
         assert_eq!(f["kwarn"], "0", "driver warnings in dmesg, {ctx}");
