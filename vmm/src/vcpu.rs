@@ -65,6 +65,45 @@ fn set_lapic_reg(regs: &mut [libc::c_char], offset: usize, value: u32) {
     }
 }
 
+/// The port, access size and data of the current KVM_EXIT_IO.
+///
+/// Why not kvm-ioctls' slice alone: string I/O (`rep ins/outs`) delivers
+/// `count` accesses of `size` bytes in one exit, and the slice does not say
+/// which; each element must reach the device as its own access.
+fn io_exit_data(fd: &mut VcpuFd) -> (u16, usize, &mut [u8]) {
+    let run = fd.get_kvm_run();
+    // SAFETY: only called right after KVM_RUN returned KVM_EXIT_IO, so `io`
+    // is the union member KVM filled in.
+    let io = unsafe { run.__bindgen_anon_1.io };
+    let size = usize::from(io.size);
+    let len = size * io.count as usize;
+    let base = run as *mut kvm_bindings::kvm_run as *mut u8;
+    // SAFETY: KVM places the data `data_offset` bytes into the kvm_run
+    // mapping, which is mapped for the vCPU's lifetime (kvm-ioctls derives
+    // its IoIn/IoOut slices the same way).
+    let data = unsafe { std::slice::from_raw_parts_mut(base.add(io.data_offset as usize), len) };
+    (io.port, size, data)
+}
+
+/// Dispatches one or more `size`-byte port reads; absent ports read all-ones.
+fn pio_in(bus: &Bus, vcpu: u8, port: u16, size: usize, data: &mut [u8]) {
+    for chunk in data.chunks_mut(size.max(1)) {
+        if !bus.read(u64::from(port), chunk) {
+            trace!("vCPU {vcpu}: unhandled in {port:#x}");
+            chunk.fill(0xff);
+        }
+    }
+}
+
+/// Dispatches one or more `size`-byte port writes.
+fn pio_out(bus: &Bus, vcpu: u8, port: u16, size: usize, data: &[u8]) {
+    for chunk in data.chunks(size.max(1)) {
+        if !bus.write(u64::from(port), chunk) {
+            trace!("vCPU {vcpu}: unhandled out {port:#x} {chunk:?}");
+        }
+    }
+}
+
 fn set_delivery_mode(reg: u32, mode: u32) -> u32 {
     (reg & !0x700) | (mode << 8)
 }
@@ -178,16 +217,13 @@ impl Vcpu {
         let index = self.index;
         loop {
             match self.fd.run() {
-                Ok(VcpuExit::IoIn(port, data)) => {
-                    if !self.pio.read(u64::from(port), data) {
-                        trace!("vCPU {index}: unhandled in {port:#x}");
-                        data.fill(0xff);
-                    }
+                Ok(VcpuExit::IoIn(..)) => {
+                    let (port, size, data) = io_exit_data(&mut self.fd);
+                    pio_in(&self.pio, index, port, size, data);
                 }
-                Ok(VcpuExit::IoOut(port, data)) => {
-                    if !self.pio.write(u64::from(port), data) {
-                        trace!("vCPU {index}: unhandled out {port:#x} {data:?}");
-                    }
+                Ok(VcpuExit::IoOut(..)) => {
+                    let (port, size, data) = io_exit_data(&mut self.fd);
+                    pio_out(&self.pio, index, port, size, data);
                 }
                 Ok(VcpuExit::MmioRead(addr, data)) => {
                     if !self.mmio.read(addr, data) {
@@ -255,6 +291,39 @@ impl Vcpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct Fifo {
+        next: u8,
+        written: Vec<Vec<u8>>,
+    }
+
+    impl crate::devices::bus::BusDevice for Fifo {
+        fn read(&mut self, _base: u64, _offset: u64, data: &mut [u8]) {
+            data.fill(self.next);
+            self.next += 1;
+        }
+        fn write(&mut self, _base: u64, _offset: u64, data: &[u8]) {
+            self.written.push(data.to_vec());
+        }
+    }
+
+    #[test]
+    fn string_io_is_split_into_accesses() {
+        let bus = Bus::new();
+        let dev = Arc::new(std::sync::Mutex::new(Fifo {
+            next: 1,
+            written: Vec::new(),
+        }));
+        bus.insert(0x3f8, 8, dev.clone()).unwrap();
+        let mut data = [0u8; 4];
+        pio_in(&bus, 0, 0x3f8, 1, &mut data);
+        assert_eq!(data, [1, 2, 3, 4], "rep insb: four 1-byte reads");
+        pio_out(&bus, 0, 0x3f8, 2, &[1, 2, 3, 4]);
+        assert_eq!(dev.lock().unwrap().written, vec![vec![1, 2], vec![3, 4]]);
+        let mut absent = [0u8; 2];
+        pio_in(&bus, 0, 0x80, 1, &mut absent);
+        assert_eq!(absent, [0xff, 0xff]);
+    }
 
     #[test]
     fn lapic_register_helpers() {
