@@ -3,6 +3,9 @@
 # virtio NIC, ping the host end of the TAP, send 8 MiB to the host's peer
 # (net-peer.py) and fetch 8 MiB from it. Every result is a marker line.
 SIZE=8388608
+# net_size=BYTES on the kernel command line overrides it (slow configurations).
+n=$(sed -n 's/.*net_size=\([0-9][0-9]*\).*/\1/p' /proc/cmdline)
+[ -n "$n" ] && SIZE=$n
 HOST=192.168.249.1
 ME=192.168.249.2
 
