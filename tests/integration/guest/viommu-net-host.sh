@@ -3,8 +3,9 @@
 # net-host.sh (same peer, same guest traffic script, same addresses), with
 # the NIC behind a virtio-iommu and the guest's IOMMU mode chosen:
 #
-#   viommu-net-host.sh dmavisor|qemu off|lazy|strict BIN KERNEL INITRD
+#   viommu-net-host.sh dmavisor|qemu off|lazy|strict BIN KERNEL INITRD SIZE
 #
+# SIZE bytes go each way (net_size= on the guest command line).
 # off    no vIOMMU (the baseline for the ratios)
 # lazy   vIOMMU, the guest's default DMA-FQ domains (deferred invalidation)
 # strict vIOMMU, iommu.strict=1 on the guest command line (DMA domains)
@@ -13,12 +14,13 @@ mode=$2
 bin=$3
 kernel=$4
 initrd=$5
+size=$6
 here=$(dirname "$0")
-cmdline="console=ttyS0 quiet loglevel=3 panic=-1"
+cmdline="console=ttyS0 quiet loglevel=3 panic=-1 net_size=$size"
 [ "$mode" = strict ] && cmdline="$cmdline iommu.strict=1"
 peer_out=$(mktemp)
 
-python3 "$here/net-peer.py" --label "$vmm-$mode" --timeout 800 > "$peer_out" 2>&1 &
+python3 "$here/net-peer.py" --label "$vmm-$mode" --size "$size" --timeout 800 > "$peer_out" 2>&1 &
 peer=$!
 i=0
 while ! grep -q PEER-READY "$peer_out" && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done

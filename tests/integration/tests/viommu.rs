@@ -351,8 +351,10 @@ fn viommu_bypass_config() {
 // virtio-net behind the vIOMMU: a second session (its own group).
 // ---------------------------------------------------------------------
 
-/// Bytes each way (as in tests/virtio_net.rs).
-const NET_SIZE: u64 = 8 << 20;
+/// Bytes each way. Less than tests/virtio_net.rs's 8 MiB: in the nested
+/// runner a strict-mode guest (one synchronous UNMAP per received buffer)
+/// did not finish 8 MiB host->guest within ten minutes.
+const NET_SIZE: u64 = 2 << 20;
 const NET_CASE_TIMEOUT_SECS: u32 = 1000;
 const NET_SESSION_TIMEOUT: Duration = Duration::from_secs(4800);
 const NET_MODES: [&str; 3] = ["off", "lazy", "strict"];
@@ -365,6 +367,7 @@ fn net_session() -> &'static Session {
             let initrd = build_initramfs(&InitramfsSpec {
                 modules: ["virtio_iommu", "virtio_net"].map(String::from).to_vec(),
                 files: vec![(guest_script("net-guest.sh"), "/net-guest.sh".into())],
+                script_timeout: Some(NET_CASE_TIMEOUT_SECS - 60),
                 ..InitramfsSpec::new("trixie", guest_script("viommu-net-guest.sh"))
             })
             .map_err(|e| e.to_string())?;
@@ -382,6 +385,7 @@ fn net_session() -> &'static Session {
                             bin.clone(),
                             s(&trixie.vmlinuz),
                             s(&initrd),
+                            NET_SIZE.to_string(),
                         ],
                         NET_CASE_TIMEOUT_SECS,
                     ));
@@ -510,14 +514,14 @@ fn viommu_net_throughput_ratios() {
             .iter()
             .map(|m| {
                 let name = format!("net_{vmm}_{m}");
-                if vmm == "dmavisor" {
-                    let (a, b, _) = net_transfers(&name);
-                    Some((a, b))
-                } else {
-                    std::panic::catch_unwind(|| net_transfers(&name))
-                        .ok()
-                        .map(|(a, b, _)| (a, b))
-                }
+                let r = std::panic::catch_unwind(|| net_transfers(&name))
+                    .ok()
+                    .map(|(a, b, _)| (a, b));
+                println!(
+                    "{{\"bench\": \"viommu-net-case\", \"case\": \"{name}\", \"bytes\": {NET_SIZE}, \"MBps\": {}}}",
+                    r.map_or("null".into(), |(a, b)| format!("[{a:.4}, {b:.4}]"))
+                );
+                r
             })
             .collect();
         if let [Some(off), lazy, strict] = runs.as_slice() {
@@ -536,8 +540,10 @@ fn viommu_net_throughput_ratios() {
                 fmt(ratio(lazy)),
                 fmt(ratio(strict)),
             );
-        } else if vmm == "dmavisor" {
-            panic!("dmavisor iommu=off run missing");
         }
+    }
+    // Only dmavisor's three runs are required to have passed.
+    for m in NET_MODES {
+        net_transfers(&format!("net_dmavisor_{m}"));
     }
 }
