@@ -187,7 +187,11 @@ fn check_transfers(name: &str) -> (f64, f64) {
 
     // Reset and re-activation (driver unbound and bound again).
     let rebind = marker_line(out, "GUEST-REBIND").unwrap_or_else(|| panic!("{context}"));
-    assert_eq!(field(rebind, "ok"), "1", "{name}: no traffic after rebind: {rebind}");
+    assert_eq!(
+        field(rebind, "ok"),
+        "1",
+        "{name}: no traffic after rebind: {rebind}"
+    );
 
     let mb = SIZE as f64 / 1e6;
     let g2h_secs: f64 = json_field(&host_rx, "secs").parse().unwrap_or(0.0);
