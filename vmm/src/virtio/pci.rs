@@ -506,7 +506,9 @@ impl PciDevice for VirtioPciDevice {
             self.common
                 .read(offset - COMMON_CFG_OFFSET, data, needs_reset);
         } else if within(ISR_OFFSET, 1) {
-            data[0] = self.interrupt.isr.swap(0, Ordering::SeqCst);
+            if let Some(b) = data.first_mut() {
+                *b = self.interrupt.isr.swap(0, Ordering::SeqCst);
+            }
         } else if within(DEVICE_CFG_OFFSET, DEVICE_CFG_SIZE) {
             self.device.read_config(offset - DEVICE_CFG_OFFSET, data);
         } else if within(MSIX_TABLE_OFFSET, self.msix_table_len()) {
