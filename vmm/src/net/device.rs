@@ -12,6 +12,7 @@ use super::tap::{Tap, TapError, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6};
 use super::worker::{run_worker, WorkerParts, WorkerQueue};
 use crate::virtio::{
     feature, ActivateContext, ActivateError, VirtioDevice, VIRTIO_RING_F_EVENT_IDX,
+    VIRTIO_RING_F_INDIRECT_DESC,
 };
 
 /// Virtio device id of a network card.
@@ -129,7 +130,8 @@ impl VirtioDevice for Net {
         ]
         .iter()
         .fold(0u64, |acc, b| acc | feature(*b));
-        f |= feature(VIRTIO_RING_F_EVENT_IDX);
+        // The descriptor walker handles indirect tables (and checks them).
+        f |= feature(VIRTIO_RING_F_EVENT_IDX) | feature(VIRTIO_RING_F_INDIRECT_DESC);
         if self.pairs() > 1 {
             f |= feature(CTRL_VQ) | feature(MQ);
         }
