@@ -6,7 +6,7 @@
 //! A device implements [`PciDevice`] and usually embeds a
 //! [`PciConfiguration`] that holds its header, BARs and capability list:
 //!
-//! ```ignore
+//! ```text
 //! let mut config = PciConfiguration::new(PciHeader { vendor_id: 0x1af4, .. });
 //! config.add_bar(0, 0x4000, BarKind::Mem64 { prefetchable: false })?;
 //! config.add_capability(0x09, &vendor_cap_body)?;      // returns its offset
