@@ -35,7 +35,7 @@ fuzz:
 	fuzz/run.sh $(FUZZ_SECONDS)
 
 integration: build
-	$(CARGO) test --release -p integration-tests -- --test-threads=1 --nocapture
+	$(CARGO) test --release --no-fail-fast -p integration-tests -- --test-threads=1 --nocapture
 
 test: deps lint unit guest-driver fuzz integration
 

@@ -15,5 +15,6 @@ pub mod paths;
 pub mod runner;
 pub mod session;
 pub mod vmm;
+pub mod vviommu_matrix;
 
 pub use error::HarnessError;

@@ -19,15 +19,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-const POLICIES: [&str; 6] = [
-    "identity",
-    "kmalloc",
-    "magazine",
-    "global",
-    "persistent",
-    "passthrough",
-];
-const INVALS: [&str; 3] = ["strict", "lazy-global", "lazy-percpu"];
+use integration_tests::vviommu_matrix::{
+    check_every_configuration, check_request_counts, check_result, INVALS,
+};
 
 struct Run {
     output: String,
@@ -100,45 +94,15 @@ fn result_lines() -> Vec<&'static str> {
         .collect()
 }
 
-fn config_line(policy: &str, inval: &str) -> HashMap<String, String> {
-    let lines = result_lines();
-    let prefix = format!("VVI-RESULT policy={policy} inval={inval} ");
-    let line = lines
-        .iter()
-        .find(|l| l.starts_with(&prefix))
-        .unwrap_or_else(|| panic!("no result line for {policy}/{inval}"));
-    fields(line)
+/// The guest output, after checking the matrix ran to its end.
+fn output() -> &'static str {
+    result_lines();
+    &run().output
 }
 
 fn check_config(policy: &str) {
     for inval in INVALS {
-        let f = config_line(policy, inval);
-        let ctx = format!("{policy}/{inval}: {f:?}");
-        assert_eq!(f["net"], "ok", "TCP transfer md5 mismatch, {ctx}");
-        assert_eq!(f["edu_dma_ok"], "1", "edu DMA to a mapped buffer, {ctx}");
-        assert_eq!(f["sg_ok"], "1", "edu DMA into dma_map_sg segments, {ctx}");
-        assert_eq!(f["coherent_ok"], "1", "edu DMA into coherent memory, {ctx}");
-        // DMA_TO_DEVICE is mapped read-only (passthrough maps all RAM RW)
-        let ro = if policy == "passthrough" { "0" } else { "1" };
-        assert_eq!(f["ro_write_blocked"], ro, "device write into RO map, {ctx}");
-        assert_eq!(f["rmmod_busy"], "yes", "rmmod refused while owned, {ctx}");
-        assert_eq!(f["unload"], "ok", "module unload after use, {ctx}");
-        assert_eq!(f["kwarn"], "0", "driver warnings in dmesg, {ctx}");
-        let maps: u64 = f["net_maps"].parse().expect("net_maps");
-        assert!(maps > 0, "virtio-net DMA went through vviommu, {ctx}");
-        // Strict invalidation must block a DMA after unmap, except for the
-        // policies that keep mappings by design (persistent, passthrough).
-        let protects = inval == "strict" && policy != "persistent" && policy != "passthrough";
-        if protects {
-            assert_eq!(f["after_unmap_blocked"], "1", "DMA after unmap, {ctx}");
-            let faults: u64 = f["edu_faults"].parse().expect("edu_faults");
-            assert!(faults > 0, "fault event reported, {ctx}");
-        }
-        if policy == "passthrough" || policy == "persistent" {
-            // the mapping stays: the stale DMA lands (documented trade-off)
-            assert_eq!(f["after_unmap_blocked"], "0", "mapping kept, {ctx}");
-        }
-        assert_eq!(f["status"], "PASS", "guest-side verdict, {ctx}");
+        check_result(output(), policy, inval);
     }
 }
 
@@ -205,59 +169,12 @@ fn policy_passthrough() {
 
 #[test]
 fn every_configuration_reported_once() {
-    let lines = result_lines();
-    for p in POLICIES {
-        for i in INVALS {
-            let prefix = format!("VVI-RESULT policy={p} inval={i} ");
-            let n = lines.iter().filter(|l| l.starts_with(&prefix)).count();
-            assert_eq!(n, 1, "{p}/{i} reported {n} times");
-        }
-    }
-}
-
-fn bench_line(policy: &str, inval: &str) -> HashMap<String, String> {
-    let r = run();
-    let prefix = format!("VVI-BENCH policy={policy} inval={inval} ");
-    let line = r
-        .output
-        .lines()
-        .filter_map(|l| l.find("VVI-BENCH ").map(|i| &l[i..]))
-        .find(|l| l.starts_with(&prefix))
-        .unwrap_or_else(|| panic!("no bench line for {policy}/{inval}"));
-    fields(line)
-}
-
-/// Requests per DMA of the short in-guest benchmark (2 CPUs x 1000
-/// map/unmap of one 4 KiB buffer each), in thousandths.
-fn req_per_dma_x1000(policy: &str, inval: &str) -> u64 {
-    let f = bench_line(policy, inval);
-    assert_eq!(f["errors"], "0", "{policy}/{inval}: {f:?}");
-    let maps: u64 = f["maps"].parse().expect("maps");
-    assert!(maps >= 2000, "{policy}/{inval}: all DMAs counted: {f:?}");
-    f["req_per_dma_x1000"].parse().expect("req_per_dma_x1000")
+    check_every_configuration(output());
 }
 
 #[test]
-fn strict_costs_one_map_and_one_unmap_per_dma() {
-    assert_eq!(req_per_dma_x1000("magazine", "strict"), 2000);
-    assert_eq!(req_per_dma_x1000("identity", "strict"), 2000);
-}
-
-#[test]
-fn lazy_percpu_merges_unmaps() {
-    // one MAP per DMA is unavoidable; the UNMAPs of a flush are merged
-    let m = req_per_dma_x1000("magazine", "lazy-percpu");
-    assert!((1000..1100).contains(&m), "magazine lazy-percpu: {m}");
-}
-
-#[test]
-fn identity_reuse_and_persistent_avoid_requests() {
-    // a page mapped again while its UNMAP is queued keeps its mapping
-    let i = req_per_dma_x1000("identity", "lazy-percpu");
-    assert!(i < 10, "identity lazy-percpu: {i}");
-    let p = req_per_dma_x1000("persistent", "strict");
-    assert!(p < 10, "persistent strict: {p}");
-    assert_eq!(req_per_dma_x1000("passthrough", "strict"), 0);
+fn request_counts_per_dma() {
+    check_request_counts(output());
 }
 
 #[test]
