@@ -27,7 +27,7 @@
 #include <linux/mutex.h>
 #include <linux/uaccess.h>
 #include <linux/scatterlist.h>
-#include <linux/wait_bit.h>
+#include <linux/completion.h>
 
 #define EDU_REG_ID		0x00
 #define EDU_REG_DMA_SRC		0x80
@@ -281,7 +281,12 @@ struct bench_ctx {
 	u64 run_ns;		/* 0: run iters; else stop after this long */
 	enum dma_data_direction dir;
 	atomic_t ready;
-	atomic_t go;
+	/*
+	 * A completion, not a flag and wake_up_var(): the waker's flag store
+	 * and its check for sleepers can be reordered, so a thread that had
+	 * just started to wait could miss "go" and sleep for ever.
+	 */
+	struct completion go;
 	atomic_t left;
 	atomic64_t errors;
 	struct completion done;
@@ -306,7 +311,7 @@ static int bench_thread(void *arg)
 	}
 	atomic_inc(&c->ready);
 	/* sleep, not spin: the starter needs a CPU to say go */
-	wait_var_event(&c->go, atomic_read(&c->go));
+	wait_for_completion(&c->go);
 	t0 = ktime_get_ns();
 	for (i = 0; nb == c->nbufs && i < c->iters; i++) {
 		if (c->run_ns && (i & 63) == 0 && ktime_get_ns() - t0 > c->run_ns)
@@ -356,6 +361,7 @@ static void edu_bench(struct vvi_edu *e, size_t size, unsigned long iters,
 	c->run_ns = ms * NSEC_PER_MSEC;
 	c->nbufs = nbufs;
 	c->dir = dir;
+	init_completion(&c->go);
 	init_completion(&c->done);
 
 	cpus_read_lock();
@@ -375,8 +381,7 @@ static void edu_bench(struct vvi_edu *e, size_t size, unsigned long iters,
 	while (atomic_read(&c->ready) < n)
 		usleep_range(1000, 2000);
 	c->start = ktime_get();
-	atomic_set(&c->go, 1);
-	wake_up_var(&c->go);
+	complete_all(&c->go);
 	wait_for_completion(&c->done);
 	wall = ktime_to_ns(ktime_sub(ktime_get(), c->start));
 	for_each_online_cpu(cpu) {
