@@ -140,6 +140,9 @@ int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
 		if (kick)
 			kick = virtqueue_kick_prepare(rq->vq);
 		while ((r = virtqueue_get_buf(rq->vq, &len))) {
+			/* a reply without its tail carries no status */
+			if (len < sizeof(struct virtio_iommu_req_tail))
+				r->err = -EIO;
 			/* status visible before done; pairs with acquire below */
 			smp_store_release(&r->done, 1);
 		}

@@ -435,6 +435,28 @@ static void vvi_check_bound(struct vvi_dev *vd, struct vvi_ep *ep)
 		 name);
 }
 
+/*
+ * What both bus notifiers do: take over an endpoint when a driver binds to
+ * it (as @how), and give it back when that driver goes or fails to bind.
+ */
+static void vvi_bus_event(struct vvi_ep *ep, unsigned long action,
+			  enum vvi_owner how, struct device *dev)
+{
+	if (!ep)
+		return;
+	switch (action) {
+	case BUS_NOTIFY_BIND_DRIVER:
+		vvi_claim(ep, how, dev->driver->name);
+		break;
+	case BUS_NOTIFY_UNBOUND_DRIVER:
+	case BUS_NOTIFY_DRIVER_NOT_BOUND:
+		if (ep->owner == how)
+			vvi_release(ep);
+		ep->refused = false;
+		break;
+	}
+}
+
 static int vvi_pci_notify(struct notifier_block *nb, unsigned long action,
 			  void *data)
 {
@@ -445,23 +467,12 @@ static int vvi_pci_notify(struct notifier_block *nb, unsigned long action,
 
 	mutex_lock(&vd->lock);
 	ep = vvi_find_ep(vd, pdev);
-	switch (action) {
-	case BUS_NOTIFY_ADD_DEVICE:
+	if (action == BUS_NOTIFY_ADD_DEVICE) {
 		if (!ep)
 			vvi_add_ep(vd, pdev);
-		break;
-	case BUS_NOTIFY_BIND_DRIVER:
+	} else if (action != BUS_NOTIFY_BIND_DRIVER || !vvi_is_virtio_pci(dev)) {
 		/* virtio-pci does no DMA itself: wait for the virtio driver */
-		if (ep && !vvi_is_virtio_pci(dev))
-			vvi_claim(ep, VVI_OWN_PCI, dev->driver->name);
-		break;
-	case BUS_NOTIFY_UNBOUND_DRIVER:
-	case BUS_NOTIFY_DRIVER_NOT_BOUND:
-		if (ep && ep->owner == VVI_OWN_PCI)
-			vvi_release(ep);
-		if (ep)
-			ep->refused = false;
-		break;
+		vvi_bus_event(ep, action, VVI_OWN_PCI, dev);
 	}
 	mutex_unlock(&vd->lock);
 	return NOTIFY_DONE;
@@ -472,25 +483,12 @@ static int vvi_virtio_notify(struct notifier_block *nb, unsigned long action,
 {
 	struct vvi_dev *vd = container_of(nb, struct vvi_dev, virtio_nb);
 	struct device *dev = data;
-	struct vvi_ep *ep;
 
 	if (!dev->parent || !dev_is_pci(dev->parent))
 		return NOTIFY_DONE;
 	mutex_lock(&vd->lock);
-	ep = vvi_find_ep(vd, to_pci_dev(dev->parent));
-	switch (action) {
-	case BUS_NOTIFY_BIND_DRIVER:
-		if (ep)
-			vvi_claim(ep, VVI_OWN_VIRTIO, dev->driver->name);
-		break;
-	case BUS_NOTIFY_UNBOUND_DRIVER:
-	case BUS_NOTIFY_DRIVER_NOT_BOUND:
-		if (ep && ep->owner == VVI_OWN_VIRTIO)
-			vvi_release(ep);
-		if (ep)
-			ep->refused = false;
-		break;
-	}
+	vvi_bus_event(vvi_find_ep(vd, to_pci_dev(dev->parent)), action,
+		      VVI_OWN_VIRTIO, dev);
 	mutex_unlock(&vd->lock);
 	return NOTIFY_DONE;
 }
