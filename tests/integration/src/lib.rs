@@ -12,6 +12,7 @@ pub mod error;
 pub mod images;
 pub mod markers;
 pub mod paths;
+pub mod qemu;
 pub mod runner;
 pub mod session;
 pub mod vmm;

@@ -31,9 +31,67 @@ pub fn guest_script_exit(text: &str) -> Option<i64> {
     marker_int(text, GUEST_SCRIPT_EXIT)
 }
 
+/// The rest of the first line of `text` containing `key`, trimmed. The key
+/// may stand anywhere in the line: firmware escape sequences or console
+/// noise can precede it on the serial console.
+pub fn marker_line<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    text.lines()
+        .find_map(|l| l.find(key).map(|i| l[i + key.len()..].trim()))
+}
+
+/// Prefix of the JSON lines `guest/net-peer.py` prints, one per direction.
+pub const PEER_RESULT: &str = "PEER-RESULT ";
+
+/// A string or number field of a `PEER-RESULT {...}` JSON line. Enough for
+/// the flat objects net-peer.py writes (`json.dumps`, `": "` separators), not
+/// a JSON parser.
+pub fn json_field<'a>(json: &'a str, key: &str) -> Option<&'a str> {
+    let pat = format!("\"{key}\": ");
+    let rest = json.get(json.find(&pat)? + pat.len()..)?;
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    Some(rest.get(..end)?.trim().trim_matches('"'))
+}
+
+/// The JSON of the first `PEER-RESULT` line whose `dir` is `dir`
+/// (`guest_to_host` or `host_to_guest`).
+pub fn peer_result<'a>(text: &'a str, dir: &str) -> Option<&'a str> {
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix(PEER_RESULT))
+        .find(|j| json_field(j, "dir") == Some(dir))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const NET_OUTPUT: &str = "\x1b[0mGUEST-TX bytes=8388608 md5=abc rc=0 t0=1.5 t1=2.5\r\n\
+        GUEST-TX bytes=1 md5=later\r\n\
+        PEER-RESULT {\"bytes\": 0, \"dir\": \"host_to_guest\", \"md5\": \"\", \"secs\": 0}\r\n\
+          PEER-RESULT {\"bytes\": 8388608, \"dir\": \"guest_to_host\", \"md5\": \"abc\", \"secs\": 1.25}\r\n";
+
+    #[test]
+    fn marker_line_takes_the_first_line_behind_noise() {
+        let tx = marker_line(NET_OUTPUT, "GUEST-TX").unwrap();
+        assert_eq!(tx, "bytes=8388608 md5=abc rc=0 t0=1.5 t1=2.5");
+        assert_eq!(token_value(tx, "md5"), Some("abc"));
+        assert_eq!(marker_line(NET_OUTPUT, "GUEST-RX"), None);
+    }
+
+    #[test]
+    fn peer_results_by_direction() {
+        let g2h = peer_result(NET_OUTPUT, "guest_to_host").unwrap();
+        assert_eq!(json_field(g2h, "bytes"), Some("8388608"));
+        assert_eq!(json_field(g2h, "md5"), Some("abc"));
+        assert_eq!(json_field(g2h, "secs"), Some("1.25"));
+        let h2g = peer_result(NET_OUTPUT, "host_to_guest").unwrap();
+        assert_eq!(json_field(h2g, "md5"), Some(""));
+        assert_eq!(json_field(h2g, "absent"), None);
+        assert_eq!(peer_result(NET_OUTPUT, "sideways"), None);
+        assert_eq!(
+            peer_result("PEER-RESULT {\"bytes\": 1}", "guest_to_host"),
+            None
+        );
+    }
 
     #[test]
     fn finds_last_marker_with_crlf_and_noise() {

@@ -18,6 +18,12 @@ pub fn build_dir() -> PathBuf {
     }
 }
 
+/// `p` as a command-line argument. Lossy on purpose: case argv end up in a
+/// generated shell script (text), and the checkout's paths are UTF-8.
+pub fn path_arg(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
 /// A script or tool under `resources/`.
 pub fn resource(name: &str) -> PathBuf {
     repo_root().join("resources").join(name)

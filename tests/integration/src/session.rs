@@ -48,6 +48,24 @@ pub struct CaseResult {
     pub output: String,
 }
 
+impl CaseResult {
+    /// One line for the test log: exit status and wall time.
+    pub fn summary(&self, name: &str) -> String {
+        format!(
+            "case {name}: exit {:?} in {:.2} s",
+            self.exit,
+            self.secs.unwrap_or(f64::NAN)
+        )
+    }
+
+    /// The last `lines` lines of the output: a whole boot log is too long
+    /// for a failure message, and the end says where the guest stopped.
+    pub fn tail(&self, lines: usize) -> String {
+        let all: Vec<&str> = self.output.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
 /// All results of a session.
 #[derive(Debug, Clone)]
 pub struct SessionResult {
@@ -62,6 +80,76 @@ impl SessionResult {
         self.cases
             .get(name)
             .ok_or_else(|| format!("case {name} did not run; session: {}", self.run.describe()))
+    }
+}
+
+/// What a test file runs in its session.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub cases: Vec<Case>,
+    /// Why the dmavisor cases are missing when the binary could not be
+    /// built: the reference cases still run, and the dmavisor tests fail
+    /// with this reason instead of "did not run".
+    pub vmm_error: Option<String>,
+}
+
+impl From<Vec<Case>> for Plan {
+    fn from(cases: Vec<Case>) -> Self {
+        Plan {
+            cases,
+            vmm_error: None,
+        }
+    }
+}
+
+/// The session of one test file: run once (keep it in a `OnceLock`), then
+/// each test looks up its own case. Why: every guest-booting test file
+/// needs this run-once-and-look-up step and the same failure messages.
+#[derive(Debug)]
+pub struct SharedSession {
+    /// Session name, also used in failure messages.
+    pub name: String,
+    /// The session, or why it did not run (preparing it failed, or the
+    /// runner did).
+    pub result: Result<SessionResult, String>,
+    /// See [`Plan::vmm_error`].
+    pub vmm_error: Option<String>,
+}
+
+impl SharedSession {
+    /// Runs the cases `prepare` plans (images, initramfs, binaries) in one
+    /// session bounded by `timeout`; an error of `prepare` becomes the
+    /// session's error, so every test reports it.
+    pub fn run(
+        name: &str,
+        timeout: Duration,
+        prepare: impl FnOnce() -> Result<Plan, String>,
+    ) -> Self {
+        match prepare() {
+            Ok(plan) => SharedSession {
+                name: name.to_string(),
+                result: run_session(name, &plan.cases, timeout, None).map_err(|e| e.to_string()),
+                vmm_error: plan.vmm_error,
+            },
+            Err(e) => SharedSession {
+                name: name.to_string(),
+                result: Err(e),
+                vmm_error: None,
+            },
+        }
+    }
+
+    /// The result of case `name`, or why it has none: dmavisor could not be
+    /// built (for the cases whose name contains `dmavisor`), the session
+    /// failed, or the case never started.
+    pub fn case(&self, name: &str) -> Result<&CaseResult, String> {
+        if let (Some(e), true) = (&self.vmm_error, name.contains("dmavisor")) {
+            return Err(format!("dmavisor could not be built: {e}"));
+        }
+        match &self.result {
+            Ok(sess) => sess.case(name),
+            Err(e) => Err(format!("{} session failed: {e}", self.name)),
+        }
     }
 }
 
@@ -165,6 +253,51 @@ mod tests {
         assert_eq!(parsed["a"].output, "it's\n");
         assert_eq!(parsed["b"].exit, Some(1));
         assert!(parsed["b"].secs.unwrap() >= 0.0);
+    }
+
+    fn shared(result: Result<SessionResult, String>, vmm_error: Option<&str>) -> SharedSession {
+        SharedSession {
+            name: "boot".into(),
+            result,
+            vmm_error: vmm_error.map(String::from),
+        }
+    }
+
+    #[test]
+    fn shared_session_says_why_a_case_is_missing() {
+        let run = RunOutput {
+            status: Some(0),
+            stdout: String::new(),
+            stderr: String::new(),
+            elapsed: Duration::ZERO,
+        };
+        let cases = parse_session("@@CASE-BEGIN qemu_x\nok\n@@CASE-END qemu_x rc=0 ns=5\n");
+        let ok = shared(Ok(SessionResult { run, cases }), Some("no cargo"));
+        assert_eq!(ok.case("qemu_x").map(|r| r.exit), Ok(Some(0)));
+        assert_eq!(
+            ok.case("net_dmavisor").map(|r| r.exit),
+            Err("dmavisor could not be built: no cargo".into())
+        );
+        let missing = ok.case("qemu_y").map(|r| r.exit).unwrap_err();
+        assert!(missing.starts_with("case qemu_y did not run"), "{missing}");
+        let failed = shared(Err("no images".into()), None);
+        assert_eq!(
+            failed.case("qemu_x").map(|r| r.exit),
+            Err("boot session failed: no images".into())
+        );
+    }
+
+    #[test]
+    fn summary_and_tail() {
+        let r = CaseResult {
+            exit: Some(1),
+            secs: Some(2.5),
+            output: "a\nb\nc\n".into(),
+        };
+        assert_eq!(r.summary("x"), "case x: exit Some(1) in 2.50 s");
+        assert_eq!(r.tail(2), "b\nc");
+        assert_eq!(r.tail(9), "a\nb\nc");
+        assert_eq!(r.tail(0), "");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use crate::error::HarnessError;
-use crate::paths::repo_root;
+use crate::paths::{path_arg, repo_root};
 use crate::runner::run_checked;
 
 static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
@@ -91,13 +91,12 @@ impl GuestBoot {
 
     /// argv for `bin`, with the serial console on the VMM's stdout.
     pub fn argv(&self, bin: &std::path::Path) -> Vec<String> {
-        let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
         let mut v = vec![
-            s(bin),
+            path_arg(bin),
             "--kernel".into(),
-            s(&self.kernel),
+            path_arg(&self.kernel),
             "--initramfs".into(),
-            s(&self.initramfs),
+            path_arg(&self.initramfs),
             "--cmdline".into(),
             self.cmdline.clone(),
             "--cpus".into(),

@@ -105,6 +105,13 @@ pub fn check_result(output: &str, policy: &str, inval: &str) {
     assert_eq!(field(l, "status"), "PASS", "guest-side verdict: {l}");
 }
 
+/// [`check_result`] for `policy` under every invalidation mode.
+pub fn check_policy(output: &str, policy: &str) {
+    for inval in INVALS {
+        check_result(output, policy, inval);
+    }
+}
+
 /// Requests per DMA, in thousandths, of one configuration of the short
 /// benchmark; asserts it ran without errors and counted every DMA.
 pub fn req_per_dma_x1000(output: &str, policy: &str, inval: &str) -> u64 {

@@ -15,22 +15,13 @@ use std::time::Duration;
 use integration_tests::images::{build_initramfs, ensure_images, InitramfsSpec};
 use integration_tests::markers::{guest_script_exit, marker_int};
 use integration_tests::paths::guest_script;
-use integration_tests::session::{run_session, Case, CaseResult, SessionResult};
+use integration_tests::qemu::QemuCommand;
+use integration_tests::session::{Case, CaseResult, Plan, SharedSession};
 use integration_tests::vmm::{dmavisor_binary, GuestBoot, DEFAULT_CMDLINE};
 
 const CMDLINE: &str = DEFAULT_CMDLINE;
 const CASE_TIMEOUT_SECS: u32 = 300;
 const SESSION_TIMEOUT: Duration = Duration::from_secs(1800);
-
-struct Boots {
-    session: Result<SessionResult, String>,
-    /// Why the dmavisor cases are missing, if the binary could not be built.
-    vmm_error: Option<String>,
-}
-
-fn s(p: &Path) -> String {
-    p.to_string_lossy().into_owned()
-}
 
 fn dmavisor_case(name: &str, bin: &Path, kernel: &Path, initrd: &Path) -> Case {
     let mut boot = GuestBoot::new(kernel, initrd);
@@ -39,34 +30,14 @@ fn dmavisor_case(name: &str, bin: &Path, kernel: &Path, initrd: &Path) -> Case {
 }
 
 fn qemu_case(name: &str, kernel: &Path, initrd: &Path) -> Case {
-    let argv = [
-        "qemu-system-x86_64",
-        "-enable-kvm",
-        "-cpu",
-        "host",
-        "-M",
-        "q35",
-        "-smp",
-        "2",
-        "-m",
-        "512",
-        "-nographic",
-        "-nodefaults",
-        "-no-reboot",
-        "-serial",
-        "stdio",
-        "-append",
-        CMDLINE,
-    ];
-    let mut v: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
-    v.extend(["-kernel".into(), s(kernel), "-initrd".into(), s(initrd)]);
-    Case::new(name, v, CASE_TIMEOUT_SECS)
+    let argv = QemuCommand::new(kernel, initrd, CMDLINE).into_argv();
+    Case::new(name, argv, CASE_TIMEOUT_SECS)
 }
 
-fn boots() -> &'static Boots {
-    static BOOTS: OnceLock<Boots> = OnceLock::new();
+fn boots() -> &'static SharedSession {
+    static BOOTS: OnceLock<SharedSession> = OnceLock::new();
     BOOTS.get_or_init(|| {
-        let prepare = || -> Result<(Vec<Case>, Option<String>), String> {
+        SharedSession::run("boot", SESSION_TIMEOUT, || {
             let script = guest_script("boot-info.sh");
             let bookworm = ensure_images("bookworm").map_err(|e| e.to_string())?;
             let trixie = ensure_images("trixie").map_err(|e| e.to_string())?;
@@ -101,43 +72,23 @@ fn boots() -> &'static Boots {
                 }
                 Err(e) => Some(e.to_string()),
             };
-            Ok((cases, vmm_error))
-        };
-        match prepare() {
-            Ok((cases, vmm_error)) => Boots {
-                session: run_session("boot", &cases, SESSION_TIMEOUT, None)
-                    .map_err(|e| e.to_string()),
-                vmm_error,
-            },
-            Err(e) => Boots {
-                session: Err(e),
-                vmm_error: None,
-            },
-        }
+            Ok(Plan { cases, vmm_error })
+        })
     })
 }
 
 /// The case's result, or a panic message explaining why it is missing.
 fn case(name: &str) -> CaseResult {
     let b = boots();
-    if let Some(e) = &b.vmm_error {
-        if name.starts_with("dmavisor") {
-            panic!("dmavisor could not be built: {e}");
-        }
+    let r = b.case(name).unwrap_or_else(|e| panic!("{e}"));
+    if let Ok(sess) = &b.result {
+        eprintln!(
+            "{} (session {:.1} s)",
+            r.summary(name),
+            sess.run.elapsed.as_secs_f64()
+        );
     }
-    match &b.session {
-        Ok(sess) => {
-            let r = sess.case(name).unwrap_or_else(|e| panic!("{e}"));
-            eprintln!(
-                "case {name}: exit {:?} in {:.2} s (session {:.1} s)",
-                r.exit,
-                r.secs.unwrap_or(f64::NAN),
-                sess.run.elapsed.as_secs_f64()
-            );
-            r.clone()
-        }
-        Err(e) => panic!("boot session failed: {e}"),
-    }
+    r.clone()
 }
 
 /// Asserts a clean boot to userspace with 2 CPUs and ~512 MiB.
@@ -185,7 +136,7 @@ fn boot_trixie_guest() {
 #[test]
 fn boot_trixie_guest_pvh() {
     let b = boots();
-    if let Ok(sess) = &b.session {
+    if let Ok(sess) = &b.result {
         assert!(
             sess.cases.contains_key("dmavisor_trixie_pvh") || b.vmm_error.is_some(),
             "no vmlinux was extracted for trixie (resources/guest-images)"

@@ -22,10 +22,13 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use integration_tests::images::{build_initramfs, ensure_images, InitramfsSpec};
-use integration_tests::markers::{guest_script_exit, marker_int, marker_value};
-use integration_tests::paths::{guest_script, repo_root, scratch_dir};
-use integration_tests::session::{run_session, Case, CaseResult, SessionResult};
-use integration_tests::vmm::dmavisor_binary;
+use integration_tests::markers::{
+    guest_script_exit, json_field, marker_int, marker_line, marker_value, peer_result, token_value,
+};
+use integration_tests::paths::{guest_script, path_arg, repo_root, scratch_dir};
+use integration_tests::qemu::QemuCommand;
+use integration_tests::session::{Case, CaseResult, Plan, SharedSession};
+use integration_tests::vmm::{dmavisor_binary, GuestBoot};
 
 /// `loglevel=3` keeps the driver's fault messages (KERN_ERR) off the console,
 /// where they would split marker lines; the script reads them from dmesg.
@@ -37,14 +40,6 @@ const XFER: i64 = 2048;
 /// The IOVAs `viommu-dma.c` uses.
 const UNMAPPED_IOVA: &str = "0x10001000";
 const NEVER_IOVA: &str = "0x20000000";
-
-struct Session {
-    result: Result<SessionResult, String>,
-}
-
-fn s(p: &Path) -> String {
-    p.to_string_lossy().into_owned()
-}
 
 /// Builds the static guest tool (gcc is part of the project's host deps).
 fn build_tool() -> Result<PathBuf, String> {
@@ -64,57 +59,36 @@ fn build_tool() -> Result<PathBuf, String> {
     Ok(out)
 }
 
-fn dmavisor(name: &str, bin: &Path, kernel: &Path, initrd: &Path, extra: &[&str]) -> Case {
-    let mut argv = vec![
-        s(bin),
-        "--kernel".into(),
-        s(kernel),
-        "--initramfs".into(),
-        s(initrd),
-        "--cpus".into(),
-        "boot=1".into(),
-        "--memory".into(),
-        "size=512M".into(),
-        "--serial".into(),
-        "tty".into(),
-    ];
-    argv.extend(extra.iter().map(|a| a.to_string()));
-    Case::new(name, argv, CASE_TIMEOUT_SECS)
+fn dmavisor(
+    name: &str,
+    bin: &Path,
+    kernel: &Path,
+    initrd: &Path,
+    cmdline: &str,
+    extra: &[&str],
+) -> Case {
+    let boot = GuestBoot {
+        cmdline: cmdline.into(),
+        cpus: 1,
+        extra_args: extra.iter().map(|a| a.to_string()).collect(),
+        ..GuestBoot::new(kernel, initrd)
+    };
+    Case::new(name, boot.argv(bin), CASE_TIMEOUT_SECS)
 }
 
 fn qemu(name: &str, kernel: &Path, initrd: &Path, cmdline: &str) -> Case {
-    let argv = [
-        "qemu-system-x86_64",
-        "-enable-kvm",
-        "-cpu",
-        "host",
-        "-M",
-        "q35",
-        "-smp",
-        "1",
-        "-m",
-        "512",
-        "-nographic",
-        "-nodefaults",
-        "-no-reboot",
-        "-serial",
-        "stdio",
-        "-device",
-        "virtio-iommu-pci",
-        "-device",
-        "edu,dma_mask=0xffffffffffffffff",
-        "-append",
-        cmdline,
-    ];
-    let mut v: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
-    v.extend(["-kernel".into(), s(kernel), "-initrd".into(), s(initrd)]);
-    Case::new(name, v, CASE_TIMEOUT_SECS)
+    let argv = QemuCommand::new(kernel, initrd, cmdline)
+        .smp(1)
+        .device("virtio-iommu-pci")
+        .device("edu,dma_mask=0xffffffffffffffff")
+        .into_argv();
+    Case::new(name, argv, CASE_TIMEOUT_SECS)
 }
 
-fn session() -> &'static Session {
-    static SESSION: OnceLock<Session> = OnceLock::new();
+fn session() -> &'static SharedSession {
+    static SESSION: OnceLock<SharedSession> = OnceLock::new();
     SESSION.get_or_init(|| {
-        let prepare = || -> Result<Vec<Case>, String> {
+        SharedSession::run("viommu", SESSION_TIMEOUT, || {
             let tool = build_tool()?;
             let script = guest_script("viommu-dma.sh");
             let trixie = ensure_images("trixie").map_err(|e| e.to_string())?;
@@ -137,11 +111,9 @@ fn session() -> &'static Session {
             let vfio_strict = format!("{CMDLINE} viommu_mode=vfio iommu.strict=1");
             let phys = format!("{CMDLINE} viommu_mode=phys");
             let d = |name, initrd: &Path, cmdline: &str, extra: &[&str]| {
-                let mut args = vec!["--cmdline", cmdline];
-                args.extend_from_slice(extra);
-                dmavisor(name, &bin, k, initrd, &args)
+                dmavisor(name, &bin, k, initrd, cmdline, extra)
             };
-            Ok(vec![
+            Ok(Plan::from(vec![
                 d(
                     "vfio_lazy",
                     &with_driver,
@@ -174,29 +146,15 @@ fn session() -> &'static Session {
                 ),
                 d("phys_no_iommu", &no_driver, &phys, &["--dma-test"]),
                 qemu("qemu_vfio_lazy", k, &with_driver, &vfio),
-            ])
-        };
-        Session {
-            result: prepare().and_then(|cases| {
-                run_session("viommu", &cases, SESSION_TIMEOUT, None).map_err(|e| e.to_string())
-            }),
-        }
+            ]))
+        })
     })
 }
 
 fn case(name: &str) -> CaseResult {
-    match &session().result {
-        Ok(sess) => {
-            let r = sess.case(name).unwrap_or_else(|e| panic!("{e}"));
-            eprintln!(
-                "case {name}: exit {:?} in {:.2} s",
-                r.exit,
-                r.secs.unwrap_or(f64::NAN)
-            );
-            r.clone()
-        }
-        Err(e) => panic!("viommu session failed: {e}"),
-    }
+    let r = session().case(name).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("{}", r.summary(name));
+    r.clone()
 }
 
 /// The case ran to the end of its guest script with status 0.
@@ -217,16 +175,15 @@ fn int(out: &str, key: &str) -> i64 {
     marker_int(out, key).unwrap_or_else(|| panic!("no {key}= in output:\n{out}"))
 }
 
-/// The test device's IOMMU group line, e.g. "IOMMU-GROUP 0 type=DMA-FQ devices=0000:00:02.0,".
-fn group_type_of_device(out: &str) -> String {
-    let bdf = marker_value(out, "bdf").unwrap_or_else(|| panic!("no bdf in:\n{out}"));
+/// The type of the IOMMU group of the device the guest names with `bdf=`
+/// (the test device, or the NIC), from its group line, e.g.
+/// "IOMMU-GROUP 0 type=DMA-FQ devices=0000:00:02.0,".
+fn group_type(out: &str) -> Option<&str> {
+    let bdf = marker_value(out, "bdf")?;
     let line = out
         .lines()
-        .find(|l| l.starts_with("IOMMU-GROUP ") && l.contains(bdf))
-        .unwrap_or_else(|| panic!("{bdf} is in no IOMMU group:\n{out}"));
+        .find(|l| l.starts_with("IOMMU-GROUP ") && l.contains(bdf))?;
     marker_value(line, "type")
-        .unwrap_or_else(|| panic!("no type in {line}"))
-        .to_string()
 }
 
 /// DMA through a mapped IOVA works; after UNMAP and to a never-mapped
@@ -305,7 +262,7 @@ fn reference_qemu_virtio_iommu_blocks_dma_after_unmap() {
 #[test]
 fn viommu_in_tree_driver_lazy_group() {
     let out = completed("vfio_lazy");
-    assert_eq!(group_type_of_device(&out), "DMA-FQ", "output:\n{out}");
+    assert_eq!(group_type(&out), Some("DMA-FQ"), "output:\n{out}");
     assert!(
         out.contains("virtio_iommu virtio0: input address: 48 bits"),
         "driver did not bind:\n{out}"
@@ -315,7 +272,7 @@ fn viommu_in_tree_driver_lazy_group() {
 #[test]
 fn viommu_in_tree_driver_strict_group() {
     let out = completed("vfio_strict");
-    assert_eq!(group_type_of_device(&out), "DMA", "output:\n{out}");
+    assert_eq!(group_type(&out), Some("DMA"), "output:\n{out}");
     assert_protects("vfio_strict", true);
 }
 
@@ -360,10 +317,10 @@ const NET_CASE_TIMEOUT_SECS: u32 = 1000;
 const NET_SESSION_TIMEOUT: Duration = Duration::from_secs(4800);
 const NET_MODES: [&str; 3] = ["off", "lazy", "strict"];
 
-fn net_session() -> &'static Session {
-    static SESSION: OnceLock<Session> = OnceLock::new();
+fn net_session() -> &'static SharedSession {
+    static SESSION: OnceLock<SharedSession> = OnceLock::new();
     SESSION.get_or_init(|| {
-        let prepare = || -> Result<Vec<Case>, String> {
+        SharedSession::run("viommu-net", NET_SESSION_TIMEOUT, || {
             let trixie = ensure_images("trixie").map_err(|e| e.to_string())?;
             let initrd = build_initramfs(&InitramfsSpec {
                 modules: ["virtio_iommu", "virtio_net"].map(String::from).to_vec(),
@@ -372,7 +329,7 @@ fn net_session() -> &'static Session {
                 ..InitramfsSpec::new("trixie", guest_script("viommu-net-guest.sh"))
             })
             .map_err(|e| e.to_string())?;
-            let bin = s(&dmavisor_binary().map_err(|e| e.to_string())?);
+            let bin = path_arg(&dmavisor_binary().map_err(|e| e.to_string())?);
             let mut cases = Vec::new();
             for vmm in ["dmavisor", "qemu"] {
                 for mode in NET_MODES {
@@ -380,46 +337,28 @@ fn net_session() -> &'static Session {
                         &format!("net_{vmm}_{mode}"),
                         vec![
                             "sh".into(),
-                            s(&guest_script("viommu-net-host.sh")),
+                            path_arg(&guest_script("viommu-net-host.sh")),
                             vmm.into(),
                             mode.into(),
                             bin.clone(),
-                            s(&trixie.vmlinuz),
-                            s(&initrd),
+                            path_arg(&trixie.vmlinuz),
+                            path_arg(&initrd),
                             NET_SIZE.to_string(),
                         ],
                         NET_CASE_TIMEOUT_SECS,
                     ));
                 }
             }
-            Ok(cases)
-        };
-        Session {
-            result: prepare().and_then(|cases| {
-                run_session("viommu-net", &cases, NET_SESSION_TIMEOUT, None)
-                    .map_err(|e| e.to_string())
-            }),
-        }
+            Ok(Plan::from(cases))
+        })
     })
 }
 
 fn net_case(name: &str) -> CaseResult {
-    match &net_session().result {
-        Ok(sess) => sess.case(name).unwrap_or_else(|e| panic!("{e}")).clone(),
-        Err(e) => panic!("viommu-net session failed: {e}"),
-    }
-}
-
-/// A JSON field of a `PEER-RESULT {...}` line (flat, written by net-peer.py).
-fn json_field(json: &str, key: &str) -> Option<String> {
-    let pat = format!("\"{key}\": ");
-    let rest = json.get(json.find(&pat)? + pat.len()..)?;
-    let end = rest.find([',', '}']).unwrap_or(rest.len());
-    Some(rest.get(..end)?.trim().trim_matches('"').to_string())
-}
-
-fn line_with<'a>(out: &'a str, prefix: &str) -> Option<&'a str> {
-    out.lines().find_map(|l| l.trim().strip_prefix(prefix))
+    net_session()
+        .case(name)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .clone()
 }
 
 /// Checks both 8 MiB transfers and their MD5s; returns the throughputs
@@ -427,66 +366,47 @@ fn line_with<'a>(out: &'a str, prefix: &str) -> Option<&'a str> {
 /// guest) in MB/s.
 fn net_transfers(name: &str) -> (f64, f64, String) {
     let r = net_case(name);
+    let ctx = r.tail(80);
+    eprintln!("{}", r.summary(name));
     let out = r.output;
-    let tail = out.lines().rev().take(80).collect::<Vec<_>>();
-    let ctx = tail.into_iter().rev().collect::<Vec<_>>().join("\n");
-    eprintln!(
-        "case {name}: exit {:?} in {:.1} s",
-        r.exit,
-        r.secs.unwrap_or(f64::NAN)
-    );
     assert!(out.contains("VMM-EXIT rc=0"), "{name}: VMM:\n{ctx}");
     assert_eq!(guest_script_exit(&out), Some(0), "{name}:\n{ctx}");
-    let tx = line_with(&out, "GUEST-TX").unwrap_or_else(|| panic!("{name}:\n{ctx}"));
-    let rx = line_with(&out, "GUEST-RX").unwrap_or_else(|| panic!("{name}:\n{ctx}"));
+    let tx = marker_line(&out, "GUEST-TX").unwrap_or_else(|| panic!("{name}:\n{ctx}"));
+    let rx = marker_line(&out, "GUEST-RX").unwrap_or_else(|| panic!("{name}:\n{ctx}"));
     let peer = |dir: &str| {
-        out.lines()
-            .filter_map(|l| l.trim().strip_prefix("PEER-RESULT "))
-            .find(|j| json_field(j, "dir").as_deref() == Some(dir))
-            .unwrap_or_else(|| panic!("{name}: no peer result {dir}:\n{ctx}"))
-            .to_string()
+        peer_result(&out, dir).unwrap_or_else(|| panic!("{name}: no peer result {dir}:\n{ctx}"))
     };
     let (host_rx, host_tx) = (peer("guest_to_host"), peer("host_to_guest"));
-    let tok =
-        |line: &str, k: &str| integration_tests::markers::token_value(line, k).map(String::from);
-    let size = Some(NET_SIZE.to_string());
-    assert_eq!(tok(tx, "bytes"), size, "{name}: {tx}");
-    assert_eq!(json_field(&host_rx, "bytes"), size, "{name}: {host_rx}");
+    let size = NET_SIZE.to_string();
+    let size = Some(size.as_str());
+    assert_eq!(token_value(tx, "bytes"), size, "{name}: {tx}");
+    assert_eq!(json_field(host_rx, "bytes"), size, "{name}: {host_rx}");
     assert_eq!(
-        json_field(&host_rx, "md5"),
-        tok(tx, "md5"),
+        json_field(host_rx, "md5"),
+        token_value(tx, "md5"),
         "{name}: g->h corrupted"
     );
-    assert_eq!(tok(rx, "rc").as_deref(), Some("0"), "{name}: {rx}");
-    assert_eq!(tok(rx, "bytes"), size, "{name}: {rx}");
+    assert_eq!(token_value(rx, "rc"), Some("0"), "{name}: {rx}");
+    assert_eq!(token_value(rx, "bytes"), size, "{name}: {rx}");
     assert_eq!(
-        tok(rx, "md5"),
-        json_field(&host_tx, "md5"),
+        token_value(rx, "md5"),
+        json_field(host_tx, "md5"),
         "{name}: h->g corrupted"
     );
     let mb = NET_SIZE as f64 / 1e6;
-    let num = |v: Option<String>| v.and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
-    let g2h_secs = num(json_field(&host_rx, "secs"));
-    let h2g_secs = num(tok(rx, "t1")) - num(tok(rx, "t0"));
+    let num = |v: Option<&str>| v.and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    let g2h_secs = num(json_field(host_rx, "secs"));
+    let h2g_secs = num(token_value(rx, "t1")) - num(token_value(rx, "t0"));
     let rate = |secs: f64| if secs > 0.0 { mb / secs } else { 0.0 };
     (rate(g2h_secs), rate(h2g_secs), out)
 }
 
-/// The NIC's IOMMU group type as the guest reports it.
-fn nic_group_type(out: &str) -> Option<String> {
-    let bdf = marker_value(out, "bdf")?;
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("IOMMU-GROUP ") && l.contains(bdf))?;
-    marker_value(line, "type").map(String::from)
-}
-
-fn assert_net_behind_viommu(name: &str, group_type: &str) {
+fn assert_net_behind_viommu(name: &str, nic_group_type: &str) {
     let (g2h, h2g, out) = net_transfers(name);
     assert!(g2h > 0.0 && h2g > 0.0, "{name}: no throughput");
     assert_eq!(
-        nic_group_type(&out).as_deref(),
-        Some(group_type),
+        group_type(&out),
+        Some(nic_group_type),
         "{name}: NIC group:\n{out}"
     );
     assert!(

@@ -14,9 +14,11 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use integration_tests::images::{build_initramfs, ensure_images, InitramfsSpec};
-use integration_tests::markers::{guest_script_exit, token_value};
-use integration_tests::paths::guest_script;
-use integration_tests::session::{run_session, Case, CaseResult, SessionResult};
+use integration_tests::markers::{
+    guest_script_exit, json_field, marker_line, peer_result, token_value,
+};
+use integration_tests::paths::{guest_script, path_arg};
+use integration_tests::session::{Case, CaseResult, Plan, SharedSession};
 use integration_tests::vmm::dmavisor_binary;
 
 const SIZE: u64 = 8 << 20;
@@ -25,34 +27,25 @@ const CASE_TIMEOUT_SECS: u32 = 600;
 const GUEST_SCRIPT_TIMEOUT: u32 = 420;
 const SESSION_TIMEOUT: Duration = Duration::from_secs(2400);
 
-struct Run {
-    session: Result<SessionResult, String>,
-    vmm_error: Option<String>,
-}
-
-fn s(p: &Path) -> String {
-    p.to_string_lossy().into_owned()
-}
-
 fn net_case(mode: &str, bin: &str, kernel: &Path, initrd: &Path) -> Case {
     Case::new(
         &format!("net_{}", mode.replace('-', "_")),
         vec![
             "sh".into(),
-            s(&guest_script("net-host.sh")),
+            path_arg(&guest_script("net-host.sh")),
             mode.into(),
             bin.into(),
-            s(kernel),
-            s(initrd),
+            path_arg(kernel),
+            path_arg(initrd),
         ],
         CASE_TIMEOUT_SECS,
     )
 }
 
-fn run() -> &'static Run {
-    static RUN: OnceLock<Run> = OnceLock::new();
+fn run() -> &'static SharedSession {
+    static RUN: OnceLock<SharedSession> = OnceLock::new();
     RUN.get_or_init(|| {
-        let prepare = || -> Result<(Vec<Case>, Option<String>), String> {
+        SharedSession::run("virtio-net", SESSION_TIMEOUT, || {
             let images = ensure_images("bookworm").map_err(|e| e.to_string())?;
             let mut spec = InitramfsSpec::new("bookworm", guest_script("net-guest.sh"));
             spec.modules = vec!["virtio_pci".into(), "virtio_net".into()];
@@ -61,8 +54,9 @@ fn run() -> &'static Run {
             let mut cases = Vec::new();
             let vmm_error = match dmavisor_binary() {
                 Ok(bin) => {
-                    cases.push(net_case("dmavisor", &s(&bin), &images.vmlinuz, &initrd));
-                    cases.push(net_case("dmavisor-mq", &s(&bin), &images.vmlinuz, &initrd));
+                    let bin = path_arg(&bin);
+                    cases.push(net_case("dmavisor", &bin, &images.vmlinuz, &initrd));
+                    cases.push(net_case("dmavisor-mq", &bin, &images.vmlinuz, &initrd));
                     None
                 }
                 Err(e) => Some(e.to_string()),
@@ -79,63 +73,25 @@ fn run() -> &'static Run {
                 cases.push(net_case("dmavisor-viommu", &bin, &trixie.vmlinuz, &tinitrd));
             }
             cases.push(net_case("qemu", "-", &images.vmlinuz, &initrd));
-            Ok((cases, vmm_error))
-        };
-        match prepare() {
-            Ok((cases, vmm_error)) => Run {
-                session: run_session("virtio-net", &cases, SESSION_TIMEOUT, None)
-                    .map_err(|e| e.to_string()),
-                vmm_error,
-            },
-            Err(e) => Run {
-                session: Err(e),
-                vmm_error: None,
-            },
-        }
+            Ok(Plan { cases, vmm_error })
+        })
     })
 }
 
 fn case(name: &str) -> CaseResult {
-    let r = run();
-    if let (Some(e), true) = (&r.vmm_error, name.contains("dmavisor")) {
-        panic!("dmavisor could not be built: {e}");
-    }
-    match &r.session {
-        Ok(sess) => sess.case(name).unwrap_or_else(|e| panic!("{e}")).clone(),
-        Err(e) => panic!("session failed: {e}"),
-    }
-}
-
-/// The rest of the first line containing marker `KEY` (firmware escape
-/// sequences may precede it on the same line).
-fn marker_line<'a>(out: &'a str, key: &str) -> Option<&'a str> {
-    out.lines()
-        .find_map(|l| l.find(key).map(|i| l[i + key.len()..].trim()))
+    run().case(name).unwrap_or_else(|e| panic!("{e}")).clone()
 }
 
 fn field<'a>(line: &'a str, key: &str) -> &'a str {
     token_value(line, key).unwrap_or_else(|| panic!("no {key}= in '{line}'"))
 }
 
-/// A JSON string or number field of a `PEER-RESULT {...}` line (flat JSON
-/// written by net-peer.py with sorted keys).
-fn json_field(json: &str, key: &str) -> String {
-    let pat = format!("\"{key}\": ");
-    let start = json
-        .find(&pat)
-        .unwrap_or_else(|| panic!("no {key} in {json}"))
-        + pat.len();
-    let rest = &json[start..];
-    let end = rest.find([',', '}']).unwrap_or(rest.len());
-    rest[..end].trim().trim_matches('"').to_string()
+fn json<'a>(json: &'a str, key: &str) -> &'a str {
+    json_field(json, key).unwrap_or_else(|| panic!("no {key} in {json}"))
 }
 
-fn peer_result(out: &str, dir: &str) -> String {
-    out.lines()
-        .filter_map(|l| l.trim().strip_prefix("PEER-RESULT "))
-        .find(|j| json_field(j, "dir") == dir)
-        .unwrap_or_else(|| panic!("no peer result for {dir}"))
-        .to_string()
+fn peer<'a>(out: &'a str, dir: &str) -> &'a str {
+    peer_result(out, dir).unwrap_or_else(|| panic!("no peer result for {dir}"))
 }
 
 /// Throughputs (guest->host MB/s measured by the host peer, host->guest MB/s
@@ -143,13 +99,8 @@ fn peer_result(out: &str, dir: &str) -> String {
 fn check_transfers(name: &str) -> (f64, f64) {
     let r = case(name);
     let out = &r.output;
-    eprintln!(
-        "case {name}: exit {:?} in {:.1} s",
-        r.exit,
-        r.secs.unwrap_or(f64::NAN)
-    );
-    let tail: Vec<&str> = out.lines().rev().take(60).collect();
-    let context = tail.into_iter().rev().collect::<Vec<_>>().join("\n");
+    eprintln!("{}", r.summary(name));
+    let context = r.tail(60);
     for l in out.lines().filter(|l| l.contains("virtio")) {
         eprintln!("  {name}: {l}");
     }
@@ -166,22 +117,22 @@ fn check_transfers(name: &str) -> (f64, f64) {
     assert!(received >= 1, "{name}: no ping reply: {ping}");
 
     let tx = marker_line(out, "GUEST-TX").unwrap_or_else(|| panic!("{context}"));
-    let host_rx = peer_result(out, "guest_to_host");
+    let host_rx = peer(out, "guest_to_host");
     assert_eq!(field(tx, "bytes"), SIZE.to_string(), "{tx}");
-    assert_eq!(json_field(&host_rx, "bytes"), SIZE.to_string(), "{host_rx}");
+    assert_eq!(json(host_rx, "bytes"), SIZE.to_string(), "{host_rx}");
     assert_eq!(
-        json_field(&host_rx, "md5"),
+        json(host_rx, "md5"),
         field(tx, "md5"),
         "{name}: guest->host data corrupted"
     );
 
     let rx = marker_line(out, "GUEST-RX").unwrap_or_else(|| panic!("{context}"));
-    let host_tx = peer_result(out, "host_to_guest");
+    let host_tx = peer(out, "host_to_guest");
     assert_eq!(field(rx, "rc"), "0", "{rx}");
     assert_eq!(field(rx, "bytes"), SIZE.to_string(), "{rx}");
     assert_eq!(
         field(rx, "md5"),
-        json_field(&host_tx, "md5"),
+        json(host_tx, "md5"),
         "{name}: host->guest data corrupted"
     );
 
@@ -194,7 +145,7 @@ fn check_transfers(name: &str) -> (f64, f64) {
     );
 
     let mb = SIZE as f64 / 1e6;
-    let g2h_secs: f64 = json_field(&host_rx, "secs").parse().unwrap_or(0.0);
+    let g2h_secs: f64 = json(host_rx, "secs").parse().unwrap_or(0.0);
     let t0: f64 = field(rx, "t0").parse().unwrap_or(0.0);
     let t1: f64 = field(rx, "t1").parse().unwrap_or(0.0);
     let h2g_secs = t1 - t0;
@@ -213,7 +164,7 @@ fn virtio_net_tap_traffic() {
     assert!(g2h > 0.0 && h2g > 0.0);
     // The reference run is reported, not required, here (its own test
     // below fails if QEMU does).
-    if let Ok(sess) = &run().session {
+    if let Ok(sess) = &run().result {
         if let Ok(q) = sess.case("net_qemu") {
             if q.exit == Some(0) && q.output.contains("GUEST-NET-DONE") {
                 let (qg2h, qh2g) = check_transfers("net_qemu");
