@@ -23,15 +23,12 @@ set -eu
 MODE=${1:-edu}
 [ $# -gt 0 ] && shift
 HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
-BUILD=${DMAVISOR_BUILD_DIR:-$REPO/build}
+. "$HERE/common.sh"
 OUT=$BUILD/guest-driver
-IMG=$BUILD/images/bookworm
 TIMEOUT=${VVI_TIMEOUT:-1500}
 
 mkdir -p "$OUT"
-[ -f "$IMG/vmlinuz" ] || "$REPO/resources/guest-images" fetch --suite bookworm >&2
-KVER=$(cat "$IMG/version")
+vvi_image bookworm
 make -s -C "$REPO/guest-driver" KVER="$KVER" >&2
 BIN=${DMAVISOR_BIN:-}
 if [ -z "$BIN" ]; then
@@ -51,10 +48,8 @@ matrix)
 	modules="virtio_pci failover net_failover"
 	extra_files="--file $NETKO:/opt/vvi/virtio_net.ko"
 	PORT=8089
-	mkdir -p "$OUT/www"
-	# a fresh random blob each run, so a stale copy cannot pass
-	head -c "${VVI_BLOB_BYTES:-524288}" /dev/urandom > "$OUT/www/blob"
-	md5_arg="vvi_port=$PORT vvi_md5=$(md5sum "$OUT/www/blob" | cut -d' ' -f1)"
+	vvi_blob "$OUT" "${VVI_BLOB_BYTES:-524288}"
+	md5_arg="vvi_port=$PORT vvi_md5=$MD5"
 	net_args="--net tap=vvinet0,mac=52:54:00:12:34:57,ip=10.0.2.2,mask=255.255.255.0,iommu=on"
 	;;
 *)

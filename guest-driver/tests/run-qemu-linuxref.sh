@@ -19,18 +19,13 @@ set -eu
 MODE=${1:-lazy}
 [ $# -gt 0 ] && shift
 HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
-BUILD=${DMAVISOR_BUILD_DIR:-$REPO/build}
+. "$HERE/common.sh"
 OUT=$BUILD/guest-driver/trixie
-IMG=$BUILD/images/trixie
 ROOT=${VVI_TRIXIE_ROOT:?set VVI_TRIXIE_ROOT to a trixie chroot with headers}
 TIMEOUT=${VVI_TIMEOUT:-900}
 
 mkdir -p "$OUT"
-if [ ! -f "$IMG/vmlinuz" ]; then
-	"$REPO/resources/guest-images" fetch --suite trixie >&2
-fi
-KVER=$(cat "$IMG/version")
+vvi_image trixie
 [ -d "$ROOT/usr/src/linux-headers-$KVER" ] || {
 	echo "no linux-headers-$KVER in $ROOT" >&2
 	exit 1
@@ -56,25 +51,17 @@ esac
 	--script "$HERE/guest-matrix.sh" --script-timeout "$TIMEOUT" \
 	-o "$OUT/linuxref.cpio.gz" >&2
 
-mkdir -p "$OUT/www"
-head -c 1572864 /dev/urandom > "$OUT/www/blob"
-MD5=$(md5sum "$OUT/www/blob" | cut -d' ' -f1)
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-python3 -m http.server --bind 127.0.0.1 --directory "$OUT/www" "$PORT" \
-	>"$OUT/http.log" 2>&1 &
-HTTP_PID=$!
-trap 'kill $HTTP_PID 2>/dev/null' EXIT INT TERM
+vvi_blob "$OUT" 1572864
+vvi_http_local "$OUT"
 
 TRACE=$OUT/trace-$MODE.log
 rm -f "$TRACE"
+# shellcheck disable=SC2086 # VVI_QEMU_DEVICES is split on purpose
 timeout "$((TIMEOUT + 120))" qemu-system-x86_64 -M q35 -accel tcg \
 	-m 1G -smp "${VVI_SMP:-2}" -nodefaults -display none -no-reboot \
 	-serial stdio -kernel "$IMG/vmlinuz" -initrd "$OUT/linuxref.cpio.gz" \
 	-append "console=ttyS0 panic=-1 loglevel=4 vvi_mode=linuxref vvi_port=$PORT vvi_md5=$MD5 $ARGS $*" \
-	-device virtio-iommu-pci \
-	-device virtio-net-pci,netdev=n0,iommu_platform=on,disable-legacy=on \
-	-netdev user,id=n0 \
-	-device edu,dma_mask=0xffffffffffffffff \
+	$VVI_QEMU_DEVICES \
 	-trace enable=virtio_iommu_attach -trace enable=virtio_iommu_map \
 	-trace enable=virtio_iommu_unmap -D "$TRACE" \
 	</dev/null 2>&1 | tee "$OUT/linuxref-$MODE.log"

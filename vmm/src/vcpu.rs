@@ -207,6 +207,33 @@ impl Vcpu {
         self.index
     }
 
+    /// The registers that tell where and why a guest died, on one line
+    /// (for triple faults, which otherwise leave nothing to go on).
+    fn state_summary(&self) -> String {
+        let mut out = String::new();
+        match self.fd.get_regs() {
+            Ok(r) => out.push_str(&format!(
+                "rip={:#x} rsp={:#x} rflags={:#x}",
+                r.rip, r.rsp, r.rflags
+            )),
+            Err(e) => out.push_str(&format!("regs unavailable ({e})")),
+        }
+        match self.fd.get_sregs() {
+            Ok(s) => out.push_str(&format!(
+                " cr0={:#x} cr2={:#x} cr3={:#x} cr4={:#x} efer={:#x} idt={:#x}/{:#x} cs={:#x}",
+                s.cr0, s.cr2, s.cr3, s.cr4, s.efer, s.idt.base, s.idt.limit, s.cs.selector
+            )),
+            Err(e) => out.push_str(&format!(" sregs unavailable ({e})")),
+        }
+        if let Ok(ev) = self.fd.get_vcpu_events() {
+            out.push_str(&format!(
+                " exception={}/{} nmi_pending={}",
+                ev.exception.injected, ev.exception.nr, ev.nmi.pending
+            ));
+        }
+        out
+    }
+
     fn finish(&self, event: ExitEvent) {
         let _ = self.exit.send(event);
     }
@@ -243,6 +270,7 @@ impl Vcpu {
                     return;
                 }
                 Ok(VcpuExit::Shutdown) => {
+                    error!("vCPU {index}: triple fault; {}", self.state_summary());
                     return self.finish(ExitEvent::TripleFault { vcpu: index });
                 }
                 Ok(VcpuExit::SystemEvent(kind, data)) => {

@@ -82,6 +82,14 @@ pub fn run_script_in_kvm(
     cmd.arg("--").arg("/bin/sh").arg(&path);
     let res = run_capture(&mut cmd);
     let _ = std::fs::remove_file(&path);
+    // Keep the whole run for post-mortems (assertions show only a tail).
+    if let Ok(run) = &res {
+        let log = dir.join(format!("{name}.log"));
+        let text = format!("{}\n--- stderr ---\n{}", run.stdout, run.stderr);
+        if let Err(e) = std::fs::write(&log, text) {
+            eprintln!("cannot keep {}: {e}", log.display());
+        }
+    }
     res
 }
 
