@@ -11,6 +11,7 @@
 #   vvi_invals=a,b,...      invalidation modes (default all)
 #   vvi_iters=N             bench iterations per CPU
 #   vvi_ms=T                bench for T ms per run instead (vvi_reps runs)
+#   vvi_stall=S             a task blocked S seconds is reported as a hang
 # Prints one "VVI-RESULT ..." line per configuration and "VVI-BENCH ..."
 # lines for the benchmark.
 
@@ -25,6 +26,7 @@ iters=5000
 ms=
 reps=3
 bufs_list="1 256"
+stall=600
 for arg in $(cat /proc/cmdline); do
 	case "$arg" in
 	vvi_mode=*) mode="${arg#vvi_mode=}" ;;
@@ -36,6 +38,7 @@ for arg in $(cat /proc/cmdline); do
 	vvi_reps=*) reps="${arg#vvi_reps=}" ;;
 	vvi_ms=*) ms="${arg#vvi_ms=}" ;;
 	vvi_bufs=*) bufs_list="$(echo "${arg#vvi_bufs=}" | tr , ' ')" ;;
+	vvi_stall=*) stall="${arg#vvi_stall=}" ;;
 	esac
 done
 
@@ -57,6 +60,41 @@ pcislot() {
 		fi
 	done
 }
+
+# A task stuck in D state for vvi_stall seconds (default 600) is a hang:
+# print the blocked tasks' kernel stacks and every CPU's backtrace (as
+# VVI-STALL lines) and power off, so the test fails at once with the
+# evidence instead of running into its time-out.
+stall_watch() {
+	limit=$1
+	prev=
+	since=0
+	while sleep 10; do
+		# pid and state of every task (the state follows the ")" of comm)
+		now=$(for f in /proc/[0-9]*/stat; do
+			sed -n 's/^\([0-9]*\) (.*) D .*/\1/p' "$f" 2>/dev/null
+		done | tr '\n' ' ')
+		if [ -z "$now" ] || [ "$now" != "$prev" ]; then
+			prev=$now
+			since=0
+			continue
+		fi
+		since=$((since + 10))
+		[ $since -ge "$limit" ] || continue
+		for pid in $now; do
+			echo "VVI-STALL task $pid $(cat /proc/$pid/comm 2>/dev/null) blocked ${since}s:"
+			sed 's/^/VVI-STALL   /' /proc/$pid/stack 2>/dev/null
+		done
+		dmesg -c >/dev/null
+		echo l > /proc/sysrq-trigger
+		echo w > /proc/sysrq-trigger
+		sleep 2
+		dmesg | sed 's/^/VVI-STALL /' | tail -n 300
+		echo "VVI-STALL powering off"
+		echo o > /proc/sysrq-trigger
+	done
+}
+stall_watch "$stall" &
 
 EDU=$(pcislot 0x1234 0x11e8)
 NET=$(pcislot 0x1af4 0x1041)
