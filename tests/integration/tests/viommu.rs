@@ -316,6 +316,13 @@ const NET_SIZE: u64 = 8 << 20;
 const NET_CASE_TIMEOUT_SECS: u32 = 1000;
 const NET_SESSION_TIMEOUT: Duration = Duration::from_secs(4800);
 const NET_MODES: [&str; 3] = ["off", "lazy", "strict"];
+/// The VMM's line for a guest that crashed (triple fault).
+const GUEST_CRASH: &str = "guest triple fault";
+/// Reruns of a case whose guest crashed. The nested runner has shown
+/// intermittent guest triple faults during vIOMMU traffic (root cause
+/// open; see the README's known gaps); a rerun keeps one of them from
+/// failing the group, and every rerun is printed and counted.
+const NET_CRASH_RETRIES: u32 = 1;
 
 fn net_session() -> &'static SharedSession {
     static SESSION: OnceLock<SharedSession> = OnceLock::new();
@@ -333,20 +340,23 @@ fn net_session() -> &'static SharedSession {
             let mut cases = Vec::new();
             for vmm in ["dmavisor", "qemu"] {
                 for mode in NET_MODES {
-                    cases.push(Case::new(
-                        &format!("net_{vmm}_{mode}"),
-                        vec![
-                            "sh".into(),
-                            path_arg(&guest_script("viommu-net-host.sh")),
-                            vmm.into(),
-                            mode.into(),
-                            bin.clone(),
-                            path_arg(&trixie.vmlinuz),
-                            path_arg(&initrd),
-                            NET_SIZE.to_string(),
-                        ],
-                        NET_CASE_TIMEOUT_SECS,
-                    ));
+                    cases.push(
+                        Case::new(
+                            &format!("net_{vmm}_{mode}"),
+                            vec![
+                                "sh".into(),
+                                path_arg(&guest_script("viommu-net-host.sh")),
+                                vmm.into(),
+                                mode.into(),
+                                bin.clone(),
+                                path_arg(&trixie.vmlinuz),
+                                path_arg(&initrd),
+                                NET_SIZE.to_string(),
+                            ],
+                            NET_CASE_TIMEOUT_SECS,
+                        )
+                        .retry_on(GUEST_CRASH, NET_CRASH_RETRIES),
+                    );
                 }
             }
             Ok(Plan::from(cases))
@@ -438,9 +448,11 @@ fn viommu_net_throughput_ratios() {
                 let r = std::panic::catch_unwind(|| net_transfers(&name))
                     .ok()
                     .map(|(a, b, _)| (a, b));
+                let retries = std::panic::catch_unwind(|| net_case(&name).retries).ok();
                 println!(
-                    "{{\"bench\": \"viommu-net-case\", \"case\": \"{name}\", \"bytes\": {NET_SIZE}, \"MBps\": {}}}",
-                    r.map_or("null".into(), |(a, b)| format!("[{a:.4}, {b:.4}]"))
+                    "{{\"bench\": \"viommu-net-case\", \"case\": \"{name}\", \"bytes\": {NET_SIZE}, \"MBps\": {}, \"crash_retries\": {}}}",
+                    r.map_or("null".into(), |(a, b)| format!("[{a:.4}, {b:.4}]")),
+                    retries.map_or("null".into(), |n| n.to_string())
                 );
                 r
             })
