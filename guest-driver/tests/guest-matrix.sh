@@ -70,10 +70,24 @@ stall_watch() {
 	prev=
 	since=0
 	while sleep 10; do
-		# pid and state of every task (the state follows the ")" of comm)
-		now=$(for f in /proc/[0-9]*/stat; do
-			sed -n 's/^\([0-9]*\) (.*) D .*/\1/p' "$f" 2>/dev/null
-		done | tr '\n' ' ')
+		# tasks in D state (the state follows the ")" of comm) with their
+		# context-switch counts: a task that sleeps and wakes between two
+		# samples is working, one whose count stands still is stuck
+		# (shell built-ins only, so the watch costs the benchmarks nothing)
+		now=
+		for f in /proc/[0-9]*/stat; do
+			read -r st < "$f" 2>/dev/null || continue
+			case "$st" in
+			*") D "*)
+				p=${st%% *}
+				sw=
+				while read -r k v; do
+					[ "$k" = voluntary_ctxt_switches: ] && sw=$v
+				done 2>/dev/null </proc/$p/status
+				now="$now $p:$sw"
+				;;
+			esac
+		done
 		if [ -z "$now" ] || [ "$now" != "$prev" ]; then
 			prev=$now
 			since=0
@@ -82,6 +96,7 @@ stall_watch() {
 		since=$((since + 10))
 		[ $since -ge "$limit" ] || continue
 		for pid in $now; do
+			pid=${pid%%:*}
 			echo "VVI-STALL task $pid $(cat /proc/$pid/comm 2>/dev/null) blocked ${since}s:"
 			sed 's/^/VVI-STALL   /' /proc/$pid/stack 2>/dev/null
 		done
