@@ -27,13 +27,20 @@ def listener(port):
     return s
 
 
-def receive(sock, size, results):
+def receive(sock, size, results, stall):
     conn, _ = sock.accept()
+    # A transfer that stops for `stall` seconds will not resume: say so, so
+    # the host script can end the VM now instead of at the time-out.
+    conn.settimeout(stall)
     h = hashlib.md5()
     got = 0
     first = None
     while got < size:
-        chunk = conn.recv(min(1 << 20, size - got))
+        try:
+            chunk = conn.recv(min(1 << 20, size - got))
+        except socket.timeout:
+            print(f"PEER-STALL guest_to_host: nothing for {stall:.0f} s after {got} bytes", flush=True)
+            break
         if not chunk:
             break
         if first is None:
@@ -75,13 +82,14 @@ def main():
     ap.add_argument("--size", type=int, default=8 << 20)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--label", default="")
+    ap.add_argument("--stall", type=float, default=180, help="seconds without data that end the transfer")
     args = ap.parse_args()
     results = {}
     data = os.urandom(args.size)
     rs, ss = listener(5001), listener(5002)
     print("PEER-READY", flush=True)
     threads = [
-        threading.Thread(target=receive, args=(rs, args.size, results), daemon=True),
+        threading.Thread(target=receive, args=(rs, args.size, results, args.stall), daemon=True),
         threading.Thread(target=serve, args=(ss, data, results), daemon=True),
     ]
     for t in threads:

@@ -20,7 +20,8 @@ cmdline="console=ttyS0 quiet loglevel=3 panic=-1 net_size=$size"
 [ "$mode" = strict ] && cmdline="$cmdline iommu.strict=1"
 peer_out=$(mktemp)
 
-python3 "$here/net-peer.py" --label "$vmm-$mode" --size "$size" --timeout 800 > "$peer_out" 2>&1 &
+python3 "$here/net-peer.py" --label "$vmm-$mode" --size "$size" --timeout 800 \
+    --stall "${PEER_STALL:-180}" > "$peer_out" 2>&1 &
 peer=$!
 i=0
 while ! grep -q PEER-READY "$peer_out" && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
@@ -34,7 +35,18 @@ dmavisor-off)
     ;;
 dmavisor-lazy|dmavisor-strict)
     "$bin" --kernel "$kernel" --initramfs "$initrd" --cmdline "$cmdline" \
-        --cpus boot=2 --memory size=512M --serial tty --iommu --net "$net,iommu=on"
+        --cpus boot=2 --memory size=512M --serial tty --iommu --net "$net,iommu=on" &
+    vm=$!
+    # A stalled transfer (the peer says PEER-STALL) ends the VM at once.
+    while kill -0 "$vm" 2>/dev/null; do
+        if grep -q PEER-STALL "$peer_out"; then
+            echo "GUEST-STALL: the peer saw no data; stopping the VMM"
+            kill "$vm"
+            break
+        fi
+        sleep 2
+    done
+    wait "$vm"
     echo "VMM-EXIT rc=$?"
     ;;
 qemu-*)

@@ -25,8 +25,8 @@ pub struct Case {
     pub argv: Vec<String>,
     /// Seconds before the case is killed (the session goes on).
     pub timeout_secs: u32,
-    /// Rerun the case (at most this often) when its output contains
-    /// `retry_marker`; see [`Case::retry_on`].
+    /// Rerun the case (at most this often) when its output matches
+    /// `retry_marker` (an extended regular expression); see [`Case::retry_on`].
     pub retries: u32,
     pub retry_marker: String,
 }
@@ -42,8 +42,9 @@ impl Case {
         }
     }
 
-    /// Reruns the case up to `retries` times while its output contains
-    /// `marker` (e.g. the VMM's guest-crash line). Each rerun is reported
+    /// Reruns the case up to `retries` times while its output matches
+    /// `marker`, an extended regular expression (e.g. the VMM's guest-crash
+    /// line). Each rerun is reported
     /// in the output as `@@CASE-RETRY` with the failed attempt's log kept
     /// beside the session log, and counted in [`CaseResult::retries`], so
     /// a retried pass stays visible.
@@ -201,7 +202,7 @@ pub fn session_script(cases: &[Case]) -> String {
             let log = sh_quote(&log_plain);
             s.push_str(&format!(
                 "a=0\nwhile :; do\n  {run} >{log}.out 2>&1\n  rc=$?\n  \
-                 if [ $a -ge {n} ] || ! grep -qF {m} {log}.out; then cat {log}.out; rm -f {log}.out; break; fi\n  \
+                 if [ $a -ge {n} ] || ! grep -qE {m} {log}.out; then cat {log}.out; rm -f {log}.out; break; fi\n  \
                  a=$((a + 1))\n  mv {log}.out {log}$a.log\n  \
                  echo \"{RETRY} {name} attempt=$a rc=$rc log={log_plain}$a.log\"\ndone\n",
                 n = c.retries,
