@@ -53,8 +53,9 @@ def receive(sock, size, results, stall):
     results["g2h"] = {"dir": "guest_to_host", "bytes": got, "md5": h.hexdigest(), "secs": round(secs, 3)}
 
 
-def serve(sock, data, results):
+def serve(sock, data, results, stall):
     conn, _ = sock.accept()
+    conn.settimeout(stall)
     req = b""
     while b"\r\n\r\n" not in req and len(req) < 65536:
         chunk = conn.recv(4096)
@@ -63,7 +64,12 @@ def serve(sock, data, results):
         req += chunk
     head = b"HTTP/1.0 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % len(data)
     t0 = time.monotonic()
-    conn.sendall(head + data)
+    try:
+        conn.sendall(head + data)
+    except socket.timeout:
+        print(f"PEER-STALL host_to_guest: the guest took nothing for {stall:.0f} s", flush=True)
+        conn.close()
+        return
     conn.shutdown(socket.SHUT_WR)
     # Wait for the client to close so the timing covers delivery.
     conn.settimeout(60)
@@ -90,7 +96,7 @@ def main():
     print("PEER-READY", flush=True)
     threads = [
         threading.Thread(target=receive, args=(rs, args.size, results, args.stall), daemon=True),
-        threading.Thread(target=serve, args=(ss, data, results), daemon=True),
+        threading.Thread(target=serve, args=(ss, data, results, args.stall), daemon=True),
     ]
     for t in threads:
         t.start()

@@ -27,17 +27,13 @@ i=0
 while ! grep -q PEER-READY "$peer_out" && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
 
 net="tap=dmvtap0,mac=52:54:00:12:34:56,ip=192.168.249.1,mask=255.255.255.0"
-case "$vmm-$mode" in
-dmavisor-off)
+
+# Runs dmavisor with the common flags plus "$@"; a stalled transfer (the
+# peer says PEER-STALL) ends the VM at once instead of at the time-out.
+dmavisor() {
     "$bin" --kernel "$kernel" --initramfs "$initrd" --cmdline "$cmdline" \
-        --cpus boot=2 --memory size=512M --serial tty --net "$net"
-    echo "VMM-EXIT rc=$?"
-    ;;
-dmavisor-lazy|dmavisor-strict)
-    "$bin" --kernel "$kernel" --initramfs "$initrd" --cmdline "$cmdline" \
-        --cpus boot=2 --memory size=512M --serial tty --iommu --net "$net,iommu=on" &
+        --cpus boot=2 --memory size=512M --serial tty "$@" &
     vm=$!
-    # A stalled transfer (the peer says PEER-STALL) ends the VM at once.
     while kill -0 "$vm" 2>/dev/null; do
         if grep -q PEER-STALL "$peer_out"; then
             echo "GUEST-STALL: the peer saw no data; stopping the VMM"
@@ -48,6 +44,14 @@ dmavisor-lazy|dmavisor-strict)
     done
     wait "$vm"
     echo "VMM-EXIT rc=$?"
+}
+
+case "$vmm-$mode" in
+dmavisor-off)
+    dmavisor --net "$net"
+    ;;
+dmavisor-lazy|dmavisor-strict)
+    dmavisor --iommu --net "$net,iommu=on"
     ;;
 qemu-*)
     iommu=""
