@@ -208,7 +208,9 @@ impl Vcpu {
     }
 
     /// The registers that tell where and why a guest died, on one line
-    /// (for triple faults, which otherwise leave nothing to go on).
+    /// (for triple faults, which otherwise leave nothing to go on). On AMD
+    /// KVM re-initialises the vCPU before reporting the shutdown, so there
+    /// this shows reset state; on Intel it shows the faulting state.
     fn state_summary(&self) -> String {
         let mut out = String::new();
         match self.fd.get_regs() {

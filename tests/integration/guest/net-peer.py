@@ -57,17 +57,17 @@ def serve(sock, data, results, stall):
     conn, _ = sock.accept()
     conn.settimeout(stall)
     req = b""
-    while b"\r\n\r\n" not in req and len(req) < 65536:
-        chunk = conn.recv(4096)
-        if not chunk:
-            break
-        req += chunk
     head = b"HTTP/1.0 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % len(data)
-    t0 = time.monotonic()
     try:
+        while b"\r\n\r\n" not in req and len(req) < 65536:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            req += chunk
+        t0 = time.monotonic()
         conn.sendall(head + data)
     except socket.timeout:
-        print(f"PEER-STALL host_to_guest: the guest took nothing for {stall:.0f} s", flush=True)
+        print(f"PEER-STALL host_to_guest: no progress for {stall:.0f} s", flush=True)
         conn.close()
         return
     conn.shutdown(socket.SHUT_WR)
