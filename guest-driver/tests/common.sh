@@ -15,6 +15,19 @@ vvi_image() {
 	KVER=$(cat "$IMG/version")
 }
 
+# vvi_logged LOG CMD...: runs CMD with its output both streamed and kept
+# in LOG, and returns CMD's exit status (a plain pipe into tee would
+# return tee's, hiding a VMM that died).
+vvi_logged() {
+	_log=$1
+	shift
+	{
+		"$@"
+		echo $? >"$_log.rc"
+	} 2>&1 | tee "$_log"
+	return "$(cat "$_log.rc" 2>/dev/null || echo 1)"
+}
+
 # vvi_blob DIR BYTES: a fresh random blob in DIR/www (so a stale copy
 # cannot pass); sets MD5.
 vvi_blob() {

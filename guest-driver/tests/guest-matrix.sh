@@ -76,7 +76,8 @@ stall_watch() {
 		# (shell built-ins only, so the watch costs the benchmarks nothing)
 		now=
 		for f in /proc/[0-9]*/stat; do
-			read -r st < "$f" 2>/dev/null || continue
+			# (a task may exit between the glob and the read)
+			{ read -r st <"$f"; } 2>/dev/null || continue
 			case "$st" in
 			*") D "*)
 				p=${st%% *}

@@ -98,5 +98,5 @@ INNER
 	echo "	--iommu \"${VVI_IOMMU_OPTS:-}\" --dma-test iommu=on $net_args"
 } > "$inner"
 
-"$REPO/resources/run-kvm" --timeout "$((TIMEOUT + 300))" -- /bin/sh "$inner" 2>&1 \
-	| tee "$OUT/dmavisor-$MODE.log"
+vvi_logged "$OUT/dmavisor-$MODE.log" \
+	"$REPO/resources/run-kvm" --timeout "$((TIMEOUT + 300))" -- /bin/sh "$inner"

@@ -25,21 +25,41 @@ use integration_tests::vviommu_matrix::{
     check_every_configuration, check_policy, check_request_counts,
 };
 
+/// Guest crashes that are not about the driver under test (see the README's
+/// known gaps: rare guest triple faults and stalls in the nested runner);
+/// a boot that shows one is repeated, at most [`MAX_BOOTS`] times in all.
+const CRASH_MARKERS: [&str; 2] = ["guest triple fault", "VVI-STALL"];
+const MAX_BOOTS: u32 = 3;
+
 /// Output of the single guest boot, or why it could not run.
 fn run() -> &'static Result<String, String> {
     static RUN: OnceLock<Result<String, String>> = OnceLock::new();
     RUN.get_or_init(|| {
         let bin = dmavisor_binary().map_err(|e| e.to_string())?;
         let script = repo_root().join("guest-driver/tests/run-dmavisor.sh");
-        let mut cmd = Command::new(&script);
-        cmd.arg("matrix")
-            .env("DMAVISOR_BIN", &bin)
-            .env("VVI_IOMMU_OPTS", "queues=2");
-        let out = run_capture(&mut cmd).map_err(|e| e.to_string())?;
-        if out.status != Some(0) {
-            return Err(format!("{} failed: {}", script.display(), out.describe()));
+        let mut boot = 1;
+        loop {
+            let mut cmd = Command::new(&script);
+            cmd.arg("matrix")
+                .env("DMAVISOR_BIN", &bin)
+                .env("VVI_IOMMU_OPTS", "queues=2");
+            let out = run_capture(&mut cmd).map_err(|e| e.to_string())?;
+            let crashed = CRASH_MARKERS.iter().find(|m| out.stdout.contains(*m));
+            match crashed {
+                Some(m) if boot < MAX_BOOTS => {
+                    eprintln!("@@BOOT-RETRY own_vmm boot {boot} ended with '{m}'; booting again");
+                    boot += 1;
+                }
+                _ if out.status != Some(0) => {
+                    return Err(format!(
+                        "{} failed (boot {boot}): {}",
+                        script.display(),
+                        out.describe()
+                    ));
+                }
+                _ => return Ok(out.stdout),
+            }
         }
-        Ok(out.stdout)
     })
 }
 
