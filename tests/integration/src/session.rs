@@ -273,19 +273,31 @@ fn count_retries(output: &str) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-/// Runs `cases` in one KVM-environment session bounded by `timeout`.
+/// What run-kvm prints when the nested runner's own kernel died (its
+/// console tail follows, with the panic).
+const RUNNER_DIED: &str = "no exit status from L2";
+
+/// Whether `run` ended because the runner kernel panicked, not because of
+/// anything the session did (see the README's known gaps).
+pub fn runner_kernel_died(run: &RunOutput) -> bool {
+    run.stderr.contains(RUNNER_DIED) && run.stderr.contains("Kernel panic")
+}
+
+/// Runs `cases` in one KVM-environment session bounded by `timeout`; a
+/// session whose runner kernel panicked is run once more (announced as
+/// `@@SESSION-RETRY` on stderr).
 pub fn run_session(
     name: &str,
     cases: &[Case],
     timeout: Duration,
     mem_mib: Option<u32>,
 ) -> Result<SessionResult, HarnessError> {
-    let run = run_script_in_kvm(
-        name,
-        &session_script(cases, &crate::paths::scratch_dir()),
-        timeout,
-        mem_mib,
-    )?;
+    let script = session_script(cases, &crate::paths::scratch_dir());
+    let mut run = run_script_in_kvm(name, &script, timeout, mem_mib)?;
+    if runner_kernel_died(&run) {
+        eprintln!("@@SESSION-RETRY {name}: the runner kernel panicked; running the session again");
+        run = run_script_in_kvm(name, &script, timeout, mem_mib)?;
+    }
     let cases = parse_session(&run.stdout);
     Ok(SessionResult { run, cases })
 }
@@ -319,6 +331,25 @@ mod tests {
             result,
             vmm_error: vmm_error.map(String::from),
         }
+    }
+
+    #[test]
+    fn only_a_runner_kernel_panic_counts_as_the_runner_dying() {
+        let run = |stderr: &str| RunOutput {
+            status: Some(125),
+            stdout: String::new(),
+            stderr: stderr.into(),
+            elapsed: Duration::ZERO,
+        };
+        assert!(runner_kernel_died(&run(
+            "run-kvm: error: no exit status from L2 (QEMU exit 0)\n[ 1.0] Kernel panic - not syncing: x"
+        )));
+        assert!(!runner_kernel_died(&run(
+            "run-kvm: error: no exit status from L2 (QEMU exit 0)\nqemu: cannot open kernel"
+        )));
+        assert!(!runner_kernel_died(&run(
+            "guest: Kernel panic - not syncing: x"
+        )));
     }
 
     #[test]

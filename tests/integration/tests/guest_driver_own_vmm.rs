@@ -25,10 +25,11 @@ use integration_tests::vviommu_matrix::{
     check_every_configuration, check_policy, check_request_counts,
 };
 
-/// Guest crashes that are not about the driver under test (see the README's
-/// known gaps: rare guest triple faults and stalls in the nested runner);
-/// a boot that shows one is repeated, at most [`MAX_BOOTS`] times in all.
-const CRASH_MARKERS: [&str; 2] = ["guest triple fault", "VVI-STALL"];
+/// Crashes that are not about the driver under test (see the README's
+/// known gaps: guest triple faults and stalls, and panics of the runner's
+/// own kernel, in the nested runner); a boot that shows one is repeated,
+/// at most [`MAX_BOOTS`] times in all.
+const CRASH_MARKERS: [&str; 3] = ["guest triple fault", "VVI-STALL", "no exit status from L2"];
 const MAX_BOOTS: u32 = 3;
 
 /// Output of the single guest boot, or why it could not run.
