@@ -36,8 +36,14 @@ pub struct Cli {
     #[arg(long, value_name = "boot=N", default_value = "boot=1")]
     pub cpus: String,
 
-    /// Guest RAM: size=SIZE with K/M/G suffix (at least 64M), e.g. size=512M.
-    #[arg(long, value_name = "size=SIZE", default_value = "size=512M")]
+    /// Guest RAM: size=SIZE with K/M/G suffix (at least 64M), e.g. size=512M;
+    /// thp=on|off backs it with transparent huge pages where the host allows
+    /// (default on).
+    #[arg(
+        long,
+        value_name = "size=SIZE[,thp=on|off]",
+        default_value = "size=512M"
+    )]
     pub memory: String,
 
     /// COM1 (ttyS0): tty (stdout/stdin), file=PATH (output only) or off.

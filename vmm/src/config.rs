@@ -67,12 +67,15 @@ pub fn parse_size(text: &str) -> Option<u64> {
 pub struct MemoryConfig {
     /// Guest RAM in bytes.
     pub size: u64,
+    /// Back guest RAM with transparent huge pages where the host allows
+    /// (`thp=on`, the default, as in cloud-hypervisor).
+    pub thp: bool,
 }
 
 impl MemoryConfig {
     /// Parses and validates `--memory`.
     pub fn parse(value: &str) -> Result<Self, Error> {
-        let opts = parse_options("memory", value, &["size"])?;
+        let opts = parse_options("memory", value, &["size", "thp"])?;
         let bad = |reason: String| Error::InvalidOption {
             option: "memory",
             value: value.to_string(),
@@ -98,7 +101,12 @@ impl MemoryConfig {
         if size % 4096 != 0 {
             return Err(bad("size must be a multiple of 4 KiB".into()));
         }
-        Ok(Self { size })
+        let thp = match opts.get("thp").map(String::as_str) {
+            None | Some("on") => true,
+            Some("off") => false,
+            Some(other) => return Err(bad(format!("thp={other}: expected on or off"))),
+        };
+        Ok(Self { size, thp })
     }
 }
 
@@ -209,6 +217,13 @@ mod tests {
         assert!(MemoryConfig::parse("").is_err());
         assert!(MemoryConfig::parse("size=1G,size=2G").is_err());
         assert!(MemoryConfig::parse("size=1G,shared=on").is_err());
+        assert!(
+            MemoryConfig::parse("size=1G").unwrap().thp,
+            "THP by default"
+        );
+        assert!(MemoryConfig::parse("size=1G,thp=on").unwrap().thp);
+        assert!(!MemoryConfig::parse("size=1G,thp=off").unwrap().thp);
+        assert!(MemoryConfig::parse("size=1G,thp=maybe").is_err());
         assert!(MemoryConfig::parse("size=100000001").is_err());
         let err = MemoryConfig::parse("size=1M").unwrap_err().to_string();
         assert!(err.contains("--memory"), "{err}");

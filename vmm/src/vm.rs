@@ -104,7 +104,7 @@ fn serial_output(cfg: &SerialConfig) -> Result<Option<Box<dyn Write + Send>>, Er
 pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
     let started = Instant::now();
     let mem_size = config.memory.size;
-    let mem = create_guest_memory(mem_size)?;
+    let mem = create_guest_memory(mem_size, config.memory.thp)?;
 
     let (mmio64_start, mmio64_size) = layout::pci_mmio64_window(mem_size);
     let windows = PciWindows {
