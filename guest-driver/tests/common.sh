@@ -21,6 +21,7 @@ vvi_image() {
 vvi_logged() {
 	_log=$1
 	shift
+	rm -f "$_log.rc"
 	{
 		"$@"
 		echo $? >"$_log.rc"
