@@ -211,6 +211,8 @@ impl Vcpu {
     /// (for triple faults, which otherwise leave nothing to go on). On AMD
     /// KVM re-initialises the vCPU before reporting the shutdown, so there
     /// this shows reset state; on Intel it shows the faulting state.
+    /// `exception=` is the last exception KVM itself queued, which may be
+    /// long before the fault (e.g. the #GP of a refused MSR write at boot).
     fn state_summary(&self) -> String {
         let mut out = String::new();
         match self.fd.get_regs() {

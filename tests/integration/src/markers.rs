@@ -31,6 +31,13 @@ pub fn guest_script_exit(text: &str) -> Option<i64> {
     marker_int(text, GUEST_SCRIPT_EXIT)
 }
 
+/// What dmavisor prints when a guest vCPU triple-faults (vmm/src/exit.rs).
+pub const VMM_TRIPLE_FAULT: &str = "guest triple fault";
+
+/// What run-kvm prints when the nested runner's own kernel died (its
+/// console tail follows).
+pub const RUNNER_DIED: &str = "no exit status from L2";
+
 /// The rest of the first line of `text` containing `key`, trimmed. The key
 /// may stand anywhere in the line: firmware escape sequences or console
 /// noise can precede it on the serial console.

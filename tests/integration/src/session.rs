@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::error::HarnessError;
-use crate::markers::token_value;
+use crate::markers::{token_value, RUNNER_DIED};
 use crate::runner::{run_script_in_kvm, RunOutput};
 
 const BEGIN: &str = "@@CASE-BEGIN";
@@ -272,10 +272,6 @@ fn count_retries(output: &str) -> u32 {
     let n = output.lines().filter(|l| l.starts_with(RETRY)).count();
     u32::try_from(n).unwrap_or(u32::MAX)
 }
-
-/// What run-kvm prints when the nested runner's own kernel died (its
-/// console tail follows, with the panic).
-const RUNNER_DIED: &str = "no exit status from L2";
 
 /// Whether `run` ended because the runner kernel panicked, not because of
 /// anything the session did (see the README's known gaps).

@@ -17,7 +17,7 @@
 use std::process::Command;
 use std::sync::OnceLock;
 
-use integration_tests::markers::guest_script_exit;
+use integration_tests::markers::{guest_script_exit, RUNNER_DIED, VMM_TRIPLE_FAULT};
 use integration_tests::paths::repo_root;
 use integration_tests::runner::run_capture;
 use integration_tests::vmm::dmavisor_binary;
@@ -29,7 +29,7 @@ use integration_tests::vviommu_matrix::{
 /// known gaps: guest triple faults and stalls, and panics of the runner's
 /// own kernel, in the nested runner); a boot that shows one is repeated,
 /// at most [`MAX_BOOTS`] times in all.
-const CRASH_MARKERS: [&str; 3] = ["guest triple fault", "VVI-STALL", "no exit status from L2"];
+const CRASH_MARKERS: [&str; 3] = [VMM_TRIPLE_FAULT, "VVI-STALL", RUNNER_DIED];
 const MAX_BOOTS: u32 = 3;
 
 /// Output of the single guest boot, or why it could not run.

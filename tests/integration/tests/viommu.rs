@@ -24,6 +24,7 @@ use std::time::Duration;
 use integration_tests::images::{build_initramfs, ensure_images, InitramfsSpec};
 use integration_tests::markers::{
     guest_script_exit, json_field, marker_int, marker_line, marker_value, peer_result, token_value,
+    VMM_TRIPLE_FAULT,
 };
 use integration_tests::paths::{guest_script, path_arg, repo_root, scratch_dir};
 use integration_tests::qemu::QemuCommand;
@@ -316,14 +317,19 @@ const NET_SIZE: u64 = 8 << 20;
 const NET_CASE_TIMEOUT_SECS: u32 = 1000;
 const NET_SESSION_TIMEOUT: Duration = Duration::from_secs(4800);
 const NET_MODES: [&str; 3] = ["off", "lazy", "strict"];
-/// A guest that died: the VMM's triple-fault line, or the host script's
-/// line after the peer saw the guest->host transfer stop.
-const GUEST_CRASH: &str = "guest triple fault|GUEST-STALL";
+/// The host script's line after the peer saw a transfer stop; with the
+/// VMM's triple-fault line it marks a guest that died (see `guest_crash`).
+const GUEST_STALL: &str = "GUEST-STALL";
 /// Reruns of a case whose guest died. The nested runner has shown
 /// intermittent guest triple faults and stalls during vIOMMU traffic (root
 /// cause open; see the README's known gaps); a rerun keeps one of them
 /// from failing the group, and every rerun is printed and counted.
 const NET_CRASH_RETRIES: u32 = 3;
+
+/// The retry pattern (an extended regular expression) of a guest that died.
+fn guest_crash() -> String {
+    format!("{VMM_TRIPLE_FAULT}|{GUEST_STALL}")
+}
 
 fn net_session() -> &'static SharedSession {
     static SESSION: OnceLock<SharedSession> = OnceLock::new();
@@ -356,7 +362,7 @@ fn net_session() -> &'static SharedSession {
                             ],
                             NET_CASE_TIMEOUT_SECS,
                         )
-                        .retry_on(GUEST_CRASH, NET_CRASH_RETRIES),
+                        .retry_on(&guest_crash(), NET_CRASH_RETRIES),
                     );
                 }
             }
