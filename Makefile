@@ -6,9 +6,12 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 FUZZ_SECONDS ?= 60
+# make soak: rounds, and the cases each round runs (resources/soak --help).
+N ?= 20
+SOAK_CASES ?= dmavisor-strict,dmavisor-lazy,qemu-strict,qemu-lazy,dmavisor-matrix
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all build deps lint unit guest-driver fuzz integration test demo bench-host bench-guest clean
+.PHONY: all build deps lint unit guest-driver fuzz integration test demo bench-host bench-guest soak clean
 
 all: build
 
@@ -47,6 +50,11 @@ bench-host:
 
 bench-guest: deps build
 	resources/bench-guest
+
+# Not part of `make test`: N rounds of the guest cases that used to crash
+# or stall, counting runs, crashes and stalls per case (QEMU as control).
+soak: deps build
+	resources/soak --runs $(N) --cases $(SOAK_CASES)
 
 clean:
 	$(CARGO) clean

@@ -11,7 +11,8 @@ use crate::error::Error;
 ///
 /// The guest's `poweroff` ends dmavisor with exit code 0; a guest reboot
 /// also ends it with exit code 0 (there is no in-place reset). A guest
-/// triple fault or a KVM failure ends it with exit code 1, bad options with 2.
+/// triple fault or a KVM failure ends it with exit code 1, bad options with 2,
+/// a panic in any of its threads with 101.
 ///
 /// Needs a hardware-backed /dev/kvm (kvm_intel/kvm_amd); elsewhere run it
 /// inside resources/run-kvm. DMAVISOR_KVM_DEVICE names another device node.

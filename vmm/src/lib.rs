@@ -14,6 +14,7 @@ pub mod interrupt;
 pub mod kvm_check;
 pub mod memory;
 pub mod net;
+pub mod panic_exit;
 pub mod pci;
 pub mod vcpu;
 pub mod virtio;

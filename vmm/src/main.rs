@@ -4,7 +4,7 @@
 use clap::Parser;
 
 use vmm::error::Error;
-use vmm::{cli, vm};
+use vmm::{cli, panic_exit, vm};
 
 fn init_logging(verbosity: u8) {
     let default = match verbosity {
@@ -21,6 +21,7 @@ fn init_logging(verbosity: u8) {
 fn main() {
     let cli = cli::Cli::parse();
     init_logging(cli.verbose);
+    panic_exit::install();
     let result = cli.to_config().and_then(|config| vm::run(&config));
     match result {
         Ok(event) => {

@@ -16,7 +16,9 @@ kernel=$4
 initrd=$5
 size=$6
 here=$(dirname "$0")
-cmdline="console=ttyS0 quiet loglevel=3 panic=-1 net_size=$size"
+# DMAVISOR_GUEST_CMDLINE_EXTRA: more guest kernel parameters (resources/soak
+# uses it for debug runs, e.g. slub_debug).
+cmdline="console=ttyS0 quiet loglevel=3 panic=-1 net_size=$size ${DMAVISOR_GUEST_CMDLINE_EXTRA:-}"
 [ "$mode" = strict ] && cmdline="$cmdline iommu.strict=1"
 peer_out=$(mktemp)
 

@@ -17,7 +17,7 @@
 use std::process::Command;
 use std::sync::OnceLock;
 
-use integration_tests::markers::{guest_script_exit, RUNNER_DIED, VMM_TRIPLE_FAULT};
+use integration_tests::markers::guest_script_exit;
 use integration_tests::paths::repo_root;
 use integration_tests::runner::run_capture;
 use integration_tests::vmm::dmavisor_binary;
@@ -25,42 +25,21 @@ use integration_tests::vviommu_matrix::{
     check_every_configuration, check_policy, check_request_counts,
 };
 
-/// Crashes that are not about the driver under test (see the README's
-/// known gaps: guest triple faults and stalls, and panics of the runner's
-/// own kernel, in the nested runner); a boot that shows one is repeated,
-/// at most [`MAX_BOOTS`] times in all.
-const CRASH_MARKERS: [&str; 3] = [VMM_TRIPLE_FAULT, "VVI-STALL", RUNNER_DIED];
-const MAX_BOOTS: u32 = 3;
-
 /// Output of the single guest boot, or why it could not run.
 fn run() -> &'static Result<String, String> {
     static RUN: OnceLock<Result<String, String>> = OnceLock::new();
     RUN.get_or_init(|| {
         let bin = dmavisor_binary().map_err(|e| e.to_string())?;
         let script = repo_root().join("guest-driver/tests/run-dmavisor.sh");
-        let mut boot = 1;
-        loop {
-            let mut cmd = Command::new(&script);
-            cmd.arg("matrix")
-                .env("DMAVISOR_BIN", &bin)
-                .env("VVI_IOMMU_OPTS", "queues=2");
-            let out = run_capture(&mut cmd).map_err(|e| e.to_string())?;
-            let crashed = CRASH_MARKERS.iter().find(|m| out.stdout.contains(*m));
-            match crashed {
-                Some(m) if boot < MAX_BOOTS => {
-                    eprintln!("@@BOOT-RETRY own_vmm boot {boot} ended with '{m}'; booting again");
-                    boot += 1;
-                }
-                _ if out.status != Some(0) => {
-                    return Err(format!(
-                        "{} failed (boot {boot}): {}",
-                        script.display(),
-                        out.describe()
-                    ));
-                }
-                _ => return Ok(out.stdout),
-            }
+        let mut cmd = Command::new(&script);
+        cmd.arg("matrix")
+            .env("DMAVISOR_BIN", &bin)
+            .env("VVI_IOMMU_OPTS", "queues=2");
+        let out = run_capture(&mut cmd).map_err(|e| e.to_string())?;
+        if out.status != Some(0) {
+            return Err(format!("{} failed: {}", script.display(), out.describe()));
         }
+        Ok(out.stdout)
     })
 }
 

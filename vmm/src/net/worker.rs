@@ -12,6 +12,7 @@
 //! driver resets the device. The VMM keeps running.
 
 use std::io;
+use std::num::Wrapping;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
@@ -93,7 +94,9 @@ enum Delivery {
     Done,
     /// The frame was dropped; `true` if a buffer was returned used.
     Dropped(bool),
-    NoBuffers,
+    /// Too few buffers; the driver's avail index that was looked at (every
+    /// buffer before it was considered, none after it).
+    NoBuffers(Wrapping<u16>),
     Broken(String),
 }
 
@@ -133,7 +136,8 @@ fn signal_used(q: &mut WorkerQueue, mem: &DmaSpace, interrupt: &dyn VirtioInterr
 }
 
 /// After a receive ran out of buffers: asks the driver to kick on the next
-/// buffer it adds, and says whether buffers arrived meanwhile.
+/// buffer it adds, and says whether buffers arrived after `looked_at`, the
+/// avail index [`deliver`] stopped at.
 ///
 /// WHY not `Queue::enable_notification`: with EVENT_IDX it sets
 /// `avail_event` to `next_avail`, but buffers between `next_avail` and the
@@ -141,7 +145,14 @@ fn signal_used(q: &mut WorkerQueue, mem: &DmaSpace, interrupt: &dyn VirtioInterr
 /// frame; the driver only kicks when its index crosses `avail_event`, which
 /// it already has, so no kick would ever come. Here `avail_event` is set to
 /// the driver's current index, so its next buffer triggers the kick.
-fn arm_rx_kick(q: &mut Queue, mem: &DmaSpace) -> Result<bool, String> {
+///
+/// WHY compare with `looked_at` and not with the index read here: buffers
+/// the driver published between `deliver`'s last look and this function
+/// were never offered to the pending frame, and the driver did not kick
+/// for them (its `avail_event` was older). Reporting "nothing new" then
+/// would stop TAP polling while a full ring waits for a kick that never
+/// comes: receive stalls for good.
+fn arm_rx_kick(q: &mut Queue, mem: &DmaSpace, looked_at: Wrapping<u16>) -> Result<bool, String> {
     let seen = q
         .avail_idx(mem, Ordering::Acquire)
         .map_err(|e| e.to_string())?;
@@ -160,7 +171,7 @@ fn arm_rx_kick(q: &mut Queue, mem: &DmaSpace) -> Result<bool, String> {
     let now = q
         .avail_idx(mem, Ordering::Acquire)
         .map_err(|e| e.to_string())?;
-    Ok(now != seen)
+    Ok(now != looked_at)
 }
 
 /// Places one received frame (`frame[..len]`, virtio-net header first) in
@@ -184,8 +195,9 @@ fn deliver(
             Ok(Some(h)) => h,
             Ok(None) => {
                 // Give back what we took; wait for more buffers.
+                let looked_at = Wrapping(q.next_avail());
                 q.set_next_avail(saved);
-                return Delivery::NoBuffers;
+                return Delivery::NoBuffers(looked_at);
             }
             Err(e) => return Delivery::Broken(format!("avail ring: {e}")),
         };
@@ -483,14 +495,14 @@ impl Worker {
                     self.frame_len = None;
                     used_any |= used;
                 }
-                Delivery::NoBuffers => {
+                Delivery::NoBuffers(looked_at) => {
                     // Hand over what was delivered so the driver can refill,
                     // then ask for a kick on its next buffer.
                     if used_any {
                         signal_used(&mut self.p.rx, &self.p.mem, &*self.p.interrupt);
                         used_any = false;
                     }
-                    match arm_rx_kick(&mut self.p.rx.queue, &self.p.mem) {
+                    match arm_rx_kick(&mut self.p.rx.queue, &self.p.mem, looked_at) {
                         Ok(true) => continue,
                         Ok(false) => {
                             self.set_tap_polling(false);
@@ -738,7 +750,7 @@ mod tests {
         r.desc(0, 0x8000, 1024, VIRTQ_DESC_F_WRITE, 0);
         r.offer(0);
         let mut f = frame(3000);
-        assert!(matches!(r.deliver(&mut f, true), Delivery::NoBuffers));
+        assert!(matches!(r.deliver(&mut f, true), Delivery::NoBuffers(_)));
         assert_eq!(r.queue.next_avail(), 0);
         assert_eq!(r.used_idx(), 0);
         // Once enough buffers exist, the same frame goes through.
@@ -755,10 +767,13 @@ mod tests {
         r.desc(0, 0x8000, 1024, VIRTQ_DESC_F_WRITE, 0);
         r.offer(0);
         let mut f = frame(3000);
-        assert!(matches!(r.deliver(&mut f, true), Delivery::NoBuffers));
+        let Delivery::NoBuffers(looked_at) = r.deliver(&mut f, true) else {
+            panic!("expected NoBuffers");
+        };
+        assert_eq!(looked_at, Wrapping(1));
         // avail_event must be the driver's index (1), not next_avail (0):
         // the driver kicks only when its next buffer crosses it.
-        assert!(!arm_rx_kick(&mut r.queue, &r.dma).unwrap());
+        assert!(!arm_rx_kick(&mut r.queue, &r.dma, looked_at).unwrap());
         let event: u16 = r
             .mem
             .read_obj(GuestAddress(USED + 4 + 8 * u64::from(SIZE)))
@@ -767,7 +782,31 @@ mod tests {
         // Without EVENT_IDX the flags route is used and nothing is written.
         let mut r = Ring::new();
         r.offer(0);
-        assert!(!arm_rx_kick(&mut r.queue, &r.dma).unwrap());
+        assert!(!arm_rx_kick(&mut r.queue, &r.dma, Wrapping(1)).unwrap());
+    }
+
+    #[test]
+    fn buffers_published_after_the_last_look_are_not_missed() {
+        // The driver adds a buffer after `deliver` gave up at index 1 but
+        // before the kick is armed; it did not kick for it (its avail_event
+        // was older). Arming must report it, or receive stalls for good.
+        for event_idx in [true, false] {
+            let mut r = Ring::new();
+            r.queue.set_event_idx(event_idx);
+            r.desc(0, 0x8000, 1024, VIRTQ_DESC_F_WRITE, 0);
+            r.offer(0);
+            let mut f = frame(3000);
+            let Delivery::NoBuffers(looked_at) = r.deliver(&mut f, true) else {
+                panic!("expected NoBuffers");
+            };
+            r.desc(1, 0x9000, 4096, VIRTQ_DESC_F_WRITE, 0);
+            r.offer(1);
+            assert!(
+                arm_rx_kick(&mut r.queue, &r.dma, looked_at).unwrap(),
+                "event_idx={event_idx}: the new buffer must be looked at"
+            );
+            assert!(matches!(r.deliver(&mut f, true), Delivery::Done));
+        }
     }
 
     #[test]
