@@ -30,6 +30,16 @@ while ! grep -q PEER-READY "$peer_out" && [ $i -lt 100 ]; do sleep 0.1; i=$((i +
 
 net="tap=dmvtap0,mac=52:54:00:12:34:56,ip=192.168.249.1,mask=255.255.255.0"
 
+# What each thread of process $1 is doing (state, wait channel, kernel
+# stack): tells a vCPU stuck in KVM_RUN from a worker asleep in epoll.
+dump_threads() {
+    for t in /proc/"$1"/task/*; do
+        [ -d "$t" ] || continue
+        echo "STALL-THREAD $(cat "$t/comm" 2>/dev/null) stat=$(cut -d' ' -f3 "$t/stat" 2>/dev/null) wchan=$(cat "$t/wchan" 2>/dev/null)"
+        sed 's/^/STALL-STACK   /' "$t/stack" 2>/dev/null
+    done
+}
+
 # Runs dmavisor with the common flags plus "$@"; a stalled transfer (the
 # peer says PEER-STALL) ends the VM at once instead of at the time-out.
 dmavisor() {
@@ -39,6 +49,7 @@ dmavisor() {
     while kill -0 "$vm" 2>/dev/null; do
         if grep -q PEER-STALL "$peer_out"; then
             echo "GUEST-STALL: the peer saw no data; stopping the VMM"
+            dump_threads "$vm"
             kill "$vm"
             break
         fi
