@@ -40,9 +40,34 @@ dump_threads() {
     done
 }
 
+# DMAVISOR_KVM_TRACE=1: record KVM's exits, injected events and page faults
+# in the runner kernel's trace buffer while the VMM runs, and print the
+# last of them when the VMM fails: a triple fault resets the vCPU before
+# its registers can be read, the trace still shows the events leading up
+# to it (resources/soak --variant ...:DMAVISOR_KVM_TRACE=1).
+T=/sys/kernel/tracing
+kvm_trace_start() {
+    [ -n "${DMAVISOR_KVM_TRACE:-}" ] || return 0
+    [ -d $T/events ] || mount -t tracefs tracefs $T 2>/dev/null
+    echo 0 > $T/tracing_on
+    echo 8192 > $T/buffer_size_kb
+    echo > $T/trace
+    for e in kvm/kvm_exit kvm/kvm_inj_exception kvm/kvm_inj_virq kvm/kvm_page_fault \
+        kvm/kvm_fpu kvm/kvm_nested_vmexit; do
+        [ -f $T/events/$e/enable ] && echo 1 > $T/events/$e/enable
+    done
+    echo 1 > $T/tracing_on
+}
+kvm_trace_dump() {
+    [ -n "${DMAVISOR_KVM_TRACE:-}" ] || return 0
+    echo 0 > $T/tracing_on
+    [ "$1" = 0 ] || tail -n 300 $T/trace | sed 's/^/KVM-TRACE /'
+}
+
 # Runs dmavisor with the common flags plus "$@"; a stalled transfer (the
 # peer says PEER-STALL) ends the VM at once instead of at the time-out.
 dmavisor() {
+    kvm_trace_start
     "$bin" --kernel "$kernel" --initramfs "$initrd" --cmdline "$cmdline" \
         --cpus boot=2 --memory size=512M --serial tty "$@" &
     vm=$!
@@ -56,7 +81,9 @@ dmavisor() {
         sleep 2
     done
     wait "$vm"
-    echo "VMM-EXIT rc=$?"
+    rc=$?
+    kvm_trace_dump $rc
+    echo "VMM-EXIT rc=$rc"
 }
 
 case "$vmm-$mode" in
@@ -76,13 +103,16 @@ qemu-*)
     ip tuntap add dev qtap0 mode tap
     ip addr add 192.168.249.1/24 dev qtap0
     ip link set qtap0 up
+    kvm_trace_start
     # shellcheck disable=SC2086
     qemu-system-x86_64 -enable-kvm -cpu host -M q35 -smp 2 -m 512 \
         -nographic -nodefaults -no-reboot -serial stdio \
         -kernel "$kernel" -initrd "$initrd" -append "$cmdline" $iommu \
         -netdev tap,id=n0,ifname=qtap0,script=no,downscript=no,vhost=off \
         -device "virtio-net-pci,netdev=n0,mac=52:54:00:12:34:56,disable-legacy=on$platform"
-    echo "VMM-EXIT rc=$?"
+    rc=$?
+    kvm_trace_dump $rc
+    echo "VMM-EXIT rc=$rc"
     ip link del qtap0
     ;;
 *)
