@@ -93,6 +93,37 @@ fn runner_direct_mode_times_out_with_124() {
 }
 
 #[test]
+fn runner_watchdog_stops_a_silent_command_only() {
+    let run = |script: &str| {
+        let mut cmd = Command::new(resource("run-kvm"));
+        cmd.env("DMAVISOR_RUNNER", "direct").args([
+            "--quiet-timeout",
+            "3",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]);
+        run_capture(&mut cmd).unwrap()
+    };
+    // Silent after its first line: stopped by the watchdog, not the time-out.
+    let silent = run("echo start; sleep 60");
+    assert_eq!(silent.status, Some(EXIT_TIMEOUT), "{}", silent.describe());
+    assert!(silent.elapsed < Duration::from_secs(30));
+    assert!(
+        silent
+            .stderr
+            .contains("watchdog: no output from the command"),
+        "{}",
+        silent.describe()
+    );
+    assert_eq!(silent.stdout, "start\n");
+    // Output every second (stdout or stderr) keeps it alive past 3 s.
+    let busy = run("for i in 1 2 3 4 5 6; do echo $i; echo e$i >&2; sleep 1; done; exit 4");
+    assert_eq!(busy.status, Some(4), "{}", busy.describe());
+}
+
+#[test]
 fn runner_streams_output_status_and_results_with_kvm() {
     let marker = scratch_dir().join(format!("runner-selftest-{}", std::process::id()));
     let _ = std::fs::remove_file(&marker);
