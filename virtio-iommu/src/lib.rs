@@ -6,6 +6,7 @@ pub mod events;
 pub mod invalidation;
 pub mod magazine;
 pub mod mapping;
+pub mod quiesce;
 pub mod table;
 pub mod translate;
 pub mod wire;

@@ -1,0 +1,291 @@
+//! Quiescence of emulated device threads: the DMA consumer an UNMAP must
+//! wait for when the consumer keeps no translation cache but uses what it
+//! translated a moment later.
+//!
+//! WHY: an emulated device translates an IOVA and then copies (virtio-net
+//! builds host iovecs and calls `readv`/`writev`; the DMA test device
+//! translates and then copies). If the guest's UNMAP completes in between,
+//! the copy lands in a page the guest may already have reused. The spec
+//! promises more: once an UNMAP has completed, no DMA through that mapping
+//! can land.
+//!
+//! How (an epoch scheme in the shape of RCU): each device thread owns a
+//! [`ReaderSlot`] and wraps every translate-and-use in a [`ReadSection`]
+//! (one store on entry, one on exit; no lock, never blocks). The
+//! [`Quiescer`] is registered with the device as an [`Invalidator`]: at the
+//! end of a kick that unmapped something it advances the epoch and waits
+//! until every slot is either outside a section or inside one that began
+//! after the advance. That is one wait per kick, never one per UNMAP, and a
+//! parked or idle device thread (outside any section) costs nothing.
+//!
+//! Ordering: a reader publishes its slot and then (after a SeqCst fence)
+//! reads the table; the invalidator has already written the table and then
+//! (through a SeqCst read-modify-write of the epoch) reads the slots. In
+//! this store-buffer pattern at least one side sees the other: either the
+//! reader's translation misses the removed mapping, or the invalidator
+//! sees the reader and waits for it.
+
+use std::ops::RangeInclusive;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::mapping::Invalidator;
+
+/// Most slots one quiescer tracks (device threads are few; a bound keeps a
+/// registration bug from growing the list without end).
+pub const MAX_READERS: usize = 256;
+
+/// A slot value meaning "outside any section".
+const IDLE: u64 = 0;
+
+/// The shared side: the epoch and the slots of every reader.
+#[derive(Debug)]
+pub struct Quiescer {
+    /// Starts at 1 so that [`IDLE`] never equals an epoch.
+    epoch: AtomicU64,
+    readers: Mutex<Vec<Arc<ReaderSlot>>>,
+    /// Waits done so far, and how many of them found a reader to wait for.
+    waits: AtomicU64,
+    waited_for_reader: AtomicU64,
+}
+
+/// One device thread's state, owned by that thread.
+#[derive(Debug)]
+pub struct ReaderSlot {
+    active: AtomicU64,
+    quiescer: Arc<Quiescer>,
+}
+
+/// A translate-and-use section; ends when dropped. Never call
+/// [`Quiescer::synchronize`] (or complete a kick) inside one: it would wait
+/// for itself.
+#[must_use = "the section ends when the guard is dropped"]
+pub struct ReadSection<'a> {
+    slot: &'a ReaderSlot,
+}
+
+/// Registering another reader would exceed [`MAX_READERS`].
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("too many DMA reader threads (at most {MAX_READERS})")]
+pub struct TooManyReaders;
+
+/// Counters of a [`Quiescer`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QuiesceStats {
+    /// Invalidations (one per kick that unmapped something, per domain).
+    pub waits: u64,
+    /// Of those, the ones that found a reader inside an older section.
+    pub waited_for_reader: u64,
+}
+
+impl Quiescer {
+    /// A quiescer with no readers.
+    pub fn new() -> Arc<Quiescer> {
+        Arc::new(Quiescer {
+            epoch: AtomicU64::new(1),
+            readers: Mutex::new(Vec::new()),
+            waits: AtomicU64::new(0),
+            waited_for_reader: AtomicU64::new(0),
+        })
+    }
+
+    /// A slot for one more device thread.
+    pub fn register(self: &Arc<Self>) -> Result<Arc<ReaderSlot>, TooManyReaders> {
+        let mut readers = self.readers.lock().unwrap_or_else(PoisonError::into_inner);
+        if readers.len() >= MAX_READERS {
+            return Err(TooManyReaders);
+        }
+        let slot = Arc::new(ReaderSlot {
+            active: AtomicU64::new(IDLE),
+            quiescer: Arc::clone(self),
+        });
+        readers.push(Arc::clone(&slot));
+        Ok(slot)
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> QuiesceStats {
+        QuiesceStats {
+            waits: self.waits.load(Ordering::Relaxed),
+            waited_for_reader: self.waited_for_reader.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Returns once every section that may have begun before this call has
+    /// ended. Call it after the table update it must cover.
+    pub fn synchronize(&self) {
+        // SeqCst RMW: orders the caller's table writes before the slot reads.
+        let target = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        let readers = self
+            .readers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        let mut waited = false;
+        for slot in &readers {
+            let start = Instant::now();
+            loop {
+                let a = slot.active.load(Ordering::SeqCst);
+                if a == IDLE || a >= target {
+                    break;
+                }
+                waited = true;
+                // Sections are short (a copy, a non-blocking syscall): spin
+                // briefly, then yield, then sleep so a descheduled device
+                // thread gets the CPU back.
+                let spent = start.elapsed();
+                if spent < Duration::from_micros(20) {
+                    std::hint::spin_loop();
+                } else if spent < Duration::from_millis(1) {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
+        }
+        if waited {
+            self.waited_for_reader.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Invalidator for Quiescer {
+    fn invalidate(&self, _domain: u32, _ranges: &[RangeInclusive<u64>]) {
+        self.synchronize();
+    }
+}
+
+impl ReaderSlot {
+    /// Enters a section: translations taken inside it may be used until
+    /// the guard is dropped. Sections do not nest.
+    pub fn enter(&self) -> ReadSection<'_> {
+        let e = self.quiescer.epoch.load(Ordering::SeqCst);
+        self.active.store(e, Ordering::SeqCst);
+        // Orders the slot store before the table reads that follow.
+        fence(Ordering::SeqCst);
+        ReadSection { slot: self }
+    }
+}
+
+impl Drop for ReadSection<'_> {
+    fn drop(&mut self) {
+        self.slot.active.store(IDLE, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    #[test]
+    fn idle_readers_cost_no_wait() {
+        let q = Quiescer::new();
+        let _slots: Vec<_> = (0..4).map(|_| q.register().unwrap()).collect();
+        q.synchronize();
+        assert_eq!(
+            q.stats(),
+            QuiesceStats {
+                waits: 1,
+                waited_for_reader: 0
+            }
+        );
+    }
+
+    #[test]
+    fn a_section_begun_after_the_sync_started_is_not_waited_for() {
+        let q = Quiescer::new();
+        let slot = q.register().unwrap();
+        // A section in the current epoch, then the epoch moves on (as a
+        // sync's first step does) and the reader enters again: only the
+        // first section is older than the second sync.
+        let first = slot.enter();
+        drop(first);
+        q.synchronize();
+        let _again = slot.enter();
+        assert!(slot.active.load(Ordering::SeqCst) >= q.epoch.load(Ordering::SeqCst));
+        assert_eq!(q.stats().waited_for_reader, 0);
+    }
+
+    #[test]
+    fn sync_waits_for_an_older_section_to_end() {
+        let q = Quiescer::new();
+        let slot = q.register().unwrap();
+        let ended = Arc::new(AtomicBool::new(false));
+        let section = slot.enter();
+        let (q2, ended2) = (Arc::clone(&q), Arc::clone(&ended));
+        let waiter = std::thread::spawn(move || {
+            q2.synchronize();
+            // Must only get here after the section ended.
+            ended2.load(Ordering::SeqCst)
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!waiter.is_finished(), "sync returned inside a section");
+        ended.store(true, Ordering::SeqCst);
+        drop(section);
+        assert!(waiter.join().unwrap());
+        assert_eq!(q.stats().waited_for_reader, 1);
+    }
+
+    #[test]
+    fn readers_are_bounded() {
+        let q = Quiescer::new();
+        let slots: Vec<_> = (0..MAX_READERS).map(|_| q.register().unwrap()).collect();
+        assert_eq!(q.register().unwrap_err(), TooManyReaders);
+        drop(slots);
+    }
+
+    /// The protocol end to end: a writer "unmaps" (clears a shared value
+    /// that stands for a mapping), synchronizes, then "reuses the page"
+    /// (checks that no reader still writes through the old mapping).
+    /// Readers copy through the mapping only inside sections, after
+    /// checking it is still there. Any write after the sync returned is a
+    /// DMA that landed after UNMAP completed.
+    #[test]
+    fn no_use_after_sync_under_concurrency() {
+        const ROUNDS: u64 = 2000;
+        let q = Quiescer::new();
+        let mapped = Arc::new(AtomicU64::new(0));
+        let page = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let readers: Vec<_> = (0..3)
+            .map(|_| {
+                let slot = q.register().unwrap();
+                let (mapped, page, stop) = (mapped.clone(), page.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let _s = slot.enter();
+                        // "translate"
+                        let m = mapped.load(Ordering::SeqCst);
+                        if m != 0 {
+                            // "use": DMA into the page of mapping m.
+                            std::hint::spin_loop();
+                            page.store(m, Ordering::SeqCst);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for round in 1..=ROUNDS {
+            mapped.store(round, Ordering::SeqCst); // MAP
+            std::thread::yield_now();
+            mapped.store(0, Ordering::SeqCst); // UNMAP
+            q.synchronize(); // complete the UNMAP
+            page.store(u64::MAX, Ordering::SeqCst); // guest reuses the page
+            for _ in 0..50 {
+                std::hint::spin_loop();
+            }
+            assert_eq!(
+                page.load(Ordering::SeqCst),
+                u64::MAX,
+                "a DMA through mapping {round} landed after its UNMAP completed"
+            );
+        }
+        stop.store(true, Ordering::Relaxed);
+        for r in readers {
+            r.join().unwrap();
+        }
+    }
+}
