@@ -53,6 +53,7 @@
 use std::sync::{Arc, Mutex};
 
 use log::debug;
+use virtio_iommu::quiesce::ReaderSlot;
 use vm_memory::{GuestAddress, GuestMemory, Permissions};
 
 use crate::config::parse_options;
@@ -196,6 +197,9 @@ pub enum DmaError {
 pub struct DmaTestDevice {
     config: PciConfiguration,
     dma: Option<DmaSpace>,
+    /// Quiescence slot behind a vIOMMU. One per device: the device's lock
+    /// serialises its DMAs, so sections never overlap.
+    reader: Option<Arc<ReaderSlot>>,
     buffer: Box<[u8; DMA_BUF_SIZE]>,
     liveness: u32,
     factorial: u32,
@@ -244,6 +248,7 @@ impl DmaTestDevice {
         Self {
             config,
             dma: None,
+            reader: None,
             buffer: Box::new([0; DMA_BUF_SIZE]),
             liveness: 0,
             factorial: 1,
@@ -262,6 +267,7 @@ impl DmaTestDevice {
 
     /// Gives the device its DMA address space.
     pub fn set_dma(&mut self, dma: DmaSpace) {
+        self.reader = dma.reader();
         self.dma = Some(dma);
     }
 
@@ -326,7 +332,12 @@ impl DmaTestDevice {
     }
 
     fn run_dma(&mut self) {
+        // Translate and copy inside one section: an UNMAP that completes
+        // meanwhile waits until the copy is done.
+        let reader = self.reader.clone();
+        let section = reader.as_deref().map(ReaderSlot::enter);
         self.error = self.transfer();
+        drop(section);
         self.cmd &= !CMD_RUN;
         if self.cmd & CMD_IRQ != 0 {
             self.irq_status |= IRQ_DMA;

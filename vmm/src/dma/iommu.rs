@@ -168,6 +168,44 @@ mod tests {
         assert!(dev.pop_fault_event().is_some());
     }
 
+    /// Issue 9's promise at the seam: the kick that unmaps a page does not
+    /// complete while a device thread that may have translated it before
+    /// the UNMAP is still inside its section.
+    #[test]
+    fn unmap_completion_waits_for_a_device_section() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use virtio_iommu::quiesce::Quiescer;
+
+        let (dev, mem, space, _evt) = setup();
+        let q = Quiescer::new();
+        dev.add_invalidator(q.clone());
+        let space = space.with_quiescer(q.clone());
+        let reader = space.reader().expect("a reader behind a quiescing vIOMMU");
+        assert!(DmaSpace::identity(mem).reader().is_none());
+        assert_eq!(send(&dev, &req_attach(1, EP)), 0);
+        assert_eq!(send(&dev, &req_map(1, 0x10000, 0x10fff, 0x40000, 3)), 0);
+        let section = reader.enter();
+        space.write_obj(7u64, GuestAddress(0x10000)).unwrap();
+        let device_done = Arc::new(AtomicBool::new(false));
+        let unmapper = {
+            let (dev, device_done) = (Arc::new(dev), device_done.clone());
+            std::thread::spawn(move || {
+                assert_eq!(send(&dev, &req_unmap(1, 0x10000, 0x10fff)), 0);
+                device_done.load(Ordering::SeqCst)
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!unmapper.is_finished(), "UNMAP completed inside a section");
+        device_done.store(true, Ordering::SeqCst);
+        drop(section);
+        assert!(
+            unmapper.join().unwrap(),
+            "UNMAP completed before the section ended"
+        );
+        assert!(space.write_obj(8u64, GuestAddress(0x10000)).is_err());
+        assert_eq!(q.stats().waited_for_reader, 1);
+    }
+
     #[test]
     fn read_only_mapping_refuses_writes() {
         let (dev, _mem, space, _evt) = setup();

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use log::warn;
+use virtio_iommu::quiesce::{Quiescer, ReaderSlot};
 use vm_memory::bitmap::BS;
 use vm_memory::guest_memory::{
     Error as MemError, GuestMemoryBackendSliceIterator, GuestMemorySliceIterator,
@@ -22,6 +23,8 @@ pub struct DmaSpace {
     mem: GuestMemoryMmap,
     translator: Option<Arc<dyn DmaTranslate>>,
     faults: Arc<AtomicU64>,
+    /// The vIOMMU's quiescence of device threads (see [`DmaSpace::reader`]).
+    quiescer: Option<Arc<Quiescer>>,
 }
 
 impl DmaSpace {
@@ -31,6 +34,7 @@ impl DmaSpace {
             mem,
             translator: None,
             faults: Arc::default(),
+            quiescer: None,
         }
     }
 
@@ -40,6 +44,32 @@ impl DmaSpace {
             mem,
             translator: Some(translator),
             faults: Arc::default(),
+            quiescer: None,
+        }
+    }
+
+    /// The same space, with UNMAP completion waiting for the device threads
+    /// that use it (the vIOMMU registers `quiescer` as a DMA consumer).
+    pub fn with_quiescer(mut self, quiescer: Arc<Quiescer>) -> Self {
+        self.quiescer = Some(quiescer);
+        self
+    }
+
+    /// A reader slot for one device thread (or for one device whose
+    /// accesses a lock serialises). Every translate-and-use must then run
+    /// inside `slot.enter()`: an UNMAP the guest sees completed can no
+    /// longer be in use by this thread. `None` when the space is not behind
+    /// a quiescing vIOMMU (nothing to wait for), or when the reader limit
+    /// was reached (logged; the device then runs unprotected rather than
+    /// not at all).
+    pub fn reader(&self) -> Option<Arc<ReaderSlot>> {
+        let q = self.quiescer.as_ref()?;
+        match q.register() {
+            Ok(slot) => Some(slot),
+            Err(e) => {
+                warn!("device DMA without quiescence: {e}");
+                None
+            }
         }
     }
 

@@ -18,6 +18,7 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 use log::{debug, warn};
+use virtio_iommu::quiesce::ReaderSlot;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -109,6 +110,9 @@ struct Worker {
     chains: Vec<Chain>,
     tap_polled: bool,
     tx_dropped: u64,
+    /// This thread's quiescence slot (behind a vIOMMU): every chain is
+    /// translated and used inside one section.
+    reader: Option<Arc<ReaderSlot>>,
 }
 
 /// Pops the next available chain head, if any.
@@ -273,7 +277,9 @@ impl Worker {
         if let Some(c) = &p.ctrl {
             add(c.kick.as_raw_fd(), TOKEN_CTRL)?;
         }
+        let reader = p.mem.reader();
         Ok(Self {
+            reader,
             p,
             epoll,
             frame: vec![0u8; MAX_FRAME],
@@ -400,12 +406,15 @@ impl Worker {
             return;
         }
         let mut used_any = false;
+        let reader = self.reader.clone();
         loop {
             if let Err(e) = self.p.tx.queue.disable_notification(&self.p.mem) {
                 break_queue(&mut self.p.tx, &*self.p.interrupt, &format!("ring: {e}"));
                 return;
             }
             loop {
+                // One chain per section: translate, send, mark used.
+                let _section = reader.as_deref().map(ReaderSlot::enter);
                 let head = match pop_head(&mut self.p.tx.queue, &self.p.mem) {
                     Ok(Some(h)) => h,
                     Ok(None) => break,
@@ -458,6 +467,7 @@ impl Worker {
             return;
         }
         let mut used_any = false;
+        let reader = self.reader.clone();
         if let Err(e) = self.p.rx.queue.disable_notification(&self.p.mem) {
             break_queue(&mut self.p.rx, &*self.p.interrupt, &format!("ring: {e}"));
             self.set_tap_polling(false);
@@ -479,14 +489,18 @@ impl Worker {
                 },
             };
             self.frame_len = Some(len);
-            match deliver(
+            // One frame per section: translate, copy, mark used.
+            let section = reader.as_deref().map(ReaderSlot::enter);
+            let delivery = deliver(
                 &self.p.mem,
                 &mut self.p.rx.queue,
                 &mut self.frame,
                 len,
                 &mut self.chains,
                 self.p.mrg_rxbuf,
-            ) {
+            );
+            drop(section);
+            match delivery {
                 Delivery::Done => {
                     self.frame_len = None;
                     used_any = true;
@@ -533,12 +547,14 @@ impl Worker {
             return;
         };
         let mut used_any = false;
+        let reader = self.reader.clone();
         'outer: while !c.broken {
             if let Err(e) = c.queue.disable_notification(&self.p.mem) {
                 break_queue(&mut c, &*self.p.interrupt, &format!("ring: {e}"));
                 break;
             }
             loop {
+                let _section = reader.as_deref().map(ReaderSlot::enter);
                 let head = match pop_head(&mut c.queue, &self.p.mem) {
                     Ok(Some(h)) => h,
                     Ok(None) => break,

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::VmFd;
 use virtio_iommu::device::{IommuConfig, IommuDevice};
+use virtio_iommu::quiesce::Quiescer;
 
 use super::options::IommuOptions;
 use super::VirtioIommu;
@@ -30,6 +31,8 @@ const SEGMENT: u16 = 0;
 /// The virtio-iommu function and its endpoints.
 pub struct IommuPlatform {
     iommu: Arc<IommuDevice>,
+    /// The emulated device threads behind the vIOMMU, as one DMA consumer.
+    quiescer: Arc<Quiescer>,
     fault_notify: Arc<vmm_sys_util::eventfd::EventFd>,
     address: PciAddress,
     endpoints: Vec<PciAddress>,
@@ -59,6 +62,10 @@ impl IommuPlatform {
             ..IommuConfig::default()
         };
         let iommu = Arc::new(IommuDevice::new(cfg).map_err(|e| dev_err("config", &e))?);
+        // Every emulated endpoint's threads are one consumer: a kick's
+        // UNMAPs complete only after they left their older sections.
+        let quiescer = Quiescer::new();
+        iommu.add_invalidator(quiescer.clone());
         let device = VirtioIommu::new(iommu.clone()).map_err(|e| dev_err("eventfd", &e))?;
         let fault_notify = device.fault_notify();
         let transport = VirtioPciDevice::new(
@@ -80,6 +87,7 @@ impl IommuPlatform {
         );
         Ok(Self {
             iommu,
+            quiescer,
             fault_notify,
             address,
             endpoints: Vec::new(),
@@ -100,7 +108,8 @@ impl IommuPlatform {
             .map_err(|e| Error::Device(format!("vIOMMU endpoint {addr}: {e}")))?;
         self.endpoints.push(addr);
         let translator = IommuTranslate::new(dma, Some(self.fault_notify.clone()));
-        Ok(DmaSpace::translated(self.mem.clone(), Arc::new(translator)))
+        Ok(DmaSpace::translated(self.mem.clone(), Arc::new(translator))
+            .with_quiescer(self.quiescer.clone()))
     }
 
     /// The device model (statistics, tests).
