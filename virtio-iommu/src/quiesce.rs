@@ -27,13 +27,16 @@
 
 use std::ops::RangeInclusive;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use crate::mapping::Invalidator;
 
-/// Most slots one quiescer tracks (device threads are few; a bound keeps a
-/// registration bug from growing the list without end).
+/// Most live slots one quiescer tracks (device threads are few; a bound
+/// keeps a registration bug from growing the list without end). A slot
+/// whose owner dropped it (a device worker that ended at a reset) no
+/// longer counts, so a guest that resets its devices again and again
+/// cannot use the slots up.
 pub const MAX_READERS: usize = 256;
 
 /// A slot value meaning "outside any section".
@@ -44,7 +47,7 @@ const IDLE: u64 = 0;
 pub struct Quiescer {
     /// Starts at 1 so that [`IDLE`] never equals an epoch.
     epoch: AtomicU64,
-    readers: Mutex<Vec<Arc<ReaderSlot>>>,
+    readers: Mutex<Vec<Weak<ReaderSlot>>>,
     /// Waits done so far, and how many of them found a reader to wait for.
     waits: AtomicU64,
     waited_for_reader: AtomicU64,
@@ -93,6 +96,7 @@ impl Quiescer {
     /// A slot for one more device thread.
     pub fn register(self: &Arc<Self>) -> Result<Arc<ReaderSlot>, TooManyReaders> {
         let mut readers = self.readers.lock().unwrap_or_else(PoisonError::into_inner);
+        readers.retain(|r| r.strong_count() > 0);
         if readers.len() >= MAX_READERS {
             return Err(TooManyReaders);
         }
@@ -100,7 +104,7 @@ impl Quiescer {
             active: AtomicU64::new(IDLE),
             quiescer: Arc::clone(self),
         });
-        readers.push(Arc::clone(&slot));
+        readers.push(Arc::downgrade(&slot));
         Ok(slot)
     }
 
@@ -117,11 +121,14 @@ impl Quiescer {
     pub fn synchronize(&self) {
         // SeqCst RMW: orders the caller's table writes before the slot reads.
         let target = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
-        let readers = self
+        // A dropped slot cannot be inside a section (a section borrows it).
+        let readers: Vec<Arc<ReaderSlot>> = self
             .readers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
         self.waits.fetch_add(1, Ordering::Relaxed);
         let mut waited = false;
         for slot in &readers {
@@ -232,9 +239,14 @@ mod tests {
     #[test]
     fn readers_are_bounded() {
         let q = Quiescer::new();
-        let slots: Vec<_> = (0..MAX_READERS).map(|_| q.register().unwrap()).collect();
+        let mut slots: Vec<_> = (0..MAX_READERS).map(|_| q.register().unwrap()).collect();
         assert_eq!(q.register().unwrap_err(), TooManyReaders);
-        drop(slots);
+        // A slot given back (its device worker ended) frees its place.
+        slots.pop();
+        let again = q.register().unwrap();
+        assert_eq!(q.register().unwrap_err(), TooManyReaders);
+        drop((slots, again));
+        q.synchronize();
     }
 
     /// The protocol end to end: a writer "unmaps" (clears a shared value
