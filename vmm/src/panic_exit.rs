@@ -33,14 +33,13 @@ pub fn describe(thread: Option<&str>, info: &PanicHookInfo<'_>) -> String {
 }
 
 /// Installs the hook: after the default report (with a backtrace when
-/// RUST_BACKTRACE asks for one) it logs [`describe`] and exits.
+/// RUST_BACKTRACE asks for one) it writes [`describe`] and exits.
 pub fn install() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         default(info);
-        let line = describe(std::thread::current().name(), info);
-        log::error!("{line}");
-        eprintln!("{line}");
+        // One plain line on stderr (where the log goes too, so not both).
+        eprintln!("{}", describe(std::thread::current().name(), info));
         std::process::exit(PANIC_EXIT_CODE);
     }));
 }
