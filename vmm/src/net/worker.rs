@@ -776,16 +776,23 @@ mod tests {
         assert_eq!(r.used_idx(), 2);
     }
 
-    #[test]
-    fn out_of_buffers_arms_a_kick_past_the_published_buffers() {
+    /// A ring with one 1 KiB buffer and a 3000-byte frame that does not
+    /// fit: `deliver` gives up, and says which avail index it looked at.
+    fn short_of_buffers(event_idx: bool) -> (Ring, Vec<u8>, Wrapping<u16>) {
         let mut r = Ring::new();
-        r.queue.set_event_idx(true);
+        r.queue.set_event_idx(event_idx);
         r.desc(0, 0x8000, 1024, VIRTQ_DESC_F_WRITE, 0);
         r.offer(0);
         let mut f = frame(3000);
         let Delivery::NoBuffers(looked_at) = r.deliver(&mut f, true) else {
             panic!("expected NoBuffers");
         };
+        (r, f, looked_at)
+    }
+
+    #[test]
+    fn out_of_buffers_arms_a_kick_past_the_published_buffers() {
+        let (mut r, _, looked_at) = short_of_buffers(true);
         assert_eq!(looked_at, Wrapping(1));
         // avail_event must be the driver's index (1), not next_avail (0):
         // the driver kicks only when its next buffer crosses it.
@@ -807,14 +814,7 @@ mod tests {
         // before the kick is armed; it did not kick for it (its avail_event
         // was older). Arming must report it, or receive stalls for good.
         for event_idx in [true, false] {
-            let mut r = Ring::new();
-            r.queue.set_event_idx(event_idx);
-            r.desc(0, 0x8000, 1024, VIRTQ_DESC_F_WRITE, 0);
-            r.offer(0);
-            let mut f = frame(3000);
-            let Delivery::NoBuffers(looked_at) = r.deliver(&mut f, true) else {
-                panic!("expected NoBuffers");
-            };
+            let (mut r, mut f, looked_at) = short_of_buffers(event_idx);
             r.desc(1, 0x9000, 4096, VIRTQ_DESC_F_WRITE, 0);
             r.offer(1);
             assert!(
