@@ -10,6 +10,11 @@
  *           on every online CPU in parallel, map and unmap n times (or
  *           for t ms) with the edu device's DMA ops, cycling over b
  *           buffers per CPU; read: the results.
+ *  race     write "iters=<n>": n times, map a page, let the device stream
+ *           DMA into it (dmavisor's streaming mode, command bit 0x8),
+ *           unmap it, fill it with a canary at once and wait for the
+ *           stream to end; read: how many canaries were overwritten
+ *           (none may be where unmap waits for the invalidation).
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -36,6 +41,13 @@
 #define EDU_REG_DMA_CMD		0x98
 #define EDU_CMD_RUN		0x1
 #define EDU_CMD_TO_RAM		0x2
+/* dmavisor's DMA test device only */
+#define EDU_CMD_STREAM		0x8
+#define EDU_REG_DMA_ERROR	0xa0
+#define EDU_REG_STREAM_PASSES	0xc0
+#define EDU_ERR_IOMMU_FAULT	1
+#define RACE_CANARY		0x3c
+#define RACE_BYTE		0xd5
 #define EDU_BUF_ADDR		0x40000
 #define EDU_BUF_SIZE		4096
 /* QEMU 7.2 rejects a transfer ending at the very end of its buffer */
@@ -404,6 +416,115 @@ out:
 	kfree(c);
 }
 
+/* poll @off until (value & @mask) == @want; false after about 20 s */
+static bool edu_wait_reg(struct vvi_edu *e, u32 off, u64 mask, u64 want)
+{
+	int i;
+
+	for (i = 0; i < 200000; i++) {
+		if ((readq(e->bar + off) & mask) == want)
+			return true;
+		if (i > 1000)
+			usleep_range(100, 200);
+		else
+			cpu_relax();
+	}
+	return false;
+}
+
+static bool edu_wait_passes(struct vvi_edu *e, u64 n)
+{
+	int i;
+
+	for (i = 0; i < 200000; i++) {
+		if (readq(e->bar + EDU_REG_STREAM_PASSES) >= n)
+			return true;
+		if (i > 1000)
+			usleep_range(100, 200);
+		else
+			cpu_relax();
+	}
+	return false;
+}
+
+/* fill the device buffer with RACE_BYTE */
+static int edu_race_fill(struct vvi_edu *e, struct page *pg)
+{
+	struct device *dev = &e->pdev->dev;
+	dma_addr_t d;
+	int ret;
+
+	memset(page_address(pg), RACE_BYTE, PAGE_SIZE);
+	d = dma_map_page(dev, pg, 0, PAGE_SIZE, DMA_TO_DEVICE);
+	if (dma_mapping_error(dev, d))
+		return -ENOMEM;
+	ret = edu_dma(e, d, EDU_BUF_ADDR, PAGE_SIZE, false);
+	dma_unmap_page(dev, d, PAGE_SIZE, DMA_TO_DEVICE);
+	return ret;
+}
+
+/*
+ * The unmap-while-streaming race: once dma_unmap_page() returned, a
+ * strict invalidation mode promises that no DMA through the old IOVA
+ * lands, even with DMA in flight.
+ */
+static void edu_race(struct vvi_edu *e, unsigned long iters)
+{
+	struct device *dev = &e->pdev->dev;
+	unsigned long i, corrupted = 0, not_faulted = 0, missed = 0;
+	struct page *pg = alloc_page(GFP_KERNEL);
+	const char *err = NULL;
+	u8 *p;
+
+	if (!pg) {
+		snprintf(e->result, sizeof(e->result), "error=nomem\n");
+		return;
+	}
+	p = page_address(pg);
+	if (edu_race_fill(e, pg)) {
+		err = "fill";
+		goto out;
+	}
+	for (i = 0; i < iters; i++) {
+		dma_addr_t d;
+
+		memset(p, 0, PAGE_SIZE);
+		d = dma_map_page(dev, pg, 0, PAGE_SIZE, DMA_FROM_DEVICE);
+		if (dma_mapping_error(dev, d)) {
+			err = "map";
+			break;
+		}
+		writeq(EDU_BUF_ADDR, e->bar + EDU_REG_DMA_SRC);
+		writeq(d, e->bar + EDU_REG_DMA_DST);
+		writeq(PAGE_SIZE, e->bar + EDU_REG_DMA_CNT);
+		writeq(EDU_CMD_RUN | EDU_CMD_TO_RAM | EDU_CMD_STREAM,
+		       e->bar + EDU_REG_DMA_CMD);
+		/* DMA into the page is in flight from here on */
+		if (!edu_wait_passes(e, 1)) {
+			dma_unmap_page(dev, d, PAGE_SIZE, DMA_FROM_DEVICE);
+			err = "no-progress";
+			break;
+		}
+		missed += READ_ONCE(p[0]) != RACE_BYTE ||
+			  READ_ONCE(p[PAGE_SIZE - 1]) != RACE_BYTE;
+		dma_unmap_page(dev, d, PAGE_SIZE, DMA_FROM_DEVICE);
+		memset(p, RACE_CANARY, PAGE_SIZE);
+		if (!edu_wait_reg(e, EDU_REG_DMA_CMD, EDU_CMD_RUN, 0)) {
+			err = "stream-did-not-end";
+			break;
+		}
+		not_faulted += readq(e->bar + EDU_REG_DMA_ERROR) !=
+			       EDU_ERR_IOMMU_FAULT;
+		corrupted += memchr_inv(p, RACE_CANARY, PAGE_SIZE) != NULL;
+		cond_resched();
+	}
+out:
+	snprintf(e->result, sizeof(e->result),
+		 "iters=%lu\ncorrupted=%lu\nnot_faulted=%lu\nmissed=%lu\nerror=%s\n",
+		 i, corrupted, not_faulted, missed, err ? err : "none");
+	__free_page(pg);
+}
+
 /* ------------------------------------------------------------------ */
 /* debugfs                                                             */
 /* ------------------------------------------------------------------ */
@@ -428,6 +549,28 @@ static ssize_t edu_dmatest_write(struct file *f, const char __user *ubuf,
 
 	mutex_lock(&e->lock);
 	edu_dmatest(e);
+	mutex_unlock(&e->lock);
+	return len;
+}
+
+static ssize_t edu_race_write(struct file *f, const char __user *ubuf,
+			      size_t len, loff_t *pos)
+{
+	struct vvi_edu *e = f->private_data;
+	unsigned long iters;
+	char kbuf[32], *p;
+
+	if (len >= sizeof(kbuf))
+		return -EINVAL;
+	if (copy_from_user(kbuf, ubuf, len))
+		return -EFAULT;
+	kbuf[len] = 0;
+	p = strim(kbuf);
+	if (strncmp(p, "iters=", 6) || kstrtoul(p + 6, 0, &iters) || !iters ||
+	    iters > 1000000)
+		return -EINVAL;
+	mutex_lock(&e->lock);
+	edu_race(e, iters);
 	mutex_unlock(&e->lock);
 	return len;
 }
@@ -490,6 +633,14 @@ static const struct file_operations edu_dmatest_fops = {
 	.llseek = default_llseek,
 };
 
+static const struct file_operations edu_race_fops = {
+	.owner = THIS_MODULE,
+	.open = simple_open,
+	.read = edu_result_read,
+	.write = edu_race_write,
+	.llseek = default_llseek,
+};
+
 static const struct file_operations edu_bench_fops = {
 	.owner = THIS_MODULE,
 	.open = simple_open,
@@ -529,6 +680,7 @@ static int edu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	e->dbg = debugfs_create_dir("vvi_edu", NULL);
 	debugfs_create_file("dmatest", 0600, e->dbg, e, &edu_dmatest_fops);
 	debugfs_create_file("bench", 0600, e->dbg, e, &edu_bench_fops);
+	debugfs_create_file("race", 0600, e->dbg, e, &edu_race_fops);
 	pci_set_drvdata(pdev, e);
 	edu = e;
 	dev_info(&pdev->dev, "edu id %#x, dma ops %s\n",

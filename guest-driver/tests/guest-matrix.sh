@@ -12,6 +12,10 @@
 #   vvi_iters=N             bench iterations per CPU
 #   vvi_ms=T                bench for T ms per run instead (vvi_reps runs)
 #   vvi_stall=S             a task blocked S seconds is reported as a hang
+#   vvi_race=N              in every configuration that promises to block
+#                           a DMA after unmap, also run N iterations of the
+#                           unmap-while-streaming race (dmavisor's DMA
+#                           test device only: QEMU's edu cannot stream)
 # Prints one "VVI-RESULT ..." line per configuration and "VVI-BENCH ..."
 # lines for the benchmark.
 
@@ -27,6 +31,7 @@ ms=
 reps=3
 bufs_list="1 256"
 stall=600
+race_iters=
 for arg in $(cat /proc/cmdline); do
 	case "$arg" in
 	vvi_mode=*) mode="${arg#vvi_mode=}" ;;
@@ -39,6 +44,7 @@ for arg in $(cat /proc/cmdline); do
 	vvi_ms=*) ms="${arg#vvi_ms=}" ;;
 	vvi_bufs=*) bufs_list="$(echo "${arg#vvi_bufs=}" | tr , ' ')" ;;
 	vvi_stall=*) stall="${arg#vvi_stall=}" ;;
+	vvi_race=*) race_iters="${arg#vvi_race=}" ;;
 	esac
 done
 
@@ -237,6 +243,17 @@ one_config() {
 	sgok=$(kv $D/vvi_edu/dmatest sg_ok)
 	cohok=$(kv $D/vvi_edu/dmatest coherent_ok)
 	roblk=$(kv $D/vvi_edu/dmatest ro_write_blocked)
+	# protection: persistent and passthrough keep mappings by design
+	expect_block=0
+	if [ "$inv" = strict ] && [ "$pol" != persistent ] && [ "$pol" != passthrough ]; then
+		expect_block=1
+	fi
+	race=skipped
+	if [ -n "$race_iters" ] && [ $expect_block = 1 ]; then
+		echo "iters=$race_iters" > $D/vvi_edu/race
+		r=$D/vvi_edu/race
+		race="$(kv $r iters)/$(kv $r corrupted)/$(kv $r not_faulted)/$(kv $r missed)/$(kv $r error)"
+	fi
 	sleep 1
 	f2=$(faults)
 	edufaults=$(kv $edust faults)
@@ -260,10 +277,10 @@ one_config() {
 	[ "$unload" = ok ] || { st=FAIL; why="$why,unload"; }
 	[ "$kwarn" = 0 ] || { st=FAIL; why="$why,kernel-warnings"; }
 	[ "${netmaps:-0}" -gt 0 ] || { st=FAIL; why="$why,no-maps"; }
-	# protection: persistent and passthrough keep mappings by design
-	expect_block=0
-	if [ "$inv" = strict ] && [ "$pol" != persistent ] && [ "$pol" != passthrough ]; then
-		expect_block=1
+	# race: iterations/corrupted/not faulted/missed/error
+	if [ "$race" != skipped ] && [ "$race" != "$race_iters/0/0/0/none" ]; then
+		st=FAIL
+		why="$why,race"
 	fi
 	# every policy but passthrough maps DMA_TO_DEVICE read-only
 	expect_ro=1
@@ -275,7 +292,7 @@ one_config() {
 		[ "$faultlog" -gt 0 ] || { st=FAIL; why="$why,no-fault-log"; }
 	fi
 	[ "$f0" = "$f1" ] || { st=FAIL; why="$why,faults-during-net"; }
-	echo "VVI-RESULT policy=$pol inval=$inv status=$st net=$net net_ms=$netms edu_dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok ro_write_blocked=$roblk after_unmap_blocked=$blocked expect_blocked=$expect_block edu_faults=$edufaults fault_log=$faultlog net_maps=$netmaps net_requests=$netreqs unmapped_iova=$uiova rmmod_busy=$busy unload=$unload kwarn=$kwarn why=${why#,}"
+	echo "VVI-RESULT policy=$pol inval=$inv status=$st net=$net net_ms=$netms edu_dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok ro_write_blocked=$roblk after_unmap_blocked=$blocked expect_blocked=$expect_block edu_faults=$edufaults fault_log=$faultlog net_maps=$netmaps net_requests=$netreqs unmapped_iova=$uiova race=$race rmmod_busy=$busy unload=$unload kwarn=$kwarn why=${why#,}"
 }
 
 # one benchmark configuration: $reps runs, median ops/s, request deltas

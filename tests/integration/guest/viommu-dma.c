@@ -14,6 +14,13 @@
  *       2. VFIO_IOMMU_UNMAP_DMA, then device->RAM to the same IOVA: must be
  *          blocked and our buffer (still our memory) must be unchanged;
  *       3. device->RAM to an IOVA that was never mapped: must be blocked.
+ *   viommu-dma race BDF GROUP N
+ *       The same VFIO setup, then N times: map a page at an IOVA, start
+ *       the device streaming into it (dmavisor's streaming mode), wait for
+ *       one pass, unmap, fill the page with a canary at once, wait for the
+ *       stream to end. Once VFIO_IOMMU_UNMAP_DMA has returned, the guest's
+ *       UNMAP has completed, so no DMA may land: the canary must survive.
+ *       Prints the count of iterations whose canary was overwritten.
  *   viommu-dma phys BDF
  *       No IOMMU driver: the device's BAR is mapped through sysfs and the
  *       DMA targets the guest-physical address of a locked buffer (read
@@ -45,8 +52,10 @@
 #define REG_DMA_ERROR	0xa0	/* dmavisor only: 0 ok, 1 IOMMU fault */
 #define REG_DMA_BYTES	0xa8	/* dmavisor only */
 #define REG_DMA_FAULTS	0xb0	/* dmavisor only */
+#define REG_STREAM_PASSES 0xc0	/* dmavisor only */
 #define CMD_RUN		1
 #define CMD_TO_RAM	2
+#define CMD_STREAM	8	/* dmavisor only */
 #define DEV_BUF		0x40000
 #define PAGE		4096
 #define BAR_SIZE	(1 << 20)
@@ -54,6 +63,9 @@
 #define XFER		2048
 #define MAPPED_IOVA	0x10000000ULL
 #define NEVER_IOVA	0x20000000ULL
+#define RACE_IOVA	0x30000000ULL
+#define CANARY		0x3c
+#define STREAM_BYTE	0xd5
 
 static volatile uint8_t *bar;
 
@@ -155,20 +167,20 @@ static void counters(void)
 	       (unsigned long long)rd64(REG_DMA_FAULTS));
 }
 
-static int run_vfio(const char *bdf, const char *group_no)
+/*
+ * Opens the device through a VFIO type1 container, maps BAR0 into `bar`,
+ * enables memory decoding and bus mastering; returns the container.
+ */
+static int vfio_open(const char *bdf, const char *group_no)
 {
 	struct vfio_group_status gs = { .argsz = sizeof(gs) };
 	struct vfio_region_info bar0 = { .argsz = sizeof(bar0),
 		.index = VFIO_PCI_BAR0_REGION_INDEX };
 	struct vfio_region_info cfg = { .argsz = sizeof(cfg),
 		.index = VFIO_PCI_CONFIG_REGION_INDEX };
-	struct vfio_iommu_type1_dma_map map = { .argsz = sizeof(map) };
-	struct vfio_iommu_type1_dma_unmap unmap = { .argsz = sizeof(unmap) };
 	char path[64];
 	int container, group, dev;
 	uint16_t cmd;
-	uint8_t *a, *b;
-	long e;
 
 	container = open("/dev/vfio/vfio", O_RDWR);
 	if (container < 0)
@@ -205,26 +217,50 @@ static int run_vfio(const char *bdf, const char *group_no)
 	if (pwrite(dev, &cmd, 2, cfg.offset + 4) != 2)
 		die("write_command");
 	printf("VDMA id=%#x\n", rd32(REG_ID));
+	return container;
+}
+
+static void vfio_map(int container, void *p, uint64_t iova)
+{
+	struct vfio_iommu_type1_dma_map map = {
+		.argsz = sizeof(map),
+		.flags = VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
+		.vaddr = (uintptr_t)p,
+		.iova = iova,
+		.size = PAGE,
+	};
+
+	if (ioctl(container, VFIO_IOMMU_MAP_DMA, &map))
+		die("map");
+}
+
+static void vfio_unmap(int container, uint64_t iova)
+{
+	struct vfio_iommu_type1_dma_unmap unmap = {
+		.argsz = sizeof(unmap),
+		.iova = iova,
+		.size = PAGE,
+	};
+
+	if (ioctl(container, VFIO_IOMMU_UNMAP_DMA, &unmap) ||
+	    unmap.size != PAGE)
+		die("unmap");
+}
+
+static int run_vfio(const char *bdf, const char *group_no)
+{
+	int container = vfio_open(bdf, group_no);
+	uint8_t *a, *b;
+	long e;
 
 	a = page_buf();
 	b = page_buf();
-	map.flags = VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE;
-	map.vaddr = (uintptr_t)a;
-	map.iova = MAPPED_IOVA;
-	map.size = PAGE;
-	if (ioctl(container, VFIO_IOMMU_MAP_DMA, &map))
-		die("map_a");
-	map.vaddr = (uintptr_t)b;
-	map.iova = MAPPED_IOVA + PAGE;
-	if (ioctl(container, VFIO_IOMMU_MAP_DMA, &map))
-		die("map_b");
+	vfio_map(container, a, MAPPED_IOVA);
+	vfio_map(container, b, MAPPED_IOVA + PAGE);
 	round_trip("mapped", a, MAPPED_IOVA, b, MAPPED_IOVA + PAGE);
 
 	/* Unmap b's IOVA; b itself stays our memory. */
-	unmap.iova = MAPPED_IOVA + PAGE;
-	unmap.size = PAGE;
-	if (ioctl(container, VFIO_IOMMU_UNMAP_DMA, &unmap) || unmap.size != PAGE)
-		die("unmap_b");
+	vfio_unmap(container, MAPPED_IOVA + PAGE);
 	memset(b, 0x5a, PAGE);
 	e = dma(DEV_BUF, MAPPED_IOVA + PAGE, XFER, 1);
 	printf("VDMA after_unmap_err=%ld after_unmap_changed=%zu\n", e,
@@ -235,6 +271,78 @@ static int run_vfio(const char *bdf, const char *group_no)
 	       NEVER_IOVA);
 	/* The still-mapped IOVA keeps working after the faults. */
 	round_trip("still", a, MAPPED_IOVA, a, MAPPED_IOVA);
+	counters();
+	return 0;
+}
+
+/* Polls until (register `off` & `mask`) == `want`; 0 on time-out. */
+static int wait_reg(unsigned off, uint64_t mask, uint64_t want)
+{
+	long i;
+
+	for (i = 0; i < 2000000; i++) {
+		if ((rd64(off) & mask) == want)
+			return 1;
+		if (i > 1000)
+			usleep(10);
+	}
+	return 0;
+}
+
+static int wait_passes(uint64_t n)
+{
+	long i;
+
+	for (i = 0; i < 2000000; i++) {
+		if (rd64(REG_STREAM_PASSES) >= n)
+			return 1;
+		if (i > 1000)
+			usleep(10);
+	}
+	return 0;
+}
+
+static int run_race(const char *bdf, const char *group_no, long iters)
+{
+	int container = vfio_open(bdf, group_no);
+	uint8_t *src = page_buf(), *page = page_buf();
+	long i, corrupted = 0, bytes_lost = 0, not_faulted = 0, missed = 0;
+	long first_bad = -1;
+
+	/* Fill the device buffer with STREAM_BYTE. */
+	memset(src, STREAM_BYTE, PAGE);
+	vfio_map(container, src, MAPPED_IOVA);
+	if (dma(MAPPED_IOVA, DEV_BUF, PAGE, 0) != 0)
+		die("fill_device_buffer");
+	vfio_unmap(container, MAPPED_IOVA);
+	for (i = 0; i < iters; i++) {
+		size_t changed;
+
+		memset(page, 0, PAGE);
+		vfio_map(container, page, RACE_IOVA);
+		wr64(REG_DMA_SRC, DEV_BUF);
+		wr64(REG_DMA_DST, RACE_IOVA);
+		wr64(REG_DMA_CNT, PAGE);
+		wr64(REG_DMA_CMD, CMD_RUN | CMD_TO_RAM | CMD_STREAM);
+		/* DMA into the page is in flight from here on. */
+		if (!wait_passes(1))
+			die("stream_no_progress");
+		missed += page[0] != STREAM_BYTE || page[PAGE - 1] != STREAM_BYTE;
+		vfio_unmap(container, RACE_IOVA);
+		memset(page, CANARY, PAGE);
+		if (!wait_reg(REG_DMA_CMD, CMD_RUN, 0))
+			die("stream_did_not_end");
+		not_faulted += rd64(REG_DMA_ERROR) != 1;
+		changed = count_not(page, PAGE, CANARY);
+		if (changed) {
+			corrupted++;
+			bytes_lost += changed;
+			if (first_bad < 0)
+				first_bad = i;
+		}
+	}
+	printf("VDMA race_iters=%ld race_corrupted=%ld race_bytes=%ld race_first=%ld race_not_faulted=%ld race_missed=%ld\n",
+	       iters, corrupted, bytes_lost, first_bad, not_faulted, missed);
 	counters();
 	return 0;
 }
@@ -252,6 +360,44 @@ static uint64_t phys_of(void *p)
 	if (!(ent & (1ULL << 63)) || !(ent & ((1ULL << 55) - 1)))
 		die("page_not_present");
 	return (ent & ((1ULL << 55) - 1)) * PAGE;
+}
+
+static void set_command(const char *bdf, uint16_t cmd)
+{
+	char path[128];
+	int fd;
+
+	snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s/config", bdf);
+	fd = open(path, O_RDWR);
+	if (fd < 0 || pwrite(fd, &cmd, 2, 4) != 2)
+		die("write_command");
+	close(fd);
+}
+
+/*
+ * With bus mastering cleared (memory decoding still on) the device must do
+ * no DMA at all: a single transfer and a stream both fail at once and the
+ * page stays as it was. Then bus mastering is restored.
+ */
+static void bus_master_off(const char *bdf, uint8_t *page, uint64_t addr)
+{
+	long single, stream;
+
+	set_command(bdf, 0x2);
+	memset(page, 0x66, PAGE);
+	single = dma(DEV_BUF, addr, XFER, 1);
+	wr64(REG_DMA_SRC, DEV_BUF);
+	wr64(REG_DMA_DST, addr);
+	wr64(REG_DMA_CNT, XFER);
+	wr64(REG_DMA_CMD, CMD_RUN | CMD_TO_RAM | CMD_STREAM);
+	usleep(100000);
+	stream = (long)rd64(REG_DMA_ERROR);
+	printf("VDMA nomaster_err=%ld nomaster_stream_err=%ld nomaster_running=%llu nomaster_changed=%zu\n",
+	       single, stream,
+	       (unsigned long long)(rd64(REG_DMA_CMD) & CMD_RUN),
+	       count_not(page, PAGE, 0x66));
+	set_command(bdf, 0x6);
+	printf("VDMA master_again_err=%ld\n", dma(DEV_BUF, addr, XFER, 1));
 }
 
 static int run_phys(const char *bdf)
@@ -284,6 +430,7 @@ static int run_phys(const char *bdf)
 	printf("VDMA phys_write_err=%ld", dma(DEV_BUF, phys_of(b), XFER, 1));
 	printf(" phys_write_changed=%zu\n", count_not(b, PAGE, 0x5a));
 	counters();
+	bus_master_off(bdf, b, phys_of(b));
 	return 0;
 }
 
@@ -292,8 +439,11 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IONBF, 0);
 	if (argc == 4 && !strcmp(argv[1], "vfio"))
 		return run_vfio(argv[2], argv[3]);
+	if (argc == 5 && !strcmp(argv[1], "race"))
+		return run_race(argv[2], argv[3], atol(argv[4]));
 	if (argc == 3 && !strcmp(argv[1], "phys"))
 		return run_phys(argv[2]);
-	fprintf(stderr, "usage: %s vfio BDF GROUP | phys BDF\n", argv[0]);
+	fprintf(stderr, "usage: %s vfio BDF GROUP | race BDF GROUP N | phys BDF\n",
+		argv[0]);
 	return 2;
 }

@@ -4,11 +4,14 @@
 #   viommu_mode=vfio  the in-tree virtio_iommu driver is loaded; the DMA
 #                     test device is handed to vfio-pci and driven through a
 #                     VFIO container (IOVAs chosen by /viommu-dma).
+#   viommu_mode=race  the VFIO setup of vfio, then the unmap-while-streaming race
+#                     (viommu_race_iters=N iterations, default 10000).
 #   viommu_mode=phys  no IOMMU driver; DMA to guest-physical addresses.
 # Markers: "VDMA key=value" from the tool, "IOMMU-GROUP ..." per group and
 # "FAULT-LOG ..." for each fault line the guest driver logged.
 echo "GUEST-USERSPACE-UP"
 mode=$(sed -n 's/.*viommu_mode=\([a-z]*\).*/\1/p' /proc/cmdline)
+iters=$(sed -n 's/.*viommu_race_iters=\([0-9]*\).*/\1/p' /proc/cmdline)
 bdf=
 for d in /sys/bus/pci/devices/*; do
 	if [ "$(cat "$d/vendor")" = 0x1234 ] && [ "$(cat "$d/device")" = 0x11e8 ]; then
@@ -29,7 +32,7 @@ show_groups() {
 	echo "VDMA group=$group"
 }
 case "$mode" in
-vfio)
+vfio | race)
 	# virtio-iommu does no interrupt remapping; VFIO refuses such an IOMMU
 	# unless told that MSIs from the device are acceptable (they are here:
 	# the device raises none).
@@ -40,7 +43,11 @@ vfio)
 	# A device gets its IOMMU group when a driver probes it (the VIOT is
 	# consulted at DMA configuration), so look only now.
 	show_groups
-	/viommu-dma vfio "$bdf" "$group"
+	if [ "$mode" = race ]; then
+		/viommu-dma race "$bdf" "$group" "${iters:-10000}"
+	else
+		/viommu-dma vfio "$bdf" "$group"
+	fi
 	rc=$?
 	;;
 phys)

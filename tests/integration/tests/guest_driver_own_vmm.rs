@@ -22,8 +22,13 @@ use integration_tests::paths::repo_root;
 use integration_tests::runner::run_capture;
 use integration_tests::vmm::dmavisor_binary;
 use integration_tests::vviommu_matrix::{
-    check_every_configuration, check_policy, check_request_counts,
+    check_every_configuration, check_policy, check_request_counts, config_line, field, INVALS,
+    POLICIES,
 };
+
+/// Iterations of the unmap-while-streaming race per protecting
+/// configuration (`vvi_edu`'s debugfs `race`).
+const RACE_ITERS: u64 = 10_000;
 
 /// Output of the single guest boot, or why it could not run.
 fn run() -> &'static Result<String, String> {
@@ -33,6 +38,7 @@ fn run() -> &'static Result<String, String> {
         let script = repo_root().join("guest-driver/tests/run-dmavisor.sh");
         let mut cmd = Command::new(&script);
         cmd.arg("matrix")
+            .arg(format!("vvi_race={RACE_ITERS}"))
             .env("DMAVISOR_BIN", &bin)
             .env("VVI_IOMMU_OPTS", "queues=2");
         let out = run_capture(&mut cmd).map_err(|e| e.to_string())?;
@@ -108,4 +114,36 @@ fn own_vmm_request_counts() {
 #[test]
 fn own_vmm_every_configuration_reported_once() {
     check_every_configuration(output());
+}
+
+/// Issue 9 with the project's driver: in every configuration that promises
+/// to block a DMA after unmap (strict invalidation, a policy that does not
+/// keep mappings), the DMA test device streams into a page while the
+/// driver unmaps it, and the page, refilled with a canary as soon as
+/// `dma_unmap_page` returns, is never written again. The other
+/// configurations skip the race (they keep mappings or defer the
+/// invalidation by design).
+#[test]
+fn dma_after_unmap_never_lands_under_race_vviommu() {
+    let out = output();
+    let mut raced = 0;
+    for policy in POLICIES {
+        for inval in INVALS {
+            let line = config_line(out, "VVI-RESULT", policy, inval);
+            let protects = inval == "strict" && policy != "persistent" && policy != "passthrough";
+            let race = field(line, "race");
+            if protects {
+                // iterations/corrupted/not faulted/missed/error
+                assert_eq!(
+                    race,
+                    format!("{RACE_ITERS}/0/0/0/none"),
+                    "{policy}/{inval}: {line}"
+                );
+                raced += 1;
+            } else {
+                assert_eq!(race, "skipped", "{policy}/{inval}: {line}");
+            }
+        }
+    }
+    assert_eq!(raced, 4, "identity, kmalloc, magazine and global, strict");
 }

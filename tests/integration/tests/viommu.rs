@@ -39,6 +39,8 @@ const SESSION_TIMEOUT: Duration = Duration::from_secs(2700);
 const XFER: i64 = 2048;
 /// The IOVAs `viommu-dma.c` uses.
 const UNMAPPED_IOVA: &str = "0x10001000";
+/// Iterations of the unmap-while-streaming race (`viommu-dma race`).
+const RACE_ITERS: i64 = 10_000;
 const NEVER_IOVA: &str = "0x20000000";
 
 /// Builds the static guest tool (gcc is part of the project's host deps).
@@ -110,6 +112,7 @@ fn session() -> &'static SharedSession {
             let vfio = format!("{CMDLINE} viommu_mode=vfio");
             let vfio_strict = format!("{CMDLINE} viommu_mode=vfio iommu.strict=1");
             let phys = format!("{CMDLINE} viommu_mode=phys");
+            let race = format!("{CMDLINE} viommu_mode=race viommu_race_iters={RACE_ITERS}");
             let d = |name, initrd: &Path, cmdline: &str, extra: &[&str]| {
                 dmavisor(name, &bin, k, initrd, cmdline, extra)
             };
@@ -124,6 +127,12 @@ fn session() -> &'static SharedSession {
                     "vfio_strict",
                     &with_driver,
                     &vfio_strict,
+                    &["--iommu", "--dma-test", "iommu=on"],
+                ),
+                d(
+                    "race_vfio",
+                    &with_driver,
+                    &race,
                     &["--iommu", "--dma-test", "iommu=on"],
                 ),
                 d(
@@ -274,6 +283,46 @@ fn viommu_in_tree_driver_strict_group() {
     let out = completed("vfio_strict");
     assert_eq!(group_type(&out), Some("DMA"), "output:\n{out}");
     assert_protects("vfio_strict", true);
+}
+
+/// Issue 9: once the guest's UNMAP has completed, no DMA through the old
+/// mapping lands, even with DMA in flight. The guest maps a page through
+/// VFIO (the in-tree driver, whose VFIO domains are always strict), lets
+/// the DMA test device stream into it, unmaps, and fills the page with a
+/// canary at once; the device's next pass must be refused and the canary
+/// survive, in every iteration.
+#[test]
+fn dma_after_unmap_never_lands_under_race() {
+    let out = completed("race_vfio");
+    assert_eq!(int(&out, "race_iters"), RACE_ITERS, "{out}");
+    assert_eq!(
+        int(&out, "race_corrupted"),
+        0,
+        "canaries overwritten after UNMAP returned:\n{out}"
+    );
+    // Every stream was ended by the vIOMMU refusing its next pass, i.e.
+    // the DMA really was in flight when the UNMAP came.
+    assert_eq!(int(&out, "race_not_faulted"), 0, "{out}");
+    // ...and its first pass had filled the page before the UNMAP.
+    assert_eq!(int(&out, "race_missed"), 0, "{out}");
+    assert_eq!(int(&out, "faults"), RACE_ITERS, "{out}");
+}
+
+/// Issue 9: with bus mastering cleared in its command register (memory
+/// decoding still on) the DMA test device does no DMA: a transfer and a
+/// stream both fail with "bus master off" (4) and the page is untouched;
+/// with bus mastering back on, DMA works again. Checked without a vIOMMU
+/// and through one in bypass (the gate sits before any translation).
+#[test]
+fn bus_master_off_blocks_dma() {
+    for name in ["phys_no_iommu", "phys_bypass_on"] {
+        let out = completed(name);
+        assert_eq!(int(&out, "nomaster_err"), 4, "{name}:\n{out}");
+        assert_eq!(int(&out, "nomaster_stream_err"), 4, "{name}:\n{out}");
+        assert_eq!(int(&out, "nomaster_running"), 0, "{name}:\n{out}");
+        assert_eq!(int(&out, "nomaster_changed"), 0, "{name}:\n{out}");
+        assert_eq!(int(&out, "master_again_err"), 0, "{name}:\n{out}");
+    }
 }
 
 #[test]

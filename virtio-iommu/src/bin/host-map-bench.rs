@@ -16,6 +16,15 @@
 //! - `map_1g`: the passthrough policy's single 1 GiB MAP (2 MiB entries)
 //!   and its UNMAP, one thread; one op = the pair.
 //!
+//! Consumers (`--consumer`): `sim` is a simulated DMA consumer that costs
+//! `--consumer-cost-ns` per invalidation (0: it only counts, which is what
+//! the VMM had before it registered any consumer); `quiesce` is the VMM's
+//! real consumer for emulated devices, a [`Quiescer`], with four idle
+//! device-thread slots registered (a NIC's workers) and, in
+//! `translate_under_churn`, the translating thread inside a read section
+//! per translation, as a device thread runs. The two side by side give the
+//! cost of quiescence.
+//!
 //! Output: one JSON object per line, then a human-readable table. Every
 //! figure is the best of `--runs` runs (the host is shared, so the best run
 //! is the least disturbed one).
@@ -28,6 +37,7 @@ use std::time::{Duration, Instant};
 use virtio_iommu::mapping::{
     new_space, Depot, DomainSpace, Invalidator, Limits, Perm, SpaceImpl, Worker,
 };
+use virtio_iommu::quiesce::{Quiescer, ReaderSlot};
 
 const PAGE: u64 = 4096;
 /// In-flight buffers per thread in `map_unmap`.
@@ -52,6 +62,78 @@ impl Invalidator for SimConsumer {
     }
 }
 
+/// Which DMA consumer the UNMAPs reach (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ConsumerKind {
+    Sim,
+    Quiesce,
+}
+
+impl std::fmt::Display for ConsumerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ConsumerKind::Sim => "sim",
+            ConsumerKind::Quiesce => "quiesce",
+        })
+    }
+}
+
+/// Idle device-thread slots registered with the quiescer.
+const IDLE_READERS: usize = 4;
+
+/// The consumer of one run.
+enum Consumer {
+    Sim(Arc<SimConsumer>),
+    Quiesce {
+        quiescer: Arc<Quiescer>,
+        _idle: Vec<Arc<ReaderSlot>>,
+    },
+}
+
+impl Consumer {
+    fn new(kind: ConsumerKind, cost_ns: u64) -> Self {
+        match kind {
+            ConsumerKind::Sim => Consumer::Sim(Arc::new(SimConsumer {
+                calls: AtomicU64::new(0),
+                cost_ns,
+            })),
+            ConsumerKind::Quiesce => {
+                let quiescer = Quiescer::new();
+                let idle = (0..IDLE_READERS)
+                    .filter_map(|_| quiescer.register().ok())
+                    .collect();
+                Consumer::Quiesce {
+                    quiescer,
+                    _idle: idle,
+                }
+            }
+        }
+    }
+
+    fn list(&self) -> Vec<Arc<dyn Invalidator>> {
+        match self {
+            Consumer::Sim(c) => vec![c.clone()],
+            Consumer::Quiesce { quiescer, .. } => vec![quiescer.clone()],
+        }
+    }
+
+    /// Invalidation calls so far.
+    fn calls(&self) -> u64 {
+        match self {
+            Consumer::Sim(c) => c.calls.load(Ordering::Relaxed),
+            Consumer::Quiesce { quiescer, .. } => quiescer.stats().waits,
+        }
+    }
+
+    /// A device thread's slot (quiesce only).
+    fn reader(&self) -> Option<Arc<ReaderSlot>> {
+        match self {
+            Consumer::Sim(_) => None,
+            Consumer::Quiesce { quiescer, .. } => quiescer.register().ok(),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Opts {
     duration: Duration,
@@ -61,6 +143,7 @@ struct Opts {
     impls: Vec<SpaceImpl>,
     workloads: Vec<String>,
     cost_ns: u64,
+    consumers: Vec<ConsumerKind>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -140,14 +223,14 @@ where
     )
 }
 
-fn setup(kind: SpaceImpl, cost_ns: u64) -> (Arc<Depot>, Arc<dyn DomainSpace>, Arc<SimConsumer>) {
+fn setup(
+    kind: SpaceImpl,
+    o: &Opts,
+    c: ConsumerKind,
+) -> (Arc<Depot>, Arc<dyn DomainSpace>, Consumer) {
     let depot = Arc::new(Depot::new());
     let space = new_space(kind, 1, &Limits::default(), &depot);
-    let consumer = Arc::new(SimConsumer {
-        calls: AtomicU64::new(0),
-        cost_ns,
-    });
-    (depot, space, consumer)
+    (depot, space, Consumer::new(c, o.cost_ns))
 }
 
 /// The NIC-ring loop of one thread: runs until `stop`, returns ops done.
@@ -194,12 +277,12 @@ fn ring_loop(
     ops
 }
 
-fn map_unmap(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
-    let (depot, space, consumer) = setup(kind, o.cost_ns);
+fn map_unmap(kind: SpaceImpl, threads: usize, o: &Opts, c: ConsumerKind) -> Sample {
+    let (depot, space, consumer) = setup(kind, o, c);
     let table_bytes = AtomicU64::new(0);
     let (ops, secs, cpu_ns) = harness(threads, o.duration, |t, stop| {
         let mut w = Worker::new(&depot);
-        let cons: Vec<Arc<dyn Invalidator>> = vec![consumer.clone()];
+        let cons = consumer.list();
         // Per-thread IOVA regions, as a per-CPU IOVA allocator gives them.
         let base = (t as u64 + 1) << 30;
         (
@@ -212,7 +295,7 @@ fn map_unmap(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
         secs,
         cpu_ns,
         table_bytes: table_bytes.load(Ordering::Relaxed),
-        invalidations: consumer.calls.load(Ordering::Relaxed),
+        invalidations: consumer.calls(),
     }
 }
 
@@ -262,14 +345,14 @@ fn wait(spins: &mut u32) {
     *spins += 1;
 }
 
-fn producer_consumer(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
-    let (depot, space, consumer) = setup(kind, o.cost_ns);
+fn producer_consumer(kind: SpaceImpl, threads: usize, o: &Opts, c: ConsumerKind) -> Sample {
+    let (depot, space, consumer) = setup(kind, o, c);
     let pairs = threads / 2;
     let rings: Vec<Spsc> = (0..pairs).map(|_| Spsc::new(256)).collect();
     let table_bytes = AtomicU64::new(0);
     let (ops, secs, cpu_ns) = harness(pairs * 2, o.duration, |t, stop| {
         let mut w = Worker::new(&depot);
-        let cons: Vec<Arc<dyn Invalidator>> = vec![consumer.clone()];
+        let cons = consumer.list();
         let ring = &rings[t / 2];
         let base = (t as u64 / 2 + 1) << 30;
         let mut ops = 0u64;
@@ -332,12 +415,12 @@ fn producer_consumer(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
         secs,
         cpu_ns,
         table_bytes: table_bytes.load(Ordering::Relaxed),
-        invalidations: consumer.calls.load(Ordering::Relaxed),
+        invalidations: consumer.calls(),
     }
 }
 
-fn translate_under_churn(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
-    let (depot, space, consumer) = setup(kind, o.cost_ns);
+fn translate_under_churn(kind: SpaceImpl, threads: usize, o: &Opts, c: ConsumerKind) -> Sample {
+    let (depot, space, consumer) = setup(kind, o, c);
     const STABLE: u64 = 1024;
     {
         let mut w = Worker::new(&depot);
@@ -353,15 +436,19 @@ fn translate_under_churn(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
             let mut x = 0x9e37_79b9_7f4a_7c15u64;
             let mut ops = 0u64;
             let mut sum = 0u64;
+            // A device thread translates inside a read section (quiesce).
+            let slot = consumer.reader();
             while !stop.load(Ordering::Relaxed) {
                 for _ in 0..256 {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
                     let iova = (x % STABLE) * PAGE + (x >> 52);
+                    let section = slot.as_deref().map(ReaderSlot::enter);
                     if let Ok(tr) = space.translate(iova, Perm::READ) {
                         sum = sum.wrapping_add(tr.gpa);
                     }
+                    drop(section);
                 }
                 ops += 256;
             }
@@ -369,7 +456,7 @@ fn translate_under_churn(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
             (ops, true)
         } else {
             let mut w = Worker::new(&depot);
-            let cons: Vec<Arc<dyn Invalidator>> = vec![consumer.clone()];
+            let cons = consumer.list();
             let base = (t as u64 + 1) << 30;
             ring_loop(&*space, &mut w, &cons, base, o.kick, stop, &table_bytes);
             (0, false)
@@ -382,19 +469,19 @@ fn translate_under_churn(kind: SpaceImpl, threads: usize, o: &Opts) -> Sample {
         table_bytes: table_bytes
             .load(Ordering::Relaxed)
             .max(space.stats().table_bytes),
-        invalidations: consumer.calls.load(Ordering::Relaxed),
+        invalidations: consumer.calls(),
     }
 }
 
 /// The passthrough policy's request: map 1 GiB of guest RAM in one MAP
 /// (2 MiB-aligned, so the scalable table uses 512 2 MiB entries), then
 /// unmap it. One op = that MAP + UNMAP pair. Single thread.
-fn map_1g(kind: SpaceImpl, _threads: usize, o: &Opts) -> Sample {
-    let (depot, space, consumer) = setup(kind, o.cost_ns);
+fn map_1g(kind: SpaceImpl, _threads: usize, o: &Opts, c: ConsumerKind) -> Sample {
+    let (depot, space, consumer) = setup(kind, o, c);
     let table_bytes = AtomicU64::new(0);
     let (ops, secs, cpu_ns) = harness(1, o.duration, |_, stop| {
         let mut w = Worker::new(&depot);
-        let cons: Vec<Arc<dyn Invalidator>> = vec![consumer.clone()];
+        let cons = consumer.list();
         let (iova, gpa, len) = (1u64 << 30, 1u64 << 32, 1u64 << 30);
         let mut ops = 0;
         while !stop.load(Ordering::Relaxed) {
@@ -419,7 +506,7 @@ fn map_1g(kind: SpaceImpl, _threads: usize, o: &Opts) -> Sample {
         secs,
         cpu_ns,
         table_bytes: table_bytes.load(Ordering::Relaxed),
-        invalidations: consumer.calls.load(Ordering::Relaxed),
+        invalidations: consumer.calls(),
     }
 }
 
@@ -427,7 +514,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: host-map-bench [--duration-ms N] [--runs N] [--kick N] [--threads 1,2,..] \
          [--impl baseline,scalable] [--workload map_unmap,producer_consumer,translate_under_churn,map_1g] \
-         [--consumer-cost-ns N]"
+         [--consumer-cost-ns N] [--consumer sim,quiesce]"
     );
     std::process::exit(2)
 }
@@ -453,6 +540,7 @@ fn parse() -> Opts {
             "map_1g".into(),
         ],
         cost_ns: 0,
+        consumers: vec![ConsumerKind::Sim, ConsumerKind::Quiesce],
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -472,6 +560,16 @@ fn parse() -> Opts {
                     .collect()
             }
             "--workload" => o.workloads = v.split(',').map(String::from).collect(),
+            "--consumer" => {
+                o.consumers = v
+                    .split(',')
+                    .map(|x| match x {
+                        "sim" => ConsumerKind::Sim,
+                        "quiesce" => ConsumerKind::Quiesce,
+                        _ => usage(),
+                    })
+                    .collect()
+            }
             _ => usage(),
         }
     }
@@ -480,6 +578,7 @@ fn parse() -> Opts {
 
 struct Row {
     kind: SpaceImpl,
+    consumer: ConsumerKind,
     workload: String,
     threads: usize,
     best: Sample,
@@ -493,14 +592,18 @@ fn main() {
             if (wl == "producer_consumer" && threads < 2) || (wl == "map_1g" && threads != 1) {
                 continue;
             }
-            for &kind in &o.impls {
+            for (&kind, &c) in o
+                .impls
+                .iter()
+                .flat_map(|k| o.consumers.iter().map(move |c| (k, c)))
+            {
                 let mut best = Sample::default();
                 for _ in 0..o.runs {
                     let s = match wl.as_str() {
-                        "map_unmap" => map_unmap(kind, threads, &o),
-                        "producer_consumer" => producer_consumer(kind, threads, &o),
-                        "translate_under_churn" => translate_under_churn(kind, threads, &o),
-                        "map_1g" => map_1g(kind, threads, &o),
+                        "map_unmap" => map_unmap(kind, threads, &o, c),
+                        "producer_consumer" => producer_consumer(kind, threads, &o, c),
+                        "translate_under_churn" => translate_under_churn(kind, threads, &o, c),
+                        "map_1g" => map_1g(kind, threads, &o, c),
                         _ => usage(),
                     };
                     if s.ops_per_sec() > best.ops_per_sec() {
@@ -522,7 +625,7 @@ fn main() {
                     0.0
                 };
                 println!(
-                    "{{\"bench\":\"host-map\",\"impl\":\"{kind}\",\"workload\":\"{wl}\",\
+                    "{{\"bench\":\"host-map\",\"impl\":\"{kind}\",\"consumer\":\"{c}\",\"workload\":\"{wl}\",\
                      \"threads\":{threads},\"ops_per_sec\":{ops_per_sec:.0},\"ns_per_op\":{ns_per_op:.1},\
                      \"cpu_ns_per_op\":{:.1},\"table_bytes\":{},\"invalidations\":{},\"ops\":{},\
                      \"kick\":{},\"consumer_cost_ns\":{},\"runs\":{},\"stat\":\"best\"}}",
@@ -536,6 +639,7 @@ fn main() {
                 );
                 rows.push(Row {
                     kind,
+                    consumer: c,
                     workload: wl.clone(),
                     threads,
                     best,
@@ -545,10 +649,11 @@ fn main() {
     }
     println!();
     println!(
-        "{:<22} {:>7} {:>9} {:>14} {:>10} {:>10} {:>12} {:>14}",
+        "{:<22} {:>7} {:>9} {:>8} {:>14} {:>10} {:>10} {:>12} {:>14}",
         "workload",
         "threads",
         "impl",
+        "consumer",
         "ops/s (best)",
         "ns/op",
         "cpu_ns/op",
@@ -563,10 +668,11 @@ fn main() {
         };
         let ops = r.best.ops_per_sec();
         println!(
-            "{:<22} {:>7} {:>9} {:>14.0} {:>10.1} {:>10.1} {:>12} {:>14}",
+            "{:<22} {:>7} {:>9} {:>8} {:>14.0} {:>10.1} {:>10.1} {:>12} {:>14}",
             r.workload,
             r.threads,
             r.kind.to_string(),
+            r.consumer.to_string(),
             ops,
             if ops > 0.0 {
                 busy as f64 * 1e9 / ops
@@ -586,27 +692,41 @@ fn main() {
         o.runs,
         o.duration.as_millis()
     );
-    let find = |k: SpaceImpl, wl: &str, t: usize| {
+    let find = |k: SpaceImpl, c: ConsumerKind, wl: &str, t: usize| {
         rows.iter()
-            .find(|r| r.kind == k && r.workload == wl && r.threads == t)
+            .find(|r| r.kind == k && r.consumer == c && r.workload == wl && r.threads == t)
             .map(|r| r.best.ops_per_sec())
     };
+    let first = o.consumers.first().copied().unwrap_or(ConsumerKind::Sim);
     println!();
     for wl in &o.workloads {
         for &t in &o.threads {
             if let (Some(s), Some(b)) = (
-                find(SpaceImpl::Scalable, wl, t),
-                find(SpaceImpl::Baseline, wl, t),
+                find(SpaceImpl::Scalable, first, wl, t),
+                find(SpaceImpl::Baseline, first, wl, t),
             ) {
                 if b > 0.0 {
-                    println!("{wl} threads={t}: scalable/baseline = {:.2}x", s / b);
+                    println!(
+                        "{wl} threads={t} {first}: scalable/baseline = {:.2}x",
+                        s / b
+                    );
+                }
+            }
+            for k in &o.impls {
+                if let (Some(q), Some(sim)) = (
+                    find(*k, ConsumerKind::Quiesce, wl, t),
+                    find(*k, ConsumerKind::Sim, wl, t),
+                ) {
+                    if sim > 0.0 {
+                        println!("{wl} threads={t} {k}: quiesce/sim = {:.2}x", q / sim);
+                    }
                 }
             }
         }
         for k in &o.impls {
-            if let (Some(one), Some(two)) = (find(*k, wl, 1), find(*k, wl, 2)) {
+            if let (Some(one), Some(two)) = (find(*k, first, wl, 1), find(*k, first, wl, 2)) {
                 if one > 0.0 {
-                    println!("{wl} {k}: 2 threads / 1 thread = {:.2}x", two / one);
+                    println!("{wl} {k} {first}: 2 threads / 1 thread = {:.2}x", two / one);
                 }
             }
         }

@@ -1,7 +1,7 @@
 //! [`DmaSpace`]: a device's view of guest memory, translated per access.
 
 use std::iter::FusedIterator;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use log::warn;
@@ -25,6 +25,9 @@ pub struct DmaSpace {
     faults: Arc<AtomicU64>,
     /// The vIOMMU's quiescence of device threads (see [`DmaSpace::reader`]).
     quiescer: Option<Arc<Quiescer>>,
+    /// The PCI command register's bus-master bit, shared by every clone
+    /// (see [`DmaSpace::set_bus_master`]).
+    bus_master: Arc<AtomicBool>,
 }
 
 impl DmaSpace {
@@ -35,6 +38,7 @@ impl DmaSpace {
             translator: None,
             faults: Arc::default(),
             quiescer: None,
+            bus_master: Arc::new(AtomicBool::new(true)),
         }
     }
 
@@ -45,6 +49,7 @@ impl DmaSpace {
             translator: Some(translator),
             faults: Arc::default(),
             quiescer: None,
+            bus_master: Arc::new(AtomicBool::new(true)),
         }
     }
 
@@ -71,6 +76,23 @@ impl DmaSpace {
                 None
             }
         }
+    }
+
+    /// Follows the PCI command register of the device that owns this space
+    /// (and every clone of it): with bus mastering off every access fails
+    /// at once, as a master abort would on real hardware, without a
+    /// vIOMMU fault event. A space starts enabled; the PCI transport sets
+    /// it from the command register before the device can run.
+    ///
+    /// An access already past this check when the bit is cleared
+    /// completes, as a posted write in flight does on real PCIe.
+    pub fn set_bus_master(&self, enabled: bool) {
+        self.bus_master.store(enabled, Ordering::SeqCst);
+    }
+
+    /// Whether the owning device may do DMA (see [`set_bus_master`](Self::set_bus_master)).
+    pub fn bus_master(&self) -> bool {
+        self.bus_master.load(Ordering::SeqCst)
     }
 
     /// Whether accesses go through a translator.
@@ -108,6 +130,9 @@ impl GuestMemory for DmaSpace {
         count: usize,
         access: Permissions,
     ) -> MemResult<impl GuestMemorySliceIterator<'a, BS<'a, Self::Bitmap>>> {
+        if count > 0 && !self.bus_master() {
+            return Err(MemError::InvalidGuestAddress(addr));
+        }
         Ok(DmaSliceIter {
             space: self,
             iova: addr.0,
@@ -119,10 +144,11 @@ impl GuestMemory for DmaSpace {
     }
 
     fn physical_memory(&self) -> Option<&Self::PhysicalMemory> {
-        // Handing out the physical map would bypass the translator.
+        // Handing out the physical map would bypass the translator (or
+        // the bus-master gate).
         match self.translator {
-            None => Some(&self.mem),
-            Some(_) => None,
+            None if self.bus_master() => Some(&self.mem),
+            _ => None,
         }
     }
 }
@@ -284,5 +310,23 @@ mod tests {
         // Translated past the end of RAM: an error, not a panic.
         assert!(dma.read_obj::<u32>(GuestAddress(0xf000)).is_err());
         assert!(dma.read_obj::<u32>(GuestAddress(u64::MAX - 1)).is_err());
+    }
+
+    #[test]
+    fn bus_master_off_fails_every_access_of_every_clone() {
+        let mem = ram();
+        let dma = DmaSpace::identity(mem.clone());
+        let clone = dma.clone();
+        mem.write_obj(0x11u8, GuestAddress(0x1000)).unwrap();
+        dma.set_bus_master(false);
+        assert!(!clone.bus_master());
+        assert!(clone.write_obj(0x22u8, GuestAddress(0x1000)).is_err());
+        assert!(clone.read_obj::<u8>(GuestAddress(0x1000)).is_err());
+        assert!(clone.physical_memory().is_none());
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(0x1000)).unwrap(), 0x11);
+        assert_eq!(clone.fault_count(), 0, "not an IOMMU fault");
+        dma.set_bus_master(true);
+        clone.write_obj(0x33u8, GuestAddress(0x1000)).unwrap();
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(0x1000)).unwrap(), 0x33);
     }
 }

@@ -336,6 +336,16 @@ impl PciConfiguration {
         self.regs[1] & 0x2 != 0
     }
 
+    /// Whether BAR `index` decodes: the command register's I/O space bit
+    /// for an I/O BAR, its memory space bit for a memory BAR.
+    pub fn bar_decodes(&self, index: usize) -> bool {
+        match self.bar(index) {
+            Some(b) if b.kind.is_memory() => self.memory_enabled(),
+            Some(_) => self.regs[1] & 0x1 != 0,
+            None => false,
+        }
+    }
+
     /// Whether the command register enables bus mastering (DMA).
     pub fn bus_master_enabled(&self) -> bool {
         self.regs[1] & 0x4 != 0

@@ -98,18 +98,23 @@ struct BarRegion {
     bar: usize,
 }
 
+/// A BAR whose decoding the command register disables answers as nothing
+/// there would (reads all-ones, writes dropped), so a guest that turned
+/// memory or I/O space off reaches no device register.
 impl BusDevice for BarRegion {
     fn read(&mut self, _base: u64, offset: u64, data: &mut [u8]) {
-        self.device
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .read_bar(self.bar, offset, data);
+        let mut dev = self.device.lock().unwrap_or_else(|e| e.into_inner());
+        if dev.config().bar_decodes(self.bar) {
+            dev.read_bar(self.bar, offset, data);
+        } else {
+            data.fill(0xff);
+        }
     }
     fn write(&mut self, _base: u64, offset: u64, data: &[u8]) {
-        self.device
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .write_bar(self.bar, offset, data);
+        let mut dev = self.device.lock().unwrap_or_else(|e| e.into_inner());
+        if dev.config().bar_decodes(self.bar) {
+            dev.write_bar(self.bar, offset, data);
+        }
     }
 }
 
@@ -310,6 +315,8 @@ mod tests {
             )
             .unwrap();
         config.add_bar(4, 0x40, BarKind::Io).unwrap();
+        // I/O and memory space decoding on.
+        config.write_reg(1, 0, &[0x3, 0]);
         Arc::new(Mutex::new(TestDevice {
             config,
             last_write: None,
@@ -391,6 +398,29 @@ mod tests {
         let second = root.add_device(test_device()).unwrap();
         assert_eq!(second, at(2));
         assert_eq!(root.config_read(second, 4), 0xc000_1000);
+    }
+
+    #[test]
+    fn bars_decode_only_with_their_space_enabled() {
+        let (root, mmio, pio) = root();
+        let dev = test_device();
+        let addr = root.add_device(dev.clone()).unwrap();
+        let mut b = [0u8; 1];
+        // Memory space off: memory BARs read all-ones and drop writes;
+        // the I/O BAR still decodes.
+        root.config_write(addr, 1, 0, &[0x1, 0]);
+        assert!(mmio.read(0xc000_0010, &mut b));
+        assert_eq!(b[0], 0xff);
+        assert!(mmio.write(0xc000_0010, &[7]));
+        assert_eq!(dev.lock().unwrap().last_write, None);
+        assert!(pio.write(0x1002, &[9]));
+        assert_eq!(dev.lock().unwrap().last_write, Some((4, 2, vec![9])));
+        // I/O space off, memory on: the other way round.
+        root.config_write(addr, 1, 0, &[0x2, 0]);
+        assert!(pio.read(0x1002, &mut b));
+        assert_eq!(b[0], 0xff);
+        assert!(mmio.read(0xc000_0010, &mut b));
+        assert_eq!(b[0], 0x10);
     }
 
     #[test]

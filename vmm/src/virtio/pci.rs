@@ -260,6 +260,8 @@ impl VirtioPciDevice {
             isr: AtomicU8::new(0),
             needs_reset: AtomicBool::new(false),
         });
+        // No DMA until the driver sets bus mastering.
+        dma.set_bus_master(config.bus_master_enabled());
         Ok(Self {
             config,
             common: CommonConfig::new(features, &sizes, num_vectors as u16),
@@ -278,6 +280,7 @@ impl VirtioPciDevice {
     /// Replaces the DMA space (e.g. once a vIOMMU endpoint exists for this
     /// device's BDF). Takes effect at the next activation.
     pub fn set_dma_space(&mut self, dma: DmaSpace) {
+        dma.set_bus_master(self.config.bus_master_enabled());
         self.dma = dma;
     }
 
@@ -476,6 +479,9 @@ impl PciDevice for VirtioPciDevice {
         data: &[u8],
     ) -> Option<BarReprogram> {
         let moved = self.config.write_reg(reg, offset, data);
+        // The command register gates the device's DMA (a running worker's
+        // space is a clone sharing the gate).
+        self.dma.set_bus_master(self.config.bus_master_enabled());
         if reg == self.msix_cap_reg {
             let control = (self.config.read_reg(reg) >> 16) as u16;
             self.msix

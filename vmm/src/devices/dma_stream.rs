@@ -1,0 +1,172 @@
+//! The streaming mode of the DMA test device: one thread that repeats a
+//! transfer between a copy of the device buffer and guest memory until it
+//! is told to stop or a pass fails.
+//!
+//! WHY a thread of its own: a single transfer runs inside the vCPU's MMIO
+//! write, so the guest can never act while it is in flight. A real NIC or
+//! disk keeps writing while the driver works; the race test needs exactly
+//! that (unmap a buffer while DMA into it is in flight), so the stream
+//! runs beside the vCPUs, with its own quiescence slot.
+//!
+//! Each pass translates and copies inside one read section of the vIOMMU's
+//! quiescer, so an UNMAP that completes can have no pass in flight that
+//! still uses the old translation. Between jobs the thread blocks on its
+//! channel outside any section, so an idle stream never delays an UNMAP.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle};
+
+use virtio_iommu::quiesce::ReaderSlot;
+
+use super::dma_test::{copy_guest, DmaError};
+use crate::dma::DmaSpace;
+
+/// One stream: what to copy where, pass after pass.
+pub struct StreamJob {
+    /// Guest side (an I/O virtual address).
+    pub iova: u64,
+    /// The device-side bytes: written to the guest on every pass (`to_ram`)
+    /// or overwritten by every pass's read.
+    pub data: Vec<u8>,
+    /// Device -> guest memory.
+    pub to_ram: bool,
+}
+
+/// How a stream ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamOutcome {
+    /// `None` when stopped by the guest, else why the last pass failed.
+    pub error: DmaError,
+    /// Bytes moved by its passes.
+    pub bytes: u64,
+    /// The stream's guest address (for the fault register).
+    pub iova: u64,
+}
+
+/// State shared by the device (vCPU side) and the stream thread.
+#[derive(Default)]
+struct Shared {
+    stop: AtomicBool,
+    running: AtomicBool,
+    passes: AtomicU64,
+    outcome: Mutex<Option<StreamOutcome>>,
+}
+
+/// The stream thread of one DMA test device.
+pub struct DmaStreamer {
+    jobs: Option<Sender<StreamJob>>,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl DmaStreamer {
+    /// Starts the (idle) thread; its DMA goes through `dma`.
+    pub fn spawn(dma: DmaSpace) -> std::io::Result<Self> {
+        let (tx, rx) = channel();
+        let shared = Arc::new(Shared::default());
+        let reader = dma.reader();
+        let s = shared.clone();
+        let thread = thread::Builder::new()
+            .name("dma-test-stream".into())
+            .spawn(move || stream_thread(&dma, reader.as_deref(), &rx, &s))?;
+        Ok(Self {
+            jobs: Some(tx),
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Starts `job`. The caller starts one job at a time (it waits for
+    /// [`outcome`](Self::outcome) before the next).
+    pub fn start(&self, job: StreamJob) {
+        self.shared.stop.store(false, Ordering::SeqCst);
+        self.shared.passes.store(0, Ordering::SeqCst);
+        *self.lock_outcome() = None;
+        self.shared.running.store(true, Ordering::SeqCst);
+        let sent = self.jobs.as_ref().map(|tx| tx.send(job));
+        if !matches!(sent, Some(Ok(()))) {
+            // The thread is gone (it only ends when the device drops it).
+            self.finish(DmaError::NotRam, 0, 0);
+        }
+    }
+
+    /// Asks the running stream to stop after its current pass.
+    pub fn stop(&self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// Passes completed by the current or the last stream.
+    pub fn passes(&self) -> u64 {
+        self.shared.passes.load(Ordering::SeqCst)
+    }
+
+    /// How the last stream ended; `None` while it runs.
+    pub fn outcome(&self) -> Option<StreamOutcome> {
+        if self.shared.running.load(Ordering::SeqCst) {
+            return None;
+        }
+        *self.lock_outcome()
+    }
+
+    fn finish(&self, error: DmaError, bytes: u64, iova: u64) {
+        finish(&self.shared, error, bytes, iova);
+    }
+
+    fn lock_outcome(&self) -> std::sync::MutexGuard<'_, Option<StreamOutcome>> {
+        self.shared
+            .outcome
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for DmaStreamer {
+    fn drop(&mut self) {
+        self.stop();
+        // Closing the channel ends the thread once its job has stopped.
+        self.jobs = None;
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                log::warn!("dma-test: the stream thread panicked");
+            }
+        }
+    }
+}
+
+fn finish(shared: &Shared, error: DmaError, bytes: u64, iova: u64) {
+    *shared
+        .outcome
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = Some(StreamOutcome { error, bytes, iova });
+    shared.running.store(false, Ordering::SeqCst);
+}
+
+fn stream_thread(
+    dma: &DmaSpace,
+    reader: Option<&ReaderSlot>,
+    jobs: &Receiver<StreamJob>,
+    shared: &Shared,
+) {
+    while let Ok(mut job) = jobs.recv() {
+        let len = job.data.len() as u64;
+        let mut bytes = 0u64;
+        let mut error = DmaError::None;
+        while !shared.stop.load(Ordering::SeqCst) {
+            let section = reader.map(ReaderSlot::enter);
+            let result = copy_guest(dma, &mut job.data, job.iova, job.to_ram);
+            drop(section);
+            if result != DmaError::None {
+                error = result;
+                break;
+            }
+            bytes = bytes.saturating_add(len);
+            shared.passes.fetch_add(1, Ordering::SeqCst);
+            // Leave the CPU to the vCPUs between passes (the stream is a
+            // test device, not a benchmark).
+            thread::yield_now();
+        }
+        finish(shared, error, bytes, job.iova);
+    }
+}
