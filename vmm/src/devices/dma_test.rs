@@ -656,9 +656,9 @@ mod tests {
 
     use super::*;
     use crate::dma::iommu::IommuTranslate;
+    use crate::dma::test_iommu::{TestIommu, RW};
     use crate::dma::{DmaAccess, DmaFault, DmaTranslate};
     use crate::memory::GuestMemoryMmap;
-    use virtio_iommu::device::{IommuConfig, IommuDevice};
 
     fn ram() -> GuestMemoryMmap {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x100000)]).unwrap()
@@ -800,36 +800,14 @@ mod tests {
         );
     }
 
-    fn send(dev: &IommuDevice, req: &[u8]) {
-        let mut w = dev.new_worker();
-        let mut tail = [0xffu8; 4];
-        assert_eq!(dev.handle_request(&mut w, req, &mut tail), 4);
-        dev.complete_kick(&mut w);
-        assert_eq!(tail[0], 0, "request status OK");
-    }
-
     #[test]
     fn iommu_fault_leaves_memory_unchanged_and_is_reported() {
-        const EP: u32 = 0x20;
-        let iommu = IommuDevice::new(IommuConfig::default()).unwrap();
-        iommu.add_endpoint(EP).unwrap();
-        iommu.ack_features(iommu.device_features());
+        let iommu = TestIommu::new(0x20);
         let mem = ram();
-        let t = IommuTranslate::new(iommu.endpoint_dma(EP).unwrap(), None);
-        let mut d = device(DmaSpace::translated(mem.clone(), Arc::new(t)));
+        let mut d = device(iommu.space(&mem));
         // ATTACH ep to domain 7, MAP IOVA 0x100000..0x100fff -> GPA 0x50000 rw.
-        let mut attach = vec![1u8, 0, 0, 0];
-        attach.extend_from_slice(&7u32.to_le_bytes());
-        attach.extend_from_slice(&EP.to_le_bytes());
-        attach.extend_from_slice(&[0; 8]);
-        send(&iommu, &attach);
-        let mut map = vec![3u8, 0, 0, 0];
-        map.extend_from_slice(&7u32.to_le_bytes());
-        map.extend_from_slice(&0x10_0000u64.to_le_bytes());
-        map.extend_from_slice(&0x10_0fffu64.to_le_bytes());
-        map.extend_from_slice(&0x5_0000u64.to_le_bytes());
-        map.extend_from_slice(&3u32.to_le_bytes());
-        send(&iommu, &map);
+        iommu.attach(7);
+        iommu.map(7, 0x10_0000, 0x1000, 0x5_0000, RW);
 
         mem.write_slice(&[0x11; 4096], GuestAddress(0x8000))
             .unwrap();
@@ -861,9 +839,9 @@ mod tests {
         assert_eq!(r64(&mut d, reg::DMA_FAULTS), 2);
         assert_eq!(r64(&mut d, reg::DMA_BYTES), 4096);
         // Both refusals produced fault events for the event queue.
-        assert!(iommu.pop_fault_event().is_some());
-        assert!(iommu.pop_fault_event().is_some());
-        assert!(iommu.pop_fault_event().is_none());
+        assert!(iommu.dev.pop_fault_event().is_some());
+        assert!(iommu.dev.pop_fault_event().is_some());
+        assert!(iommu.dev.pop_fault_event().is_none());
     }
 
     /// Waits (bounded) until the device reports its stream ended; returns
@@ -973,48 +951,30 @@ mod tests {
     fn streamed_dma_never_lands_after_unmap_completes() {
         use virtio_iommu::quiesce::Quiescer;
 
-        const EP: u32 = 0x20;
         const GPA: u64 = 0x5_0000;
         const IOVA: u64 = 0x10_0000;
-        let iommu = IommuDevice::new(IommuConfig::default()).unwrap();
-        iommu.add_endpoint(EP).unwrap();
-        iommu.ack_features(iommu.device_features());
+        let iommu = TestIommu::new(0x20);
         let q = Quiescer::new();
-        iommu.add_invalidator(q.clone());
+        iommu.dev.add_invalidator(q.clone());
         let mem = ram();
-        let t = IommuTranslate::new(iommu.endpoint_dma(EP).unwrap(), None);
+        let t = IommuTranslate::new(iommu.dev.endpoint_dma(iommu.ep).unwrap(), None);
         let slow = Preempted(t);
         let space = DmaSpace::translated(mem.clone(), Arc::new(slow)).with_quiescer(q.clone());
         let mut d = device(space);
         d.buffer.fill(0xd5);
-        let mut attach = vec![1u8, 0, 0, 0];
-        attach.extend_from_slice(&7u32.to_le_bytes());
-        attach.extend_from_slice(&EP.to_le_bytes());
-        attach.extend_from_slice(&[0; 8]);
-        send(&iommu, &attach);
-        let mut map = vec![3u8, 0, 0, 0];
-        map.extend_from_slice(&7u32.to_le_bytes());
-        map.extend_from_slice(&IOVA.to_le_bytes());
-        map.extend_from_slice(&(IOVA + 0xfff).to_le_bytes());
-        map.extend_from_slice(&GPA.to_le_bytes());
-        map.extend_from_slice(&3u32.to_le_bytes());
-        let mut unmap = vec![4u8, 0, 0, 0];
-        unmap.extend_from_slice(&7u32.to_le_bytes());
-        unmap.extend_from_slice(&IOVA.to_le_bytes());
-        unmap.extend_from_slice(&(IOVA + 0xfff).to_le_bytes());
-        unmap.extend_from_slice(&[0; 4]);
+        iommu.attach(7);
         let mut corrupted = 0;
         for _ in 0..50 {
-            send(&iommu, &map);
+            iommu.map(7, IOVA, 0x1000, GPA, RW);
             start_stream(&mut d, IOVA, 4096);
             wait_passes(&mut d, 1);
-            send(&iommu, &unmap);
+            iommu.unmap(7, IOVA, 0x1000);
             mem.write_slice(&[0x3c; 4096], GuestAddress(GPA)).unwrap();
             assert_eq!(wait_stream_end(&mut d), DmaError::IommuFault as u64);
             let mut page = vec![0u8; 4096];
             mem.read_slice(&mut page, GuestAddress(GPA)).unwrap();
             corrupted += usize::from(page.iter().any(|b| *b != 0x3c));
-            while iommu.pop_fault_event().is_some() {}
+            while iommu.dev.pop_fault_event().is_some() {}
         }
         assert_eq!(corrupted, 0, "canaries overwritten after UNMAP completed");
         assert_eq!(r64(&mut d, reg::DMA_FAULTS), 50);

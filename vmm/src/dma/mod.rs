@@ -22,6 +22,8 @@
 
 pub mod iommu;
 mod space;
+#[cfg(test)]
+pub(crate) mod test_iommu;
 
 pub use space::{DmaSliceIter, DmaSpace};
 

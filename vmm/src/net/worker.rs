@@ -760,6 +760,41 @@ mod tests {
         assert_eq!(&back[..], &f[2048..]);
     }
 
+    /// A guest that unmaps a receive buffer it posted (a hostile driver, or
+    /// one tearing down) while a frame arrives: the device writes nothing
+    /// into the page behind it, reports a fault to the vIOMMU, and breaks
+    /// the queue instead of completing the buffer.
+    #[test]
+    fn rx_into_a_buffer_the_guest_unmapped_writes_nothing_and_faults() {
+        use crate::dma::test_iommu::{TestIommu, RW};
+
+        let mut r = Ring::new();
+        let iommu = TestIommu::new(0x18);
+        iommu.attach(1);
+        // Everything mapped at IOVA = GPA, then buffer 1's page unmapped
+        // (an UNMAP may not split a mapping, so that page is its own).
+        iommu.map(1, 0, 0x9000, 0, RW);
+        iommu.map(1, 0x9000, 0x1000, 0x9000, RW);
+        iommu.map(1, 0xa000, 0x16000, 0xa000, RW);
+        iommu.unmap(1, 0x9000, 0x1000);
+        r.dma = iommu.space(&r.mem);
+        r.mem
+            .write_slice(&[0xc5; 4096], GuestAddress(0x9000))
+            .unwrap();
+        r.desc(0, 0x8000, 2048, VIRTQ_DESC_F_WRITE, 0);
+        r.desc(1, 0x9000, 2048, VIRTQ_DESC_F_WRITE, 0);
+        r.offer(0);
+        r.offer(1);
+        let mut f = frame(3000);
+        assert!(matches!(r.deliver(&mut f, true), Delivery::Broken(_)));
+        let mut page = vec![0u8; 4096];
+        r.mem.read_slice(&mut page, GuestAddress(0x9000)).unwrap();
+        assert!(page.iter().all(|b| *b == 0xc5), "unmapped page written");
+        assert_eq!(r.dma.fault_count(), 1);
+        assert!(iommu.dev.pop_fault_event().is_some());
+        assert_eq!(r.used_idx(), 1, "only the mapped buffer was completed");
+    }
+
     #[test]
     fn missing_buffers_are_given_back() {
         let mut r = Ring::new();
