@@ -21,6 +21,7 @@
 #include <linux/module.h>
 #include <linux/pci.h>
 #include <linux/io.h>
+#include <linux/iopoll.h>
 #include <linux/delay.h>
 #include <linux/slab.h>
 #include <linux/debugfs.h>
@@ -416,35 +417,22 @@ out:
 	kfree(c);
 }
 
-/* poll @off until (value & @mask) == @want; false after about 20 s */
-static bool edu_wait_reg(struct vvi_edu *e, u32 off, u64 mask, u64 want)
+/* the device's stream has stopped; false after about 20 s */
+static bool edu_stream_ended(struct vvi_edu *e)
 {
-	int i;
+	u64 v;
 
-	for (i = 0; i < 200000; i++) {
-		if ((readq(e->bar + off) & mask) == want)
-			return true;
-		if (i > 1000)
-			usleep_range(100, 200);
-		else
-			cpu_relax();
-	}
-	return false;
+	return !readq_poll_timeout(e->bar + EDU_REG_DMA_CMD, v,
+				   !(v & EDU_CMD_RUN), 10, 20 * USEC_PER_SEC);
 }
 
-static bool edu_wait_passes(struct vvi_edu *e, u64 n)
+/* the device's stream has written at least once; false after about 20 s */
+static bool edu_stream_started(struct vvi_edu *e)
 {
-	int i;
+	u64 v;
 
-	for (i = 0; i < 200000; i++) {
-		if (readq(e->bar + EDU_REG_STREAM_PASSES) >= n)
-			return true;
-		if (i > 1000)
-			usleep_range(100, 200);
-		else
-			cpu_relax();
-	}
-	return false;
+	return !readq_poll_timeout(e->bar + EDU_REG_STREAM_PASSES, v, v >= 1, 10,
+				   20 * USEC_PER_SEC);
 }
 
 /* fill the device buffer with RACE_BYTE */
@@ -500,7 +488,7 @@ static void edu_race(struct vvi_edu *e, unsigned long iters)
 		writeq(EDU_CMD_RUN | EDU_CMD_TO_RAM | EDU_CMD_STREAM,
 		       e->bar + EDU_REG_DMA_CMD);
 		/* DMA into the page is in flight from here on */
-		if (!edu_wait_passes(e, 1)) {
+		if (!edu_stream_started(e)) {
 			dma_unmap_page(dev, d, PAGE_SIZE, DMA_FROM_DEVICE);
 			err = "no-progress";
 			break;
@@ -509,7 +497,7 @@ static void edu_race(struct vvi_edu *e, unsigned long iters)
 			  READ_ONCE(p[PAGE_SIZE - 1]) != RACE_BYTE;
 		dma_unmap_page(dev, d, PAGE_SIZE, DMA_FROM_DEVICE);
 		memset(p, RACE_CANARY, PAGE_SIZE);
-		if (!edu_wait_reg(e, EDU_REG_DMA_CMD, EDU_CMD_RUN, 0)) {
+		if (!edu_stream_ended(e)) {
 			err = "stream-did-not-end";
 			break;
 		}

@@ -13,13 +13,20 @@
 # Kernel command line parameters (set by run-kvm):
 #   dmavisor.session=/abs/path/to/session   (inside a rw share)
 #   dmavisor.rw=/abs/path1,/abs/path2       (rw share i has tag rw<i>)
+#   dmavisor.assign=MAC                     (--assign-nic) bind this NIC to
+#                                           vfio-pci for the command
+#   dmavisor.peer=MAC,ADDR/LEN              ... and give its peer an address
 
 session=""
 rw=""
+assign=""
+peer=""
 for arg in $(cat /proc/cmdline); do
     case "$arg" in
         dmavisor.session=*) session="${arg#dmavisor.session=}" ;;
         dmavisor.rw=*) rw="${arg#dmavisor.rw=}" ;;
+        dmavisor.assign=*) assign="${arg#dmavisor.assign=}" ;;
+        dmavisor.peer=*) peer="${arg#dmavisor.peer=}" ;;
     esac
 done
 
@@ -56,6 +63,30 @@ fi
 ip link set lo up 2>/dev/null || ifconfig lo 127.0.0.1 up
 
 [ -c /host/dev/kvm ] || fail "/dev/kvm missing in L2 (kvm-amd did not load: is SVM emulated?)"
+
+# --assign-nic: hand the NIC with MAC $assign to vfio-pci and bring its
+# peer up with its address; the command finds them in DMAVISOR_ASSIGN_BDF
+# and DMAVISOR_ASSIGN_PEER.
+iface_of_mac() {
+    for n in /sys/class/net/*; do
+        [ "$(cat "$n/address" 2>/dev/null)" = "$1" ] && { basename "$n"; return; }
+    done
+}
+if [ -n "$assign" ]; then
+    i=$(iface_of_mac "$assign")
+    [ -n "$i" ] || fail "--assign-nic: no NIC with MAC $assign (is e1000e loaded?)"
+    bdf=$(basename "$(readlink -f "/sys/class/net/$i/device")")
+    [ -e "/sys/bus/pci/devices/$bdf/iommu_group" ] || fail "--assign-nic: $bdf has no IOMMU group (intel_iommu=on?)"
+    echo "$bdf" > "/sys/bus/pci/devices/$bdf/driver/unbind"
+    echo vfio-pci > "/sys/bus/pci/devices/$bdf/driver_override"
+    echo "$bdf" > /sys/bus/pci/drivers_probe
+    drv=$(basename "$(readlink "/sys/bus/pci/devices/$bdf/driver")")
+    [ "$drv" = vfio-pci ] || fail "--assign-nic: $bdf bound to '$drv', not vfio-pci"
+    p=$(iface_of_mac "${peer%%,*}")
+    [ -n "$p" ] || fail "--assign-nic: no peer NIC with MAC ${peer%%,*}"
+    ip addr add "${peer#*,}" dev "$p" && ip link set "$p" up || fail "--assign-nic: peer $p not configured"
+    export DMAVISOR_ASSIGN_BDF="$bdf" DMAVISOR_ASSIGN_PEER="${peer#*,}"
+fi
 
 # Byte-exact output: no newline translation, no echo.
 stty -F /dev/ttyS1 115200 raw -echo 2>/dev/null

@@ -68,9 +68,31 @@ rc=$?
 t1=$(up)
 echo "GUEST-RX bytes=$(wc -c < /tmp/rx) md5=$(md5sum /tmp/rx | cut -d' ' -f1) rc=$rc t0=$t0 t1=$t1"
 
+pci=$(basename "$(readlink -f /sys/class/net/$iface/device/..)")
+
+# Bus mastering off (net_nomaster=1 on the command line): the device may do
+# no DMA, so nothing moves: the pings never leave and no frame arrives.
+set_command() {
+    printf "$(printf '\\%03o\\%03o' $(($1 & 255)) $(($1 >> 8)))" |
+        dd of="/sys/bus/pci/devices/$pci/config" bs=2 seek=2 count=1 conv=notrunc 2>/dev/null
+}
+if grep -q 'net_nomaster=1' /proc/cmdline; then
+    cmd=$(od -An -tu2 -j4 -N2 "/sys/bus/pci/devices/$pci/config" | tr -d ' ')
+    set_command $((cmd & ~4))
+    now=$(od -An -tu2 -j4 -N2 "/sys/bus/pci/devices/$pci/config" | tr -d ' ')
+    rx0=$(cat /sys/class/net/$iface/statistics/rx_packets)
+    out=$(ping -c 3 -W 1 $HOST 2>&1)
+    recv=$(echo "$out" | sed -n 's/.* \([0-9]*\) packets received.*/\1/p')
+    rx1=$(cat /sys/class/net/$iface/statistics/rx_packets)
+    set_command "$cmd"
+    # With the bit back the device serves what was queued meanwhile, and
+    # new traffic, without a reset.
+    again=$(ping -c 3 -W 2 $HOST 2>&1 | sed -n 's/.* \([0-9]*\) packets received.*/\1/p')
+    echo "GUEST-NOMASTER command=$now was=$cmd received=$recv rx_packets=$((rx1 - rx0)) again=$again"
+fi
+
 # Device reset and re-activation: unbind the driver (the device is reset,
 # its queues stop), bind it again, and ping over the new queues.
-pci=$(basename "$(readlink -f /sys/class/net/$iface/device/..)")
 echo "$pci" > /sys/bus/pci/drivers/virtio-pci/unbind
 echo "$pci" > /sys/bus/pci/drivers/virtio-pci/bind
 sleep 1

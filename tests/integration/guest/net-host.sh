@@ -35,7 +35,8 @@ dmavisor|dmavisor-mq|dmavisor-viommu)
         iommu=on
         viommu="--iommu"
     fi
-    "$bin" --kernel "$kernel" --initramfs "$initrd" --cmdline "$cmdline" \
+    # dmavisor guests also check that bus mastering off stops the NIC's DMA.
+    "$bin" --kernel "$kernel" --initramfs "$initrd" --cmdline "$cmdline net_nomaster=1" \
         --cpus boot=2 --memory size=512M --serial tty $viommu \
         --net tap=dmvtap0,mac=52:54:00:12:34:56,ip=192.168.249.1,mask=255.255.255.0,num_queues=$queues,iommu=$iommu -v
     echo "VMM-EXIT rc=$?"

@@ -275,13 +275,13 @@ static int run_vfio(const char *bdf, const char *group_no)
 	return 0;
 }
 
-/* Polls until (register `off` & `mask`) == `want`; 0 on time-out. */
-static int wait_reg(unsigned off, uint64_t mask, uint64_t want)
+/* Polls register `off` until done(value); 0 on time-out (about 20 s). */
+static int poll_reg(unsigned off, int (*done)(uint64_t))
 {
 	long i;
 
 	for (i = 0; i < 2000000; i++) {
-		if ((rd64(off) & mask) == want)
+		if (done(rd64(off)))
 			return 1;
 		if (i > 1000)
 			usleep(10);
@@ -289,17 +289,14 @@ static int wait_reg(unsigned off, uint64_t mask, uint64_t want)
 	return 0;
 }
 
-static int wait_passes(uint64_t n)
+static int run_bit_clear(uint64_t cmd)
 {
-	long i;
+	return !(cmd & CMD_RUN);
+}
 
-	for (i = 0; i < 2000000; i++) {
-		if (rd64(REG_STREAM_PASSES) >= n)
-			return 1;
-		if (i > 1000)
-			usleep(10);
-	}
-	return 0;
+static int streamed(uint64_t passes)
+{
+	return passes >= 1;
 }
 
 static int run_race(const char *bdf, const char *group_no, long iters)
@@ -325,12 +322,12 @@ static int run_race(const char *bdf, const char *group_no, long iters)
 		wr64(REG_DMA_CNT, PAGE);
 		wr64(REG_DMA_CMD, CMD_RUN | CMD_TO_RAM | CMD_STREAM);
 		/* DMA into the page is in flight from here on. */
-		if (!wait_passes(1))
+		if (!poll_reg(REG_STREAM_PASSES, streamed))
 			die("stream_no_progress");
 		missed += page[0] != STREAM_BYTE || page[PAGE - 1] != STREAM_BYTE;
 		vfio_unmap(container, RACE_IOVA);
 		memset(page, CANARY, PAGE);
-		if (!wait_reg(REG_DMA_CMD, CMD_RUN, 0))
+		if (!poll_reg(REG_DMA_CMD, run_bit_clear))
 			die("stream_did_not_end");
 		not_faulted += rd64(REG_DMA_ERROR) != 1;
 		changed = count_not(page, PAGE, CANARY);

@@ -318,8 +318,10 @@ impl Worker {
     fn run(mut self) {
         let mut events = vec![EpollEvent::default(); 8];
         // Buffers or frames may already be waiting.
-        self.process_tx();
-        self.process_rx();
+        if self.p.mem.bus_master() {
+            self.process_tx();
+            self.process_rx();
+        }
         loop {
             let n = match self.epoll.wait(-1, &mut events) {
                 Ok(n) => n,
@@ -331,7 +333,8 @@ impl Worker {
                 }
             };
             for ev in events.iter().take(n) {
-                match ev.data() {
+                let token = ev.data();
+                match token {
                     TOKEN_STOP => {
                         debug!(
                             "virtio-net worker stops ({} transmit frames dropped)",
@@ -341,20 +344,32 @@ impl Worker {
                     }
                     TOKEN_TX => {
                         let _ = self.p.tx.kick.read();
-                        self.process_tx();
                     }
                     TOKEN_RX => {
                         let _ = self.p.rx.kick.read();
-                        self.set_tap_polling(true);
-                        self.process_rx();
                     }
-                    TOKEN_TAP => self.process_rx(),
                     TOKEN_CTRL => {
                         if let Some(c) = &self.p.ctrl {
                             let _ = c.kick.read();
                         }
-                        self.process_ctrl();
                     }
+                    _ => {}
+                }
+                if !self.p.mem.bus_master() {
+                    // No DMA without bus mastering: the rings stay as they
+                    // are and frames wait in the TAP until the transport
+                    // kicks every queue when the bit is set again.
+                    self.set_tap_polling(false);
+                    continue;
+                }
+                match token {
+                    TOKEN_TX => self.process_tx(),
+                    TOKEN_RX => {
+                        self.set_tap_polling(true);
+                        self.process_rx();
+                    }
+                    TOKEN_TAP => self.process_rx(),
+                    TOKEN_CTRL => self.process_ctrl(),
                     _ => {}
                 }
             }

@@ -480,8 +480,18 @@ impl PciDevice for VirtioPciDevice {
     ) -> Option<BarReprogram> {
         let moved = self.config.write_reg(reg, offset, data);
         // The command register gates the device's DMA (a running worker's
-        // space is a clone sharing the gate).
+        // space is a clone sharing the gate). Workers leave their queues
+        // alone while it is closed; when it opens again, every queue is
+        // kicked so that what the driver queued meanwhile is served.
+        let was_master = self.dma.bus_master();
         self.dma.set_bus_master(self.config.bus_master_enabled());
+        if self.active && !was_master && self.dma.bus_master() {
+            for k in &self.kicks {
+                if let Err(e) = k.write(1) {
+                    warn!("virtio: cannot kick a queue after bus mastering was enabled: {e}");
+                }
+            }
+        }
         if reg == self.msix_cap_reg {
             let control = (self.config.read_reg(reg) >> 16) as u16;
             self.msix

@@ -107,6 +107,11 @@ impl RequestQueue {
     /// false if the queue is broken (the driver must reset the device) and
     /// the thread should end.
     fn process(&mut self) -> bool {
+        if !self.mem.bus_master() {
+            // No DMA without bus mastering; the transport kicks the queue
+            // when the driver sets the bit again.
+            return true;
+        }
         loop {
             let state = self.drain();
             // Complete even after an error: requests already handled must not
