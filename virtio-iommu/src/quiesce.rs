@@ -20,10 +20,11 @@
 //!
 //! Ordering: a reader publishes its slot and then (after a SeqCst fence)
 //! reads the table; the invalidator has already written the table and then
-//! (through a SeqCst read-modify-write of the epoch) reads the slots. In
-//! this store-buffer pattern at least one side sees the other: either the
+//! (after advancing the epoch and a SeqCst fence) reads the slots. In this
+//! store-buffer pattern at least one side sees the other: either the
 //! reader's translation misses the removed mapping, or the invalidator
-//! sees the reader and waits for it.
+//! sees the reader and waits for it. Each side pays one full barrier: the
+//! reader per section, the invalidator per kick.
 
 use std::ops::RangeInclusive;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
@@ -56,9 +57,17 @@ pub struct Quiescer {
 /// One device thread's state, owned by that thread.
 #[derive(Debug)]
 pub struct ReaderSlot {
-    active: AtomicU64,
+    active: SlotWord,
     quiescer: Arc<Quiescer>,
 }
+
+/// The slot's epoch word on a cache line of its own: the owning thread
+/// writes it twice per section, and nothing else that thread or the
+/// invalidator touches (the `Arc` counts, other slots) should share the
+/// line.
+#[derive(Debug)]
+#[repr(align(64))]
+struct SlotWord(AtomicU64);
 
 /// A translate-and-use section; ends when dropped. Never call
 /// [`Quiescer::synchronize`] (or complete a kick) inside one: it would wait
@@ -101,7 +110,7 @@ impl Quiescer {
             return Err(TooManyReaders);
         }
         let slot = Arc::new(ReaderSlot {
-            active: AtomicU64::new(IDLE),
+            active: SlotWord(AtomicU64::new(IDLE)),
             quiescer: Arc::clone(self),
         });
         readers.push(Arc::downgrade(&slot));
@@ -119,22 +128,22 @@ impl Quiescer {
     /// Returns once every section that may have begun before this call has
     /// ended. Call it after the table update it must cover.
     pub fn synchronize(&self) {
-        // SeqCst RMW: orders the caller's table writes before the slot reads.
         let target = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        // Pairs with the fence in `enter`: the caller's table writes are
+        // ordered before the slot reads below (store-buffer pattern).
+        fence(Ordering::SeqCst);
+        // The list lock is held while waiting: only `register` contends
+        // for it, and walking it in place saves copying the list per kick.
         // A dropped slot cannot be inside a section (a section borrows it).
-        let readers: Vec<Arc<ReaderSlot>> = self
-            .readers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
+        let readers = self.readers.lock().unwrap_or_else(PoisonError::into_inner);
         self.waits.fetch_add(1, Ordering::Relaxed);
         let mut waited = false;
-        for slot in &readers {
+        for slot in readers.iter().filter_map(Weak::upgrade) {
             let start = Instant::now();
             loop {
-                let a = slot.active.load(Ordering::SeqCst);
+                // Acquire: pairs with the Release at the end of a section,
+                // so what the section did happens before we complete.
+                let a = slot.active.0.load(Ordering::Acquire);
                 if a == IDLE || a >= target {
                     break;
                 }
@@ -168,9 +177,12 @@ impl ReaderSlot {
     /// Enters a section: translations taken inside it may be used until
     /// the guard is dropped. Sections do not nest.
     pub fn enter(&self) -> ReadSection<'_> {
-        let e = self.quiescer.epoch.load(Ordering::SeqCst);
-        self.active.store(e, Ordering::SeqCst);
-        // Orders the slot store before the table reads that follow.
+        // Acquire: a section that sees an epoch advanced by `synchronize`
+        // also sees the table writes made before that advance.
+        let e = self.quiescer.epoch.load(Ordering::Acquire);
+        self.active.0.store(e, Ordering::Relaxed);
+        // Orders the slot store before the table reads that follow; pairs
+        // with the fence in `synchronize`. One full barrier per section.
         fence(Ordering::SeqCst);
         ReadSection { slot: self }
     }
@@ -178,7 +190,7 @@ impl ReaderSlot {
 
 impl Drop for ReadSection<'_> {
     fn drop(&mut self) {
-        self.slot.active.store(IDLE, Ordering::Release);
+        self.slot.active.0.store(IDLE, Ordering::Release);
     }
 }
 
@@ -212,7 +224,7 @@ mod tests {
         drop(first);
         q.synchronize();
         let _again = slot.enter();
-        assert!(slot.active.load(Ordering::SeqCst) >= q.epoch.load(Ordering::SeqCst));
+        assert!(slot.active.0.load(Ordering::SeqCst) >= q.epoch.load(Ordering::SeqCst));
         assert_eq!(q.stats().waited_for_reader, 0);
     }
 
