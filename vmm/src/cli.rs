@@ -65,6 +65,12 @@ pub struct Cli {
     #[arg(long = "dma-test", value_name = "iommu=on|off", num_args = 0..=1, default_missing_value = "")]
     pub dma_test: Vec<String>,
 
+    /// A host PCI function to assign through VFIO (repeatable):
+    /// path=/sys/bus/pci/devices/<BDF>[,iommu=on|off][,id=NAME]. It must be
+    /// bound to vfio-pci.
+    #[arg(long = "device", value_name = "path=..")]
+    pub devices: Vec<String>,
+
     /// More logging on stderr (-v info, -vv debug, -vvv trace). RUST_LOG overrides.
     #[arg(short = 'v', action = ArgAction::Count)]
     pub verbose: u8,
@@ -94,6 +100,11 @@ impl Cli {
                 .dma_test
                 .iter()
                 .map(|d| crate::devices::dma_test::DmaTestConfig::parse(d))
+                .collect::<Result<_, _>>()?,
+            devices: self
+                .devices
+                .iter()
+                .map(|d| crate::vfio::VfioConfig::parse(d))
                 .collect::<Result<_, _>>()?,
         })
     }

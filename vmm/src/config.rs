@@ -189,6 +189,8 @@ pub struct VmConfig {
     pub iommu: Option<crate::virtio::iommu::IommuOptions>,
     /// DMA test devices (`--dma-test`, repeatable).
     pub dma_test: Vec<crate::devices::dma_test::DmaTestConfig>,
+    /// Assigned host PCI functions (`--device`, repeatable).
+    pub devices: Vec<crate::vfio::VfioConfig>,
 }
 
 #[cfg(test)]

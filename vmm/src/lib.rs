@@ -17,5 +17,6 @@ pub mod net;
 pub mod panic_exit;
 pub mod pci;
 pub mod vcpu;
+pub mod vfio;
 pub mod virtio;
 pub mod vm;

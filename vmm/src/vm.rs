@@ -255,6 +255,9 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
     for d in &config.dma_test {
         crate::devices::dma_test::add_dma_test(d, &resources.pci, &mem, iommu.as_mut())?;
     }
+    for d in &config.devices {
+        crate::vfio::add_vfio_device(d, &resources)?;
+    }
     if let Some(p) = &iommu {
         // The VIOT names BDFs known only now: write the tables again with
         // it. The RSDP stays where the boot data already points.

@@ -8,6 +8,11 @@ n=$(sed -n 's/.*net_size=\([0-9][0-9]*\).*/\1/p' /proc/cmdline)
 [ -n "$n" ] && SIZE=$n
 HOST=192.168.249.1
 ME=192.168.249.2
+# net_host= and net_me= override them (an assigned NIC's own subnet).
+h=$(sed -n 's/.*net_host=\([0-9.]*\).*/\1/p' /proc/cmdline)
+m=$(sed -n 's/.*net_me=\([0-9.]*\).*/\1/p' /proc/cmdline)
+[ -n "$h" ] && HOST=$h
+[ -n "$m" ] && ME=$m
 
 iface=""
 for d in /sys/class/net/*; do
@@ -68,7 +73,14 @@ rc=$?
 t1=$(up)
 echo "GUEST-RX bytes=$(wc -c < /tmp/rx) md5=$(md5sum /tmp/rx | cut -d' ' -f1) rc=$rc t0=$t0 t1=$t1"
 
-pci=$(basename "$(readlink -f /sys/class/net/$iface/device/..)")
+# The PCI function: the parent of a virtio device, the device itself for
+# a plain PCI NIC (an assigned one).
+if [ "$drv" = virtio_net ]; then
+    pci=$(basename "$(readlink -f /sys/class/net/$iface/device/..)")
+else
+    pci=$(basename "$(readlink -f /sys/class/net/$iface/device)")
+fi
+pcidrv=$(basename "$(readlink -f /sys/bus/pci/devices/$pci/driver)")
 
 # Bus mastering off (net_nomaster=1 on the command line): the device may do
 # no DMA, so nothing moves: the pings never leave and no frame arrives.
@@ -93,8 +105,8 @@ fi
 
 # Device reset and re-activation: unbind the driver (the device is reset,
 # its queues stop), bind it again, and ping over the new queues.
-echo "$pci" > /sys/bus/pci/drivers/virtio-pci/unbind
-echo "$pci" > /sys/bus/pci/drivers/virtio-pci/bind
+echo "$pci" > /sys/bus/pci/drivers/$pcidrv/unbind
+echo "$pci" > /sys/bus/pci/drivers/$pcidrv/bind
 sleep 1
 iface2=""
 for d in /sys/class/net/*; do

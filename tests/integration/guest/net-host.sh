@@ -6,6 +6,8 @@
 #   net-host.sh dmavisor BIN KERNEL INITRD
 #   net-host.sh dmavisor-mq BIN KERNEL INITRD   (num_queues=4: 2 pairs + ctrl)
 #   net-host.sh dmavisor-viommu BIN KERNEL INITRD   (--iommu, NIC iommu=on)
+#   net-host.sh dmavisor-vfio BIN KERNEL INITRD     (the runner's assigned
+#       NIC, DMAVISOR_ASSIGN_BDF, through --device; its peer is the host)
 #   net-host.sh qemu     -   KERNEL INITRD
 #
 # dmavisor creates and configures its TAP itself (--net tap=...,ip=,mask=);
@@ -39,6 +41,14 @@ dmavisor|dmavisor-mq|dmavisor-viommu)
     "$bin" --kernel "$kernel" --initramfs "$initrd" --cmdline "$cmdline net_nomaster=1" \
         --cpus boot=2 --memory size=512M --serial tty $viommu \
         --net tap=dmvtap0,mac=52:54:00:12:34:56,ip=192.168.249.1,mask=255.255.255.0,num_queues=$queues,iommu=$iommu -v
+    echo "VMM-EXIT rc=$?"
+    ;;
+dmavisor-vfio)
+    peer_ip=${DMAVISOR_ASSIGN_PEER%/*}
+    "$bin" --kernel "$kernel" --initramfs "$initrd" \
+        --cmdline "$cmdline net_host=$peer_ip net_me=${peer_ip%.*}.2" \
+        --cpus boot=2 --memory size=512M --serial tty \
+        --device "path=/sys/bus/pci/devices/$DMAVISOR_ASSIGN_BDF,id=nic0" -v
     echo "VMM-EXIT rc=$?"
     ;;
 qemu)

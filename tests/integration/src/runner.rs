@@ -64,11 +64,20 @@ impl RunOutput {
 /// the nested runner shares, and runs it with `sh` inside the KVM
 /// environment, bounded by `timeout`. `mem_mib` sizes the nested L2 (ignored
 /// when KVM is used directly).
+/// How the runner is set up for a session (`resources/run-kvm` flags).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunnerOptions {
+    /// Runner memory (nested mode), if not the default.
+    pub mem_mib: Option<u32>,
+    /// A NIC bound to vfio-pci for the command (`--assign-nic`).
+    pub assign_nic: bool,
+}
+
 pub fn run_script_in_kvm(
     name: &str,
     script: &str,
     timeout: Duration,
-    mem_mib: Option<u32>,
+    runner: &RunnerOptions,
 ) -> Result<RunOutput, HarnessError> {
     let dir = scratch_dir();
     std::fs::create_dir_all(&dir).map_err(|e| HarnessError::io(&dir, e))?;
@@ -76,8 +85,11 @@ pub fn run_script_in_kvm(
     std::fs::write(&path, script).map_err(|e| HarnessError::io(&path, e))?;
     let mut cmd = Command::new(resource("run-kvm"));
     cmd.arg("--timeout").arg(timeout.as_secs().to_string());
-    if let Some(m) = mem_mib {
+    if let Some(m) = runner.mem_mib {
         cmd.arg("--mem").arg(m.to_string());
+    }
+    if runner.assign_nic {
+        cmd.arg("--assign-nic");
     }
     cmd.arg("--").arg("/bin/sh").arg(&path);
     let res = run_capture(&mut cmd);

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::error::HarnessError;
 use crate::markers::{token_value, RUNNER_DIED, VMM_TRIPLE_FAULT};
-use crate::runner::{run_script_in_kvm, RunOutput};
+use crate::runner::{run_script_in_kvm, RunOutput, RunnerOptions};
 
 const BEGIN: &str = "@@CASE-BEGIN";
 const END: &str = "@@CASE-END";
@@ -135,10 +135,34 @@ impl SharedSession {
         timeout: Duration,
         prepare: impl FnOnce() -> Result<Plan, String>,
     ) -> Self {
+        Self::run_in(name, timeout, &RunnerOptions::default(), prepare)
+    }
+
+    /// [`run`](Self::run) in a runner that gives the cases a NIC bound to
+    /// vfio-pci (`run-kvm --assign-nic`; its BDF and peer address are in
+    /// DMAVISOR_ASSIGN_BDF and DMAVISOR_ASSIGN_PEER).
+    pub fn run_with_assigned_nic(
+        name: &str,
+        timeout: Duration,
+        prepare: impl FnOnce() -> Result<Plan, String>,
+    ) -> Self {
+        let opts = RunnerOptions {
+            assign_nic: true,
+            ..RunnerOptions::default()
+        };
+        Self::run_in(name, timeout, &opts, prepare)
+    }
+
+    fn run_in(
+        name: &str,
+        timeout: Duration,
+        runner: &RunnerOptions,
+        prepare: impl FnOnce() -> Result<Plan, String>,
+    ) -> Self {
         match prepare() {
             Ok(plan) => SharedSession {
                 name: name.to_string(),
-                result: run_session(name, &plan.cases, timeout, None).map_err(|e| e.to_string()),
+                result: run_session(name, &plan.cases, timeout, runner).map_err(|e| e.to_string()),
                 vmm_error: plan.vmm_error,
             },
             Err(e) => SharedSession {
@@ -239,9 +263,9 @@ pub fn run_session(
     name: &str,
     cases: &[Case],
     timeout: Duration,
-    mem_mib: Option<u32>,
+    runner: &RunnerOptions,
 ) -> Result<SessionResult, HarnessError> {
-    let run = run_script_in_kvm(name, &session_script(cases), timeout, mem_mib)?;
+    let run = run_script_in_kvm(name, &session_script(cases), timeout, runner)?;
     let cases = parse_session(&run.stdout);
     Ok(SessionResult { run, cases })
 }

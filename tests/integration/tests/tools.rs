@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use integration_tests::images::{build_initramfs, ensure_images, InitramfsSpec};
 use integration_tests::paths::{guest_script, resource, scratch_dir};
-use integration_tests::runner::{run_capture, run_script_in_kvm, EXIT_TIMEOUT};
+use integration_tests::runner::{run_capture, run_script_in_kvm, RunnerOptions, EXIT_TIMEOUT};
 
 /// Reads one file out of a gzip'd cpio.
 fn cpio_file(image: &std::path::Path, name: &str) -> Vec<u8> {
@@ -135,7 +135,13 @@ fn runner_streams_output_status_and_results_with_kvm() {
          exit 7\n",
         marker.display()
     );
-    let out = run_script_in_kvm("selftest", &script, Duration::from_secs(600), None).unwrap();
+    let out = run_script_in_kvm(
+        "selftest",
+        &script,
+        Duration::from_secs(600),
+        &RunnerOptions::default(),
+    )
+    .unwrap();
     assert_eq!(out.status, Some(7), "{}", out.describe());
     let cwd = std::env::current_dir().unwrap();
     assert_eq!(

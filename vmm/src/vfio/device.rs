@@ -1,0 +1,458 @@
+//! A host PCI function assigned to the guest through VFIO.
+//!
+//! What the guest sees: the function's own configuration space, read and
+//! written through VFIO, except for what the VMM must own:
+//! - the header's BARs (the guest programs addresses in our copy; accesses
+//!   to those addresses are trapped and forwarded to the VFIO regions),
+//!   interrupt line/pin (no INTx is offered) and the command register,
+//!   which is kept in our copy and forwarded to the device;
+//! - the MSI-X capability's control word and the MSI-X table and PBA,
+//!   emulated with [`MsixState`]: every vector gets a GSI whose irqfd is
+//!   handed to VFIO, so the device's interrupts reach the guest without the
+//!   VMM on the path.
+//!
+//! Every BAR access is trapped (no BAR becomes a KVM memory slot yet):
+//! correct for every BAR, slower for a NIC's doorbells than a direct map.
+
+use std::sync::Arc;
+
+use log::{debug, info, warn};
+use vfio_bindings::bindings::vfio::VFIO_PCI_CONFIG_REGION_INDEX;
+use vfio_ioctls::VfioDevice;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::pci::{BarKind, BarReprogram, PciConfiguration, PciDevice, PciHeader};
+use crate::virtio::msix::{MsiSink, MsixState, MSIX_CAP_ID, MSIX_ENABLE};
+
+/// Registers of the type-0 header (bytes 0..0x40).
+const HEADER_REGS: usize = 16;
+/// Size of the configuration space the guest sees (no extended space).
+const CONFIG_SIZE: usize = 256;
+/// Status register bit: a capability list is present.
+const STATUS_CAP_LIST: u16 = 1 << 4;
+
+/// Where the MSI-X structures of the function are, and their emulation.
+pub struct MsixBlock {
+    /// Byte offset of the capability in configuration space.
+    cap: usize,
+    table_bar: usize,
+    table_offset: u64,
+    table_len: u64,
+    pba_bar: usize,
+    pba_offset: u64,
+    pba_len: u64,
+    state: MsixState,
+    /// The vectors' irqfds, handed to VFIO when the guest enables MSI-X.
+    irqfds: Vec<EventFd>,
+    /// MSI-X is enabled in VFIO.
+    live: bool,
+}
+
+/// Where a function's MSI-X capability and structures are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MsixLayout {
+    /// Byte offset of the capability in configuration space.
+    pub cap: usize,
+    /// The table: (BAR, offset in the BAR).
+    pub table: (usize, u64),
+    /// The pending-bit array: (BAR, offset in the BAR).
+    pub pba: (usize, u64),
+    /// Table entries.
+    pub vectors: usize,
+}
+
+/// The MSI-X capability of a configuration space image, if any.
+pub fn find_msix(cfg: &[u8]) -> Option<MsixLayout> {
+    let status = u16::from_le_bytes([*cfg.get(6)?, *cfg.get(7)?]);
+    if status & STATUS_CAP_LIST == 0 {
+        return None;
+    }
+    let mut at = usize::from(*cfg.get(0x34)? & !3);
+    // A malformed or looping list ends after as many steps as can fit.
+    for _ in 0..48 {
+        if at < 0x40 || at + 12 > cfg.len() {
+            return None;
+        }
+        let id = *cfg.get(at)?;
+        if id == MSIX_CAP_ID {
+            let ctrl = u16::from_le_bytes([*cfg.get(at + 2)?, *cfg.get(at + 3)?]);
+            let dword = |o: usize| -> Option<u32> {
+                Some(u32::from_le_bytes(cfg.get(o..o + 4)?.try_into().ok()?))
+            };
+            let table = dword(at + 4)?;
+            let pba = dword(at + 8)?;
+            let entries = usize::from(ctrl & 0x7ff) + 1;
+            return Some(MsixLayout {
+                cap: at,
+                table: ((table & 7) as usize, u64::from(table & !7)),
+                pba: ((pba & 7) as usize, u64::from(pba & !7)),
+                vectors: entries,
+            });
+        }
+        at = usize::from(*cfg.get(at + 1)? & !3);
+    }
+    None
+}
+
+/// The BAR kinds of a configuration space image, with each BAR's size from
+/// `size_of(index)` (0: absent). The upper half of a 64-bit BAR is skipped.
+pub fn bar_layout(cfg: &[u8], size_of: impl Fn(usize) -> u64) -> Vec<(usize, u64, BarKind)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < 6 {
+        let off = 0x10 + 4 * i;
+        let Some(raw) = cfg
+            .get(off..off + 4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+        else {
+            break;
+        };
+        let size = size_of(i);
+        let kind = if raw & 1 != 0 {
+            BarKind::Io
+        } else if (raw >> 1) & 3 == 2 {
+            BarKind::Mem64 {
+                prefetchable: raw & 8 != 0,
+            }
+        } else {
+            BarKind::Mem32
+        };
+        if size > 0 {
+            out.push((i, size, kind));
+        }
+        i += if matches!(kind, BarKind::Mem64 { .. }) {
+            2
+        } else {
+            1
+        };
+    }
+    out
+}
+
+/// A VFIO-assigned PCI function.
+pub struct VfioPciDevice {
+    name: String,
+    config: PciConfiguration,
+    device: Arc<VfioDevice>,
+    msix: Option<MsixBlock>,
+}
+
+impl VfioPciDevice {
+    /// Wraps `device` (already reset); `vectors` back its MSI-X table.
+    pub fn new(
+        name: String,
+        device: Arc<VfioDevice>,
+        mut vectors: impl FnMut() -> Option<(Box<dyn MsiSink>, EventFd)>,
+    ) -> Result<Self, String> {
+        let mut cfg = vec![0u8; CONFIG_SIZE];
+        device.region_read(VFIO_PCI_CONFIG_REGION_INDEX, &mut cfg, 0);
+        let b = |o: usize| cfg.get(o).copied().unwrap_or(0);
+        let w = |o: usize| u16::from_le_bytes([b(o), b(o + 1)]);
+        let vendor_id = w(0);
+        if vendor_id == 0xffff || vendor_id == 0 {
+            return Err(format!("{name}: configuration space unreadable"));
+        }
+        let mut config = PciConfiguration::new(PciHeader {
+            vendor_id,
+            device_id: w(2),
+            class: b(0x0b),
+            subclass: b(0x0a),
+            prog_if: b(0x09),
+            revision: b(0x08),
+            subsystem_vendor_id: w(0x2c),
+            subsystem_id: w(0x2e),
+            interrupt_pin: 0,
+        });
+        for (i, size, kind) in bar_layout(&cfg, |i| device.get_region_size(i as u32)) {
+            // A BAR smaller than the minimum decodes as the minimum.
+            let size = size
+                .next_power_of_two()
+                .max(if kind.is_memory() { 16 } else { 4 });
+            config
+                .add_bar(i, size, kind)
+                .map_err(|e| format!("{name}: BAR {i} ({size:#x} bytes): {e}"))?;
+        }
+        let msix = match find_msix(&cfg) {
+            Some(MsixLayout {
+                cap,
+                table: (tb, to),
+                pba: (pb, po),
+                vectors: n,
+            }) => {
+                let mut sinks = Vec::with_capacity(n);
+                let mut irqfds = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let (sink, fd) =
+                        vectors().ok_or_else(|| format!("{name}: no GSI for MSI-X vector"))?;
+                    sinks.push(sink);
+                    irqfds.push(fd);
+                }
+                Some(MsixBlock {
+                    cap,
+                    table_bar: tb,
+                    table_offset: to,
+                    table_len: n as u64 * 16,
+                    pba_bar: pb,
+                    pba_offset: po,
+                    pba_len: (n as u64).div_ceil(64) * 8,
+                    state: MsixState::new(sinks),
+                    irqfds,
+                    live: false,
+                })
+            }
+            None => None,
+        };
+        info!(
+            "vfio {name}: {vendor_id:04x}:{:04x} class {:02x}{:02x}, MSI-X vectors {}",
+            w(2),
+            b(0x0b),
+            b(0x0a),
+            msix.as_ref().map_or(0, |m| m.state.len())
+        );
+        Ok(Self {
+            name,
+            config,
+            device,
+            msix,
+        })
+    }
+
+    fn device_config_read(&self, offset: u64, data: &mut [u8]) {
+        self.device
+            .region_read(VFIO_PCI_CONFIG_REGION_INDEX, data, offset);
+    }
+
+    fn device_config_write(&self, offset: u64, data: &[u8]) {
+        self.device
+            .region_write(VFIO_PCI_CONFIG_REGION_INDEX, data, offset);
+    }
+
+    /// The guest wrote the MSI-X control word: mirror it and switch the
+    /// device's MSI-X on or off in VFIO.
+    fn set_msix_control(&mut self, control: u16) {
+        let Some(m) = self.msix.as_mut() else {
+            return;
+        };
+        m.state.set_control(control);
+        let want = control & MSIX_ENABLE != 0;
+        if want == m.live {
+            return;
+        }
+        let r = if want {
+            self.device.enable_msix(m.irqfds.iter().collect())
+        } else {
+            self.device.disable_msix()
+        };
+        match r {
+            Ok(()) => {
+                m.live = want;
+                debug!(
+                    "vfio {}: MSI-X {}",
+                    self.name,
+                    if want { "on" } else { "off" }
+                );
+            }
+            Err(e) => warn!(
+                "vfio {}: MSI-X {}: {e}",
+                self.name,
+                if want { "on" } else { "off" }
+            ),
+        }
+    }
+
+    /// `(block, offset in table)` or `(block, offset in PBA)` of a BAR access.
+    fn msix_target(&self, bar: usize, offset: u64) -> Option<MsixAccess> {
+        let m = self.msix.as_ref()?;
+        if bar == m.table_bar && offset >= m.table_offset && offset < m.table_offset + m.table_len {
+            return Some(MsixAccess::Table(offset - m.table_offset));
+        }
+        if bar == m.pba_bar && offset >= m.pba_offset && offset < m.pba_offset + m.pba_len {
+            return Some(MsixAccess::Pba(offset - m.pba_offset));
+        }
+        None
+    }
+}
+
+enum MsixAccess {
+    Table(u64),
+    Pba(u64),
+}
+
+impl PciDevice for VfioPciDevice {
+    fn config(&self) -> &PciConfiguration {
+        &self.config
+    }
+
+    fn config_mut(&mut self) -> &mut PciConfiguration {
+        &mut self.config
+    }
+
+    fn read_config_register(&mut self, reg: usize) -> u32 {
+        if reg >= CONFIG_SIZE / 4 {
+            return 0;
+        }
+        let mut dev = [0u8; 4];
+        self.device_config_read(reg as u64 * 4, &mut dev);
+        let dev = u32::from_le_bytes(dev);
+        match reg {
+            // Status comes from the device (capability list, errors), the
+            // command word from our copy.
+            1 => (self.config.read_reg(1) & 0xffff) | (dev & 0xffff_0000),
+            // The capability pointer is the device's.
+            13 => dev & 0xff,
+            r if r < HEADER_REGS => self.config.read_reg(r),
+            r => match &self.msix {
+                Some(m) if r == m.cap / 4 => {
+                    let control = (dev >> 16) as u16 & 0x07ff
+                        | if m.state.enabled() { MSIX_ENABLE } else { 0 };
+                    (dev & 0xffff) | (u32::from(control) << 16)
+                }
+                _ => dev,
+            },
+        }
+    }
+
+    fn write_config_register(
+        &mut self,
+        reg: usize,
+        offset: u64,
+        data: &[u8],
+    ) -> Option<BarReprogram> {
+        if reg >= CONFIG_SIZE / 4 || offset as usize + data.len() > 4 {
+            return None;
+        }
+        if reg < HEADER_REGS {
+            let moved = self.config.write_reg(reg, offset, data);
+            if reg == 1 && offset < 2 {
+                // Memory/I-O decoding and bus mastering reach the device.
+                let n = (2 - offset as usize).min(data.len());
+                if let Some(cmd) = data.get(..n) {
+                    self.device_config_write(4 + offset, cmd);
+                }
+            }
+            return moved;
+        }
+        if let Some(cap) = self.msix.as_ref().map(|m| m.cap) {
+            if reg == cap / 4 && offset + data.len() as u64 > 2 {
+                // The control word (bytes 2..4 of the capability's dword).
+                let mut cur = self.read_config_register(reg).to_le_bytes();
+                for (i, byte) in data.iter().enumerate() {
+                    if let Some(slot) = cur.get_mut(offset as usize + i) {
+                        *slot = *byte;
+                    }
+                }
+                self.set_msix_control(u16::from_le_bytes([cur[2], cur[3]]));
+                return None;
+            }
+        }
+        self.device_config_write(reg as u64 * 4 + offset, data);
+        None
+    }
+
+    fn read_bar(&mut self, bar: usize, offset: u64, data: &mut [u8]) {
+        match self.msix_target(bar, offset) {
+            Some(MsixAccess::Table(o)) => {
+                if let Some(m) = &self.msix {
+                    m.state.read_table(o, data);
+                }
+            }
+            Some(MsixAccess::Pba(o)) => {
+                if let Some(m) = &self.msix {
+                    m.state.read_pba(o, data);
+                }
+            }
+            None => self.device.region_read(bar as u32, data, offset),
+        }
+    }
+
+    fn write_bar(&mut self, bar: usize, offset: u64, data: &[u8]) {
+        match self.msix_target(bar, offset) {
+            Some(MsixAccess::Table(o)) => {
+                if let Some(m) = self.msix.as_mut() {
+                    m.state.write_table(o, data);
+                }
+            }
+            // The PBA is read-only.
+            Some(MsixAccess::Pba(_)) => {}
+            None => self.device.region_write(bar as u32, data, offset),
+        }
+    }
+}
+
+impl Drop for VfioPciDevice {
+    fn drop(&mut self) {
+        if self.msix.as_ref().is_some_and(|m| m.live) {
+            let _ = self.device.disable_msix();
+        }
+        // Leave the function quiet for its next user.
+        self.device.reset();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A type-0 header with a capability list: PM at 0x40 -> MSI-X at
+    /// 0x50 (8 vectors, table in BAR 3 at 0, PBA in BAR 3 at 0x2000).
+    fn image() -> Vec<u8> {
+        let mut c = vec![0u8; 256];
+        c[0..2].copy_from_slice(&0x8086u16.to_le_bytes());
+        c[6] = STATUS_CAP_LIST as u8;
+        c[0x34] = 0x40;
+        c[0x40] = 0x01;
+        c[0x41] = 0x50;
+        c[0x50] = MSIX_CAP_ID;
+        c[0x51] = 0;
+        c[0x52..0x54].copy_from_slice(&7u16.to_le_bytes());
+        c[0x54..0x58].copy_from_slice(&3u32.to_le_bytes());
+        c[0x58..0x5c].copy_from_slice(&(0x2000u32 | 3).to_le_bytes());
+        // BAR0 mem32, BAR1 mem32, BAR2 I/O, BAR3 mem32.
+        c[0x18..0x1c].copy_from_slice(&1u32.to_le_bytes());
+        c
+    }
+
+    #[test]
+    fn finds_msix_through_the_capability_list() {
+        let c = image();
+        assert_eq!(
+            find_msix(&c),
+            Some(MsixLayout {
+                cap: 0x50,
+                table: (3, 0),
+                pba: (3, 0x2000),
+                vectors: 8
+            })
+        );
+        let mut no_list = c.clone();
+        no_list[6] = 0;
+        assert_eq!(find_msix(&no_list), None);
+        // A list that loops on itself ends.
+        let mut looping = c;
+        looping[0x41] = 0x40;
+        assert_eq!(find_msix(&looping), None);
+    }
+
+    #[test]
+    fn bar_layout_skips_upper_halves_and_absent_bars() {
+        let mut c = image();
+        c[0x10..0x14].copy_from_slice(&0x4u32.to_le_bytes()); // BAR0 64-bit
+        let sizes = [0x20000u64, 0, 0x20, 0x4000, 0, 0];
+        let l = bar_layout(&c, |i| sizes[i]);
+        assert_eq!(
+            l,
+            vec![
+                (
+                    0,
+                    0x20000,
+                    BarKind::Mem64 {
+                        prefetchable: false
+                    }
+                ),
+                (2, 0x20, BarKind::Io),
+                (3, 0x4000, BarKind::Mem32),
+            ]
+        );
+    }
+}
