@@ -6,7 +6,9 @@
 use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex};
 
-use virtio_iommu::device::{DeviceLimits, EndpointListener, IommuConfig, IommuDevice, MULTIQUEUE};
+use virtio_iommu::device::{
+    DeviceLimits, EndpointListener, IommuConfig, IommuDevice, MapMirror, MirrorError, MULTIQUEUE,
+};
 use virtio_iommu::mapping::{Invalidator, Perm, SpaceImpl, Worker};
 use virtio_iommu::translate::{DmaFault, DmaRun};
 use virtio_iommu::wire::*;
@@ -1277,4 +1279,87 @@ fn domain_lookup_cache_follows_registry_changes() {
     d.reset();
     all_features(&d);
     assert_eq!(send(&d, &mut w, &map(1, 0, 0xfff, 0, RW)), Status::NoEnt);
+}
+
+/// Records what a mirroring consumer is told; refuses MAPs whose IOVA is
+/// `refuse`.
+#[derive(Default)]
+struct MirrorLog {
+    moved: Mutex<Vec<(u32, Option<u32>, bool)>>,
+    mapped: Mutex<Vec<(u32, u64, u64, u64, Perm)>>,
+    refuse: Option<u64>,
+}
+
+impl MapMirror for MirrorLog {
+    fn endpoint_moved(&self, endpoint: u32, to: Option<u32>, identity: bool) {
+        self.moved.lock().unwrap().push((endpoint, to, identity));
+    }
+    fn mapped(
+        &self,
+        domain: u32,
+        iova: u64,
+        last: u64,
+        gpa: u64,
+        perm: Perm,
+    ) -> Result<(), MirrorError> {
+        if self.refuse == Some(iova) {
+            return Err(MirrorError("no room".into()));
+        }
+        self.mapped
+            .lock()
+            .unwrap()
+            .push((domain, iova, last, gpa, perm));
+        Ok(())
+    }
+}
+
+/// A mirror hears every attachment (with whether the domain is an identity
+/// one) and every MAP before it completes; a MAP it cannot follow is undone
+/// and answered S_NOMEM, and the undo reaches the invalidators.
+#[test]
+fn mirrors_follow_attachments_and_maps_and_can_refuse_a_map() {
+    let d = device();
+    let log = Arc::new(MirrorLog {
+        refuse: Some(0x20_0000),
+        ..MirrorLog::default()
+    });
+    d.add_map_mirror(log.clone());
+    let rec = Arc::new(Recorder::default());
+    d.add_invalidator(rec.clone());
+    let mut w = d.new_worker();
+    assert_eq!(send(&d, &mut w, &attach(1, EP, 0)), Status::Ok);
+    assert_eq!(
+        send(
+            &d,
+            &mut w,
+            &map(1, 0x10_0000, 0x10_1fff, 0x4000, MAP_F_READ)
+        ),
+        Status::Ok
+    );
+    assert_eq!(
+        *log.mapped.lock().unwrap(),
+        vec![(1, 0x10_0000, 0x10_1fff, 0x4000, Perm::READ)]
+    );
+    // Refused: nothing stays in the table and the undo is invalidated.
+    assert_eq!(
+        send(&d, &mut w, &map(1, 0x20_0000, 0x20_0fff, 0x8000, RW)),
+        Status::NoMem
+    );
+    d.complete_kick(&mut w);
+    assert!(runs(&d, EP, 0x20_0000, 16, Perm::READ).is_err());
+    assert!(rec
+        .calls
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|(dom, r)| *dom == 1 && r.iter().any(|r| r.contains(&0x20_0000))));
+    assert_eq!(
+        send(&d, &mut w, &attach(2, EP, ATTACH_F_BYPASS)),
+        Status::Ok
+    );
+    assert_eq!(send(&d, &mut w, &detach(2, EP)), Status::Ok);
+    assert_eq!(
+        *log.moved.lock().unwrap(),
+        vec![(EP, Some(1), false), (EP, Some(2), true), (EP, None, false)]
+    );
 }

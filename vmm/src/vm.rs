@@ -255,8 +255,9 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
     for d in &config.dma_test {
         crate::devices::dma_test::add_dma_test(d, &resources.pci, &mem, iommu.as_mut())?;
     }
+    let mut assigned = Vec::new();
     for d in &config.devices {
-        crate::vfio::add_vfio_device(d, &resources)?;
+        assigned.push(crate::vfio::add_vfio_device(d, &resources, iommu.as_mut())?);
     }
     if let Some(p) = &iommu {
         // The VIOT names BDFs known only now: write the tables again with
@@ -327,6 +328,9 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
         event.describe(),
         started.elapsed().as_secs_f64()
     );
+    for m in assigned.iter().filter_map(|a| a.mirror.as_ref()) {
+        m.log_stats();
+    }
     // Other vCPU threads may still be inside KVM_RUN: unmapping guest RAM
     // under them makes KVM fail with EFAULT. The caller ends the process
     // right after this returns, so the VM is deliberately leaked.

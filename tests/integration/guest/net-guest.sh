@@ -28,7 +28,15 @@ fi
 drv=$(basename "$(readlink /sys/class/net/$iface/device/driver)" 2>/dev/null)
 echo "GUEST-NET-IFACE name=$iface driver=$drv features=$(cat /sys/class/net/$iface/device/features 2>/dev/null)"
 echo "GUEST-NET-QUEUES rx=$(ls -d /sys/class/net/$iface/queues/rx-* | wc -l) tx=$(ls -d /sys/class/net/$iface/queues/tx-* | wc -l)"
-grp=$(readlink -f /sys/class/net/$iface/device/../iommu_group 2>/dev/null)
+# The PCI function: the parent of a virtio device, the device itself for
+# a plain PCI NIC (an assigned one).
+if [ "$drv" = virtio_net ]; then
+    pci=$(basename "$(readlink -f /sys/class/net/$iface/device/..)")
+else
+    pci=$(basename "$(readlink -f /sys/class/net/$iface/device)")
+fi
+pcidrv=$(basename "$(readlink -f /sys/bus/pci/devices/$pci/driver)")
+grp=$(readlink -f /sys/bus/pci/devices/$pci/iommu_group 2>/dev/null)
 if [ -n "$grp" ] && [ -e "$grp/type" ]; then
     echo "GUEST-NET-IOMMU group=$(basename "$grp") type=$(cat "$grp/type")"
 else
@@ -73,14 +81,6 @@ rc=$?
 t1=$(up)
 echo "GUEST-RX bytes=$(wc -c < /tmp/rx) md5=$(md5sum /tmp/rx | cut -d' ' -f1) rc=$rc t0=$t0 t1=$t1"
 
-# The PCI function: the parent of a virtio device, the device itself for
-# a plain PCI NIC (an assigned one).
-if [ "$drv" = virtio_net ]; then
-    pci=$(basename "$(readlink -f /sys/class/net/$iface/device/..)")
-else
-    pci=$(basename "$(readlink -f /sys/class/net/$iface/device)")
-fi
-pcidrv=$(basename "$(readlink -f /sys/bus/pci/devices/$pci/driver)")
 
 # Bus mastering off (net_nomaster=1 on the command line): the device may do
 # no DMA, so nothing moves: the pings never leave and no frame arrives.

@@ -8,7 +8,11 @@
 #   net-host.sh dmavisor-viommu BIN KERNEL INITRD   (--iommu, NIC iommu=on)
 #   net-host.sh dmavisor-vfio BIN KERNEL INITRD     (the runner's assigned
 #       NIC, DMAVISOR_ASSIGN_BDF, through --device; its peer is the host)
+#   net-host.sh dmavisor-vfio-lazy|dmavisor-vfio-strict BIN KERNEL INITRD
+#       (the same NIC behind --iommu, the guest's driver lazy or strict)
 #   net-host.sh qemu     -   KERNEL INITRD
+#   net-host.sh qemu-vfio-lazy|qemu-vfio-strict - KERNEL INITRD   (QEMU's
+#       vfio-pci with the runner's assigned NIC behind virtio-iommu-pci)
 #
 # dmavisor creates and configures its TAP itself (--net tap=...,ip=,mask=);
 # for QEMU the TAP is created and configured here first, as QEMU's
@@ -43,12 +47,31 @@ dmavisor|dmavisor-mq|dmavisor-viommu)
         --net tap=dmvtap0,mac=52:54:00:12:34:56,ip=192.168.249.1,mask=255.255.255.0,num_queues=$queues,iommu=$iommu -v
     echo "VMM-EXIT rc=$?"
     ;;
-dmavisor-vfio)
+dmavisor-vfio|dmavisor-vfio-lazy|dmavisor-vfio-strict)
     peer_ip=${DMAVISOR_ASSIGN_PEER%/*}
+    viommu=""
+    onoff=off
+    extra=""
+    case "$mode" in
+    *-lazy) viommu="--iommu"; onoff=on ;;
+    *-strict) viommu="--iommu"; onoff=on; extra="iommu.strict=1" ;;
+    esac
     "$bin" --kernel "$kernel" --initramfs "$initrd" \
-        --cmdline "$cmdline net_host=$peer_ip net_me=${peer_ip%.*}.2" \
-        --cpus boot=2 --memory size=512M --serial tty \
-        --device "path=/sys/bus/pci/devices/$DMAVISOR_ASSIGN_BDF,id=nic0" -v
+        --cmdline "$cmdline net_host=$peer_ip net_me=${peer_ip%.*}.2 $extra" \
+        --cpus boot=2 --memory size=512M --serial tty $viommu \
+        --device "path=/sys/bus/pci/devices/$DMAVISOR_ASSIGN_BDF,id=nic0,iommu=$onoff" -v
+    echo "VMM-EXIT rc=$?"
+    ;;
+qemu-vfio-lazy|qemu-vfio-strict)
+    peer_ip=${DMAVISOR_ASSIGN_PEER%/*}
+    extra=""
+    [ "$mode" = qemu-vfio-strict ] && extra="iommu.strict=1"
+    qemu-system-x86_64 -enable-kvm -cpu host -M q35 -smp 2 -m 512 \
+        -nographic -nodefaults -no-reboot -serial stdio \
+        -kernel "$kernel" -initrd "$initrd" \
+        -append "$cmdline net_host=$peer_ip net_me=${peer_ip%.*}.2 $extra" \
+        -device virtio-iommu-pci \
+        -device "vfio-pci,host=$DMAVISOR_ASSIGN_BDF"
     echo "VMM-EXIT rc=$?"
     ;;
 qemu)

@@ -4,10 +4,14 @@
 //! runner an emulated e1000e behind L1's emulated Intel IOMMU, bound to
 //! vfio-pci in L2, with a second e1000e on the same emulated hub as its
 //! peer (address DMAVISOR_ASSIGN_PEER); on a KVM host, the NIC the user
-//! names in DMAVISOR_ASSIGN_BDF. The guest (bookworm, its in-tree e1000e
-//! driver) moves data both ways with the peer over the assigned NIC, as in
-//! tests/virtio_net.rs, and the content is checked on both sides.
+//! names in DMAVISOR_ASSIGN_BDF. The guest's in-tree e1000e driver moves
+//! data both ways with the peer over the assigned NIC, as in
+//! tests/virtio_net.rs, and the content is checked on both sides:
+//! without a vIOMMU (bookworm 6.1), and behind dmavisor's vIOMMU with
+//! Linux 6.12's in-tree virtio-iommu driver, lazy and strict. One runner
+//! session runs the three cases.
 
+use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -24,29 +28,57 @@ const SIZE: u64 = 8 << 20;
 const CASE_TIMEOUT_SECS: u32 = 900;
 const SESSION_TIMEOUT: Duration = Duration::from_secs(1500);
 
+fn net_case(name: &str, mode: &str, bin: &str, kernel: &Path, initrd: &Path) -> Case {
+    Case::new(
+        name,
+        vec![
+            "sh".into(),
+            path_arg(&guest_script("net-host.sh")),
+            mode.into(),
+            bin.into(),
+            path_arg(kernel),
+            path_arg(initrd),
+        ],
+        CASE_TIMEOUT_SECS,
+    )
+}
+
 fn session() -> &'static SharedSession {
     static RUN: OnceLock<SharedSession> = OnceLock::new();
     RUN.get_or_init(|| {
         SharedSession::run_with_assigned_nic("vfio", SESSION_TIMEOUT, || {
-            let images = ensure_images("bookworm").map_err(|e| e.to_string())?;
+            let bin = path_arg(&dmavisor_binary().map_err(|e| e.to_string())?);
+            // No vIOMMU: bookworm 6.1 and its e1000e driver.
+            let bookworm = ensure_images("bookworm").map_err(|e| e.to_string())?;
             let mut spec = InitramfsSpec::new("bookworm", guest_script("net-guest.sh"));
             spec.modules = vec!["e1000e".into()];
             spec.script_timeout = Some(CASE_TIMEOUT_SECS - 60);
             let initrd = build_initramfs(&spec).map_err(|e| e.to_string())?;
-            let bin = dmavisor_binary().map_err(|e| e.to_string())?;
-            let case = Case::new(
-                "vfio_nic_no_viommu",
-                vec![
-                    "sh".into(),
-                    path_arg(&guest_script("net-host.sh")),
-                    "dmavisor-vfio".into(),
-                    path_arg(&bin),
-                    path_arg(&images.vmlinuz),
-                    path_arg(&initrd),
-                ],
-                CASE_TIMEOUT_SECS,
-            );
-            Ok(Plan::from(vec![case]))
+            // Behind the vIOMMU: trixie 6.12's in-tree virtio-iommu driver.
+            let trixie = ensure_images("trixie").map_err(|e| e.to_string())?;
+            let mut tspec = InitramfsSpec::new("trixie", guest_script("net-guest.sh"));
+            tspec.modules = vec!["virtio_iommu".into(), "e1000e".into()];
+            tspec.optional_modules = vec!["virtio_pci".into()];
+            tspec.script_timeout = Some(CASE_TIMEOUT_SECS - 60);
+            let tinitrd = build_initramfs(&tspec).map_err(|e| e.to_string())?;
+            let (bk, tk) = (&bookworm.vmlinuz, &trixie.vmlinuz);
+            Ok(Plan::from(vec![
+                net_case("vfio_nic_no_viommu", "dmavisor-vfio", &bin, bk, &initrd),
+                net_case(
+                    "vfio_nic_viommu_lazy",
+                    "dmavisor-vfio-lazy",
+                    &bin,
+                    tk,
+                    &tinitrd,
+                ),
+                net_case(
+                    "vfio_nic_viommu_strict",
+                    "dmavisor-vfio-strict",
+                    &bin,
+                    tk,
+                    &tinitrd,
+                ),
+            ]))
         })
     })
 }
@@ -61,28 +93,28 @@ fn field<'a>(line: &'a str, key: &str) -> &'a str {
     token_value(line, key).unwrap_or_else(|| panic!("no {key}= in '{line}'"))
 }
 
-/// TCP both ways over the assigned NIC without a vIOMMU: all guest RAM is
-/// mapped in the VFIO container, the guest's e1000e driver runs the real
-/// (emulated-by-L1) device, its MSI-X interrupts arrive through irqfds,
-/// and the data arrives intact on both sides; a driver unbind and bind
-/// (device reset) keeps the NIC working.
-#[test]
-fn vfio_nic_no_viommu() {
-    let r = case("vfio_nic_no_viommu");
-    let out = &r.output;
+/// TCP both ways over the assigned NIC: the guest's e1000e driver runs the
+/// real (emulated-by-L1) device, its MSI-X interrupts arrive through
+/// irqfds, the data arrives intact on both sides, and a driver unbind and
+/// bind (device reset) keeps the NIC working. Returns the output.
+fn check_nic(name: &str, group_type: &str) -> String {
+    let r = case(name);
+    let out = r.output.clone();
     let context = r.tail(80);
     assert_eq!(r.exit, Some(0), "script failed:\n{context}");
     assert!(
         out.contains("VMM-EXIT rc=0"),
         "VMM did not exit 0:\n{context}"
     );
-    assert_eq!(guest_script_exit(out), Some(0), "{context}");
-    let iface = marker_line(out, "GUEST-NET-IFACE").unwrap_or_else(|| panic!("{context}"));
+    assert_eq!(guest_script_exit(&out), Some(0), "{context}");
+    let iface = marker_line(&out, "GUEST-NET-IFACE").unwrap_or_else(|| panic!("{context}"));
     assert_eq!(field(iface, "driver"), "e1000e", "{iface}");
-    let ping = marker_line(out, "GUEST-PING").unwrap_or_else(|| panic!("{context}"));
+    let g = marker_line(&out, "GUEST-NET-IOMMU").unwrap_or_else(|| panic!("{context}"));
+    assert_eq!(field(g, "type"), group_type, "{g}");
+    let ping = marker_line(&out, "GUEST-PING").unwrap_or_else(|| panic!("{context}"));
     assert_ne!(field(ping, "received"), "0", "{ping}");
-    let tx = marker_line(out, "GUEST-TX").unwrap_or_else(|| panic!("{context}"));
-    let host_rx = peer_result(out, "guest_to_host").unwrap_or_else(|| panic!("{context}"));
+    let tx = marker_line(&out, "GUEST-TX").unwrap_or_else(|| panic!("{context}"));
+    let host_rx = peer_result(&out, "guest_to_host").unwrap_or_else(|| panic!("{context}"));
     assert_eq!(field(tx, "bytes"), SIZE.to_string(), "{tx}");
     assert_eq!(
         json_field(host_rx, "bytes"),
@@ -93,22 +125,68 @@ fn vfio_nic_no_viommu() {
         Some(field(tx, "md5")),
         "guest->host corrupted"
     );
-    let rx = marker_line(out, "GUEST-RX").unwrap_or_else(|| panic!("{context}"));
-    let host_tx = peer_result(out, "host_to_guest").unwrap_or_else(|| panic!("{context}"));
+    let rx = marker_line(&out, "GUEST-RX").unwrap_or_else(|| panic!("{context}"));
+    let host_tx = peer_result(&out, "host_to_guest").unwrap_or_else(|| panic!("{context}"));
     assert_eq!(field(rx, "bytes"), SIZE.to_string(), "{rx}");
     assert_eq!(
         Some(field(rx, "md5")),
         json_field(host_tx, "md5"),
         "host->guest corrupted"
     );
-    let rebind = marker_line(out, "GUEST-REBIND").unwrap_or_else(|| panic!("{context}"));
+    let rebind = marker_line(&out, "GUEST-REBIND").unwrap_or_else(|| panic!("{context}"));
     assert_eq!(
         field(rebind, "ok"),
         "1",
         "no traffic after rebind: {rebind}"
     );
+    out
+}
+
+/// The VFIO calls the mirror made (its exit line): (map calls, unmap calls).
+fn mirror_calls(out: &str) -> (u64, u64) {
+    let line = out
+        .lines()
+        .find(|l| l.contains("VFIO map calls"))
+        .unwrap_or_else(|| panic!("no mirror counters in the output"));
+    let num = |before: &str| -> u64 {
+        line.split(before)
+            .next()
+            .and_then(|s| s.split_whitespace().last())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    (num(" VFIO map calls"), num(" unmap calls"))
+}
+
+/// Without a vIOMMU all guest RAM is mapped in the container at boot.
+#[test]
+fn vfio_nic_no_viommu() {
+    let out = check_nic("vfio_nic_no_viommu", "none");
+    assert!(out.contains("vfio nic0: assigned at"), "{out}");
+    assert!(out.contains("guest RAM mapped 1:1"), "{out}");
+}
+
+/// Behind the vIOMMU with Linux's in-tree driver, lazy (DMA-FQ): the
+/// container follows the guest's MAPs and the batched UNMAPs.
+#[test]
+fn vfio_nic_viommu_lazy() {
+    let out = check_nic("vfio_nic_viommu_lazy", "DMA-FQ");
+    assert!(out.contains("behind the vIOMMU"), "{out}");
+    let (maps, unmaps) = mirror_calls(&out);
+    // 8 MiB each way is thousands of packets, each mapped by the driver.
+    assert!(maps >= 1000, "VFIO map calls: {maps}");
+    assert!(unmaps > 0, "VFIO unmap calls: {unmaps}");
+}
+
+/// The same, strict: every UNMAP reaches the host IOMMU before it
+/// completes.
+#[test]
+fn vfio_nic_viommu_strict() {
+    let out = check_nic("vfio_nic_viommu_strict", "DMA");
+    let (maps, unmaps) = mirror_calls(&out);
+    assert!(maps >= 1000, "VFIO map calls: {maps}");
     assert!(
-        out.contains("vfio nic0: assigned at"),
-        "VMM did not report the assignment:\n{context}"
+        unmaps >= maps / 2,
+        "strict unmaps follow maps: {maps} / {unmaps}"
     );
 }

@@ -7,7 +7,7 @@
 
 use super::domains::Domain;
 use super::IommuDevice;
-use crate::mapping::{MapError, Perm, UnmapError, Worker, GPA_MAX};
+use crate::mapping::{DomainSpace, MapError, Perm, UnmapError, Worker, GPA_MAX};
 use crate::wire::{feature, MapReq, Status, UnmapReq, MAP_F_ALL, MAP_F_MMIO};
 
 impl IommuDevice {
@@ -74,11 +74,43 @@ impl IommuDevice {
         }
         let perm = Perm::from_bits_truncate(req.flags);
         match space.map(w, req.virt_start, req.virt_end, req.phys_start, perm) {
-            Ok(()) => Status::Ok,
+            Ok(()) => self.mirror_map(w, req, space.as_ref(), perm),
             Err(MapError::Overlap) => Status::Inval,
             Err(MapError::Unaligned) | Err(MapError::OutOfRange) => Status::Range,
             Err(MapError::NoMemory) => Status::NoMem,
         }
+    }
+
+    /// Tells the mirrors of a MAP the table took; if one cannot follow, the
+    /// mapping is taken back (its removal reaches every consumer with the
+    /// kick) and the guest is told S_NOMEM.
+    fn mirror_map(
+        &self,
+        w: &mut Worker,
+        req: &MapReq,
+        space: &dyn DomainSpace,
+        perm: Perm,
+    ) -> Status {
+        let mirrors = super::read(&self.mirrors);
+        for m in mirrors.iter() {
+            if let Err(e) = m.mapped(
+                req.domain,
+                req.virt_start,
+                req.virt_end,
+                req.phys_start,
+                perm,
+            ) {
+                log::warn!(
+                    "virtio-iommu: MAP {:#x}..={:#x} in domain {} refused by a DMA consumer: {e}",
+                    req.virt_start,
+                    req.virt_end,
+                    req.domain
+                );
+                let _ = space.unmap(w, req.virt_start, req.virt_end);
+                return Status::NoMem;
+            }
+        }
+        Status::Ok
     }
 
     fn unmap_in(&self, w: &mut Worker, req: &UnmapReq, domain: Option<&Domain>) -> Status {

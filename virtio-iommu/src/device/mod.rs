@@ -43,6 +43,7 @@ mod features;
 mod listener;
 mod lookup;
 mod maps;
+mod mirror;
 mod probe;
 mod sync;
 mod topology;
@@ -55,6 +56,7 @@ use thiserror::Error;
 pub use config::{ConfigError, DeviceLimits, IommuConfig, X86_MSI_END, X86_MSI_START};
 pub use features::MULTIQUEUE;
 pub use listener::EndpointListener;
+pub use mirror::{MapMirror, MirrorError};
 
 use crate::events::FaultQueue;
 use crate::mapping::{Depot, Invalidator, SpaceStats, Worker};
@@ -99,6 +101,7 @@ pub struct IommuDevice {
     topology: Mutex<()>,
     invalidators: RwLock<Vec<Arc<dyn Invalidator>>>,
     listeners: RwLock<Vec<Arc<dyn EndpointListener>>>,
+    mirrors: RwLock<Vec<Arc<dyn MapMirror>>>,
     faults: Arc<FaultQueue>,
 }
 
@@ -116,6 +119,7 @@ impl IommuDevice {
             topology: Mutex::new(()),
             invalidators: RwLock::new(Vec::new()),
             listeners: RwLock::new(Vec::new()),
+            mirrors: RwLock::new(Vec::new()),
             faults: Arc::new(FaultQueue::new(
                 cfg.fault_queue_capacity,
                 cfg.fault_logs_per_sec,
@@ -257,13 +261,23 @@ impl IommuDevice {
         write(&self.listeners).push(l);
     }
 
-    /// Tells every listener; caller holds the topology lock.
-    fn notify_moved(&self, endpoint: u32, from: Option<u32>, to: Option<u32>) {
+    /// Registers a consumer that mirrors its endpoint's mappings (see
+    /// [`MapMirror`]); register it as an invalidator too, for removals.
+    pub fn add_map_mirror(&self, m: Arc<dyn MapMirror>) {
+        write(&self.mirrors).push(m);
+    }
+
+    /// Tells every listener and mirror; caller holds the topology lock.
+    /// `identity`: the new domain is a bypass domain.
+    fn notify_moved(&self, endpoint: u32, from: Option<u32>, to: Option<u32>, identity: bool) {
         if from == to {
             return;
         }
         for l in read(&self.listeners).iter() {
             l.endpoint_moved(endpoint, from, to);
+        }
+        for m in read(&self.mirrors).iter() {
+            m.endpoint_moved(endpoint, to, identity);
         }
     }
 

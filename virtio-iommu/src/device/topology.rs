@@ -87,6 +87,7 @@ impl IommuDevice {
             req.endpoint,
             old.as_ref().map(|o| o.id()),
             Some(target.id()),
+            target.is_bypass(),
         );
         if let Some(o) = old {
             self.leave(w, &o, req.endpoint);
@@ -106,7 +107,7 @@ impl IommuDevice {
             return Status::Inval;
         }
         ep.set_domain(None);
-        self.notify_moved(req.endpoint, Some(cur.id()), None);
+        self.notify_moved(req.endpoint, Some(cur.id()), None, false);
         self.leave(w, &cur, req.endpoint);
         Status::Ok
     }
@@ -145,7 +146,7 @@ impl IommuDevice {
     pub(super) fn reset_locked(&self, w: &mut Worker) {
         for ep in self.endpoints.all() {
             if let Some(old) = ep.set_domain(None) {
-                self.notify_moved(ep.id(), Some(old.id()), None);
+                self.notify_moved(ep.id(), Some(old.id()), None, false);
             }
         }
         for d in self.domains.drain() {

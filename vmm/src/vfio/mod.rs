@@ -4,11 +4,12 @@
 //! Without the vIOMMU the whole guest RAM is mapped in the container at
 //! boot (IOVA = guest-physical address), so the device can reach any guest
 //! page, as on a host without an IOMMU. Behind the vIOMMU (`iommu=on`) the
-//! container must follow the guest's MAPs and UNMAPs instead; that path is
-//! not built yet and is refused with a clear error.
+//! container follows the guest's mappings of the device's domain instead
+//! (see [`mirror`]).
 
 pub mod config;
 pub mod device;
+pub mod mirror;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -18,10 +19,22 @@ use vfio_ioctls::{VfioContainer, VfioDevice, VfioOps};
 pub use config::VfioConfig;
 pub use device::VfioPciDevice;
 
+pub use mirror::VfioMirror;
+
+use crate::acpi::viot::bdf;
 use crate::error::Error;
 use crate::pci::PciAddress;
+use crate::virtio::iommu::IommuPlatform;
 use crate::virtio::msix::MsiSink;
 use crate::vm::VmResources;
+
+/// An assigned function: where it sits, and its mirror behind the vIOMMU.
+pub struct AssignedDevice {
+    /// Its PCI address in the guest.
+    pub addr: PciAddress,
+    /// The container following its vIOMMU domain (`iommu=on`).
+    pub mirror: Option<Arc<VfioMirror>>,
+}
 
 fn vfio_err(name: &str, what: &str, e: impl std::fmt::Display) -> Error {
     Error::Device(format!("vfio {name}: {what}: {e}"))
@@ -56,15 +69,21 @@ fn check_bound_to_vfio(name: &str, path: &Path) -> Result<(), Error> {
     Ok(())
 }
 
-/// Assigns the function `cfg` names: a container with all guest RAM
-/// mapped, the device reset, and its PCI function plugged into the VM.
-pub fn add_vfio_device(cfg: &VfioConfig, res: &VmResources) -> Result<PciAddress, Error> {
+/// Assigns the function `cfg` names: its own container, the device reset,
+/// its PCI function plugged into the VM; then either all guest RAM mapped
+/// in the container, or (`iommu=on`) the device made an endpoint of the
+/// vIOMMU whose domain the container mirrors.
+pub fn add_vfio_device(
+    cfg: &VfioConfig,
+    res: &VmResources,
+    iommu: Option<&mut IommuPlatform>,
+) -> Result<AssignedDevice, Error> {
     let name = cfg.name();
-    if cfg.iommu {
+    if cfg.iommu && iommu.is_none() {
         return Err(Error::InvalidOption {
             option: "device",
             value: format!("path={},iommu=on", cfg.path.display()),
-            reason: "assigned devices behind the vIOMMU are not supported yet".into(),
+            reason: "needs --iommu".into(),
         });
     }
     check_bound_to_vfio(&name, &cfg.path)?;
@@ -74,12 +93,6 @@ pub fn add_vfio_device(cfg: &VfioConfig, res: &VmResources) -> Result<PciAddress
     let device =
         Arc::new(VfioDevice::new(&cfg.path, ops, false).map_err(|e| vfio_err(&name, "open", e))?);
     device.reset();
-    // SAFETY: the regions of `res.mem` stay mapped for the VM's lifetime
-    // (guest RAM is never unmapped while the VMM runs), and the VMM only
-    // accesses them through vm-memory's volatile slices, never through
-    // Rust references, which is what concurrent device DMA requires.
-    unsafe { container.vfio_map_guest_memory(&res.mem) }
-        .map_err(|e| vfio_err(&name, "mapping guest RAM in the container", e))?;
     let router = res.irq_router.clone();
     let mut vectors = || -> Option<(Box<dyn MsiSink>, vmm_sys_util::eventfd::EventFd)> {
         let v = router.new_vector().ok()?;
@@ -91,6 +104,33 @@ pub fn add_vfio_device(cfg: &VfioConfig, res: &VmResources) -> Result<PciAddress
         .pci
         .add_device(Arc::new(Mutex::new(dev)))
         .map_err(|e| vfio_err(&name, "PCI", e))?;
-    log::info!("vfio {name}: assigned at {addr}, guest RAM mapped 1:1");
-    Ok(addr)
+    match iommu.filter(|_| cfg.iommu) {
+        Some(platform) => {
+            platform.add_endpoint(addr)?;
+            let mirror = Arc::new(VfioMirror::new(
+                name.clone(),
+                u32::from(bdf(addr)),
+                container,
+                res.mem.clone(),
+            ));
+            platform.iommu().add_invalidator(mirror.clone());
+            platform.iommu().add_map_mirror(mirror.clone());
+            log::info!("vfio {name}: assigned at {addr} behind the vIOMMU");
+            return Ok(AssignedDevice {
+                addr,
+                mirror: Some(mirror),
+            });
+        }
+        None => {
+            // SAFETY: the regions of `res.mem` stay mapped for the VM's
+            // lifetime (guest RAM is never unmapped while the VMM runs), and
+            // the VMM only accesses them through vm-memory's volatile
+            // slices, never through Rust references, which is what
+            // concurrent device DMA requires.
+            unsafe { container.vfio_map_guest_memory(&res.mem) }
+                .map_err(|e| vfio_err(&name, "mapping guest RAM in the container", e))?;
+            log::info!("vfio {name}: assigned at {addr}, guest RAM mapped 1:1");
+        }
+    }
+    Ok(AssignedDevice { addr, mirror: None })
 }

@@ -1,0 +1,243 @@
+//! An assigned device behind the vIOMMU: its VFIO container mirrors the
+//! domain its endpoint is attached to.
+//!
+//! The host IOMMU translates the device's DMA through the container, so the
+//! container must hold exactly the guest's mappings of that domain:
+//! - MAP: mapped in the container (IOVA -> host address of the guest
+//!   range, with the MAP's permissions) before the MAP completes;
+//! - UNMAP: the kick's merged ranges are unmapped from the container, one
+//!   VFIO call per merged range, before the UNMAPs complete (the mirror is
+//!   an `Invalidator`);
+//! - ATTACH to another domain, DETACH, reset: the container is emptied;
+//!   an identity (bypass) domain maps all guest RAM 1:1.
+//!
+//! Mappings the domain already held when the endpoint joined it are not
+//! replayed (Linux gives every device a domain of its own before mapping
+//! anything); the mirror logs when that could matter.
+
+use std::ops::RangeInclusive;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use log::{debug, warn};
+use vfio_bindings::bindings::vfio::{
+    vfio_iommu_type1_dma_map, vfio_iommu_type1_dma_unmap, VFIO_BASE, VFIO_DMA_MAP_FLAG_READ,
+    VFIO_DMA_MAP_FLAG_WRITE, VFIO_DMA_UNMAP_FLAG_ALL, VFIO_TYPE,
+};
+use vfio_ioctls::VfioContainer;
+use virtio_iommu::device::{MapMirror, MirrorError};
+use virtio_iommu::mapping::{Invalidator, Perm};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vmm_sys_util::ioctl::{ioctl_with_mut_ref, ioctl_with_ref};
+use vmm_sys_util::ioctl_io_nr;
+
+use crate::memory::GuestMemoryMmap;
+
+ioctl_io_nr!(VFIO_IOMMU_MAP_DMA, VFIO_TYPE as u32, VFIO_BASE + 13);
+ioctl_io_nr!(VFIO_IOMMU_UNMAP_DMA, VFIO_TYPE as u32, VFIO_BASE + 14);
+
+/// Counters of one mirror (printed at exit, kept for the API).
+#[derive(Debug, Default)]
+pub struct MirrorStats {
+    /// VFIO map calls.
+    pub map_calls: AtomicU64,
+    /// VFIO unmap calls.
+    pub unmap_calls: AtomicU64,
+    /// 4 KiB pages mapped.
+    pub pages_mapped: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Following {
+    domain: Option<u32>,
+    identity: bool,
+}
+
+/// The container of one assigned device, following its endpoint.
+pub struct VfioMirror {
+    name: String,
+    endpoint: u32,
+    container: Arc<VfioContainer>,
+    mem: GuestMemoryMmap,
+    following: Mutex<Following>,
+    /// Counters.
+    pub stats: MirrorStats,
+}
+
+impl VfioMirror {
+    /// A mirror for `endpoint`; the container starts empty (the endpoint is
+    /// unattached, its DMA blocked).
+    pub fn new(
+        name: String,
+        endpoint: u32,
+        container: Arc<VfioContainer>,
+        mem: GuestMemoryMmap,
+    ) -> Self {
+        Self {
+            name,
+            endpoint,
+            container,
+            mem,
+            following: Mutex::new(Following::default()),
+            stats: MirrorStats::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Following> {
+        self.following
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Maps `iova..iova+len` to the host address of guest range
+    /// `gpa..gpa+len` (which must lie in one RAM region).
+    fn map(&self, iova: u64, len: u64, gpa: u64, perm: Perm) -> Result<(), MirrorError> {
+        let region = self
+            .mem
+            .find_region(GuestAddress(gpa))
+            .ok_or_else(|| MirrorError(format!("{gpa:#x} is not guest RAM")))?;
+        let off = gpa - region.start_addr().0;
+        if off.checked_add(len).is_none_or(|end| end > region.len()) {
+            return Err(MirrorError(format!(
+                "guest range {gpa:#x}+{len:#x} leaves its RAM region"
+            )));
+        }
+        let host = self
+            .mem
+            .get_host_address(GuestAddress(gpa))
+            .map_err(|e| MirrorError(e.to_string()))?;
+        let mut flags = 0;
+        if perm.contains(Perm::READ) {
+            flags |= VFIO_DMA_MAP_FLAG_READ;
+        }
+        if perm.contains(Perm::WRITE) {
+            flags |= VFIO_DMA_MAP_FLAG_WRITE;
+        }
+        let arg = vfio_iommu_type1_dma_map {
+            argsz: std::mem::size_of::<vfio_iommu_type1_dma_map>() as u32,
+            flags,
+            vaddr: host as u64,
+            iova,
+            size: len,
+        };
+        // SAFETY: the ioctl reads `arg` only; `vaddr..vaddr+len` is guest
+        // RAM, mapped for the VMM's lifetime and only ever accessed through
+        // volatile slices, so device DMA into it breaks no Rust invariant.
+        let r = unsafe { ioctl_with_ref(&*self.container, VFIO_IOMMU_MAP_DMA(), &arg) };
+        self.stats.map_calls.fetch_add(1, Ordering::Relaxed);
+        if r < 0 {
+            return Err(MirrorError(format!(
+                "VFIO map {iova:#x}+{len:#x}: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        self.stats
+            .pages_mapped
+            .fetch_add(len.div_ceil(4096), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Unmaps everything mapped in `iova..=last` (0..=u64::MAX: all of it).
+    fn unmap(&self, range: &RangeInclusive<u64>) {
+        let (start, last) = (*range.start(), *range.end());
+        let mut arg = vfio_iommu_type1_dma_unmap {
+            argsz: std::mem::size_of::<vfio_iommu_type1_dma_unmap>() as u32,
+            ..Default::default()
+        };
+        if start == 0 && last == u64::MAX {
+            arg.flags = VFIO_DMA_UNMAP_FLAG_ALL;
+        } else {
+            arg.iova = start;
+            arg.size = last - start + 1;
+        }
+        // SAFETY: the ioctl reads and writes `arg` only.
+        let r = unsafe { ioctl_with_mut_ref(&*self.container, VFIO_IOMMU_UNMAP_DMA(), &mut arg) };
+        self.stats.unmap_calls.fetch_add(1, Ordering::Relaxed);
+        if r < 0 {
+            warn!(
+                "vfio {}: unmap {start:#x}..={last:#x}: {}",
+                self.name,
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+
+    /// Maps all guest RAM 1:1 (an identity domain).
+    fn map_identity(&self) {
+        for region in self.mem.iter() {
+            let start = region.start_addr().0;
+            if let Err(e) = self.map(start, region.len(), start, Perm::READ | Perm::WRITE) {
+                warn!("vfio {}: identity map: {e}", self.name);
+            }
+        }
+    }
+}
+
+impl VfioMirror {
+    /// Logs the counters (at VM exit).
+    pub fn log_stats(&self) {
+        log::info!(
+            "vfio {}: {} VFIO map calls ({} pages), {} unmap calls",
+            self.name,
+            self.stats.map_calls.load(Ordering::Relaxed),
+            self.stats.pages_mapped.load(Ordering::Relaxed),
+            self.stats.unmap_calls.load(Ordering::Relaxed)
+        );
+    }
+}
+
+impl MapMirror for VfioMirror {
+    fn endpoint_moved(&self, endpoint: u32, to: Option<u32>, identity: bool) {
+        if endpoint != self.endpoint {
+            return;
+        }
+        let mut f = self.lock();
+        if f.domain.is_some() {
+            self.unmap(&(0..=u64::MAX));
+        }
+        *f = Following {
+            domain: to,
+            identity,
+        };
+        if to.is_some() && identity {
+            self.map_identity();
+        }
+        debug!(
+            "vfio {}: endpoint {endpoint:#x} now in domain {to:?}{}",
+            self.name,
+            if identity { " (identity)" } else { "" }
+        );
+    }
+
+    fn mapped(
+        &self,
+        domain: u32,
+        iova: u64,
+        last: u64,
+        gpa: u64,
+        perm: Perm,
+    ) -> Result<(), MirrorError> {
+        let f = self.lock();
+        if f.domain != Some(domain) || f.identity {
+            return Ok(());
+        }
+        // An MMIO mapping (MSI doorbell, another device's BAR) has no host
+        // RAM behind it: the device simply cannot reach it.
+        if perm.contains(Perm::MMIO) {
+            return Ok(());
+        }
+        self.map(iova, last - iova + 1, gpa, perm)
+    }
+}
+
+impl Invalidator for VfioMirror {
+    fn invalidate(&self, domain: u32, ranges: &[RangeInclusive<u64>]) {
+        let f = self.lock();
+        if f.domain != Some(domain) || f.identity {
+            return;
+        }
+        for r in ranges {
+            self.unmap(r);
+        }
+    }
+}
