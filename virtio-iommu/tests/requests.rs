@@ -1281,12 +1281,15 @@ fn domain_lookup_cache_follows_registry_changes() {
     assert_eq!(send(&d, &mut w, &map(1, 0, 0xfff, 0, RW)), Status::NoEnt);
 }
 
+/// A MAP as a mirror hears it: (domain, iova, last, gpa, perm).
+type Mapped = (u32, u64, u64, u64, Perm);
+
 /// Records what a mirroring consumer is told; refuses MAPs whose IOVA is
 /// `refuse`.
 #[derive(Default)]
 struct MirrorLog {
     moved: Mutex<Vec<(u32, Option<u32>, bool)>>,
-    mapped: Mutex<Vec<(u32, u64, u64, u64, Perm)>>,
+    mapped: Mutex<Vec<Mapped>>,
     refuse: Option<u64>,
 }
 
