@@ -8,8 +8,9 @@
 //! data both ways with the peer over the assigned NIC, as in
 //! tests/virtio_net.rs, and the content is checked on both sides:
 //! without a vIOMMU (bookworm 6.1), and behind dmavisor's vIOMMU with
-//! Linux 6.12's in-tree virtio-iommu driver, lazy and strict. One runner
-//! session runs the three cases.
+//! Linux 6.12's in-tree virtio-iommu driver, lazy and strict; and, as the
+//! reference, QEMU 7.2's vfio-pci behind its virtio-iommu-pci with the same
+//! guest. One runner session runs the five cases.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -75,6 +76,21 @@ fn session() -> &'static SharedSession {
                     "vfio_nic_viommu_strict",
                     "dmavisor-vfio-strict",
                     &bin,
+                    tk,
+                    &tinitrd,
+                ),
+                // The reference: QEMU 7.2's vfio-pci behind virtio-iommu-pci.
+                net_case(
+                    "qemu_vfio_nic_viommu_lazy",
+                    "qemu-vfio-lazy",
+                    "-",
+                    tk,
+                    &tinitrd,
+                ),
+                net_case(
+                    "qemu_vfio_nic_viommu_strict",
+                    "qemu-vfio-strict",
+                    "-",
                     tk,
                     &tinitrd,
                 ),
@@ -189,4 +205,46 @@ fn vfio_nic_viommu_strict() {
         unmaps >= maps / 2,
         "strict unmaps follow maps: {maps} / {unmaps}"
     );
+}
+
+/// The reference: QEMU's vfio-pci behind virtio-iommu-pci, same guest.
+#[test]
+fn reference_qemu_vfio_nic_viommu() {
+    check_nic("qemu_vfio_nic_viommu_lazy", "DMA-FQ");
+    check_nic("qemu_vfio_nic_viommu_strict", "DMA");
+}
+
+/// dmavisor against QEMU through the vIOMMU, per mode and direction, as
+/// JSON lines (reported, not required: runner figures are for ratios).
+#[test]
+fn vfio_nic_viommu_ratio_to_qemu() {
+    let mb = SIZE as f64 / 1e6;
+    let rates = |name: &str| -> (f64, f64) {
+        let out = check_nic(
+            name,
+            if name.ends_with("lazy") {
+                "DMA-FQ"
+            } else {
+                "DMA"
+            },
+        );
+        let secs = |dir: &str| {
+            peer_result(&out, dir)
+                .and_then(|j| json_field(j, "secs"))
+                .and_then(|s| s.parse::<f64>().ok())
+                .filter(|s| *s > 0.0)
+                .unwrap_or(f64::INFINITY)
+        };
+        (mb / secs("guest_to_host"), mb / secs("host_to_guest"))
+    };
+    for mode in ["lazy", "strict"] {
+        let (d_tx, d_rx) = rates(&format!("vfio_nic_viommu_{mode}"));
+        let (q_tx, q_rx) = rates(&format!("qemu_vfio_nic_viommu_{mode}"));
+        println!(
+            "{{\"bench\": \"vfio-nic-viommu\", \"mode\": \"{mode}\", \"dmavisor_MBps\": [{d_tx:.3}, {d_rx:.3}], \"qemu_MBps\": [{q_tx:.3}, {q_rx:.3}], \"dmavisor_over_qemu\": [{:.3}, {:.3}]}}",
+            d_tx / q_tx,
+            d_rx / q_rx
+        );
+        assert!(d_tx > 0.0 && d_rx > 0.0);
+    }
 }
