@@ -103,6 +103,10 @@ fn serial_output(cfg: &SerialConfig) -> Result<Option<Box<dyn Write + Send>>, Er
 /// process with the event's exit code.
 pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
     let started = Instant::now();
+    // A device that cannot be assigned is the user's first problem.
+    for d in &config.devices {
+        crate::vfio::check_assignable(d)?;
+    }
     let mem_size = config.memory.size;
     let mem = create_guest_memory(mem_size, config.memory.thp)?;
 

@@ -8,6 +8,19 @@ n=$(sed -n 's/.*net_size=\([0-9][0-9]*\).*/\1/p' /proc/cmdline)
 [ -n "$n" ] && SIZE=$n
 HOST=192.168.249.1
 ME=192.168.249.2
+# With the project's vIOMMU driver in the initramfs (/opt/vvi), load it
+# before the NIC driver (an endpoint bound first is refused by it), with
+# vvi_policy= and vvi_inval= from the command line.
+if [ -e /opt/vvi/vviommu.ko ]; then
+    pol=$(sed -n 's/.*vvi_policy=\([a-z-]*\).*/\1/p' /proc/cmdline)
+    inv=$(sed -n 's/.*vvi_inval=\([a-z-]*\).*/\1/p' /proc/cmdline)
+    insmod /opt/vvi/vviommu.ko policy="${pol:-magazine}" invalidation="${inv:-lazy-percpu}" ||
+        echo "GUEST-NET-ERROR vviommu did not load"
+    for m in /opt/vvi/*.ko; do
+        [ "$m" = /opt/vvi/vviommu.ko ] || insmod "$m"
+    done
+    sleep 1
+fi
 # net_host= and net_me= override them (an assigned NIC's own subnet).
 h=$(sed -n 's/.*net_host=\([0-9.]*\).*/\1/p' /proc/cmdline)
 m=$(sed -n 's/.*net_me=\([0-9.]*\).*/\1/p' /proc/cmdline)
@@ -124,4 +137,9 @@ while [ $i -lt 20 ]; do
     i=$((i + 1))
 done
 echo "GUEST-REBIND pci=$pci iface=$iface2 ok=$ok"
+if [ -d /sys/module/vviommu ]; then
+    mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
+    st=/sys/kernel/debug/vviommu/$pci/stats
+    echo "GUEST-VVI policy=$(sed -n 's/^policy=//p' $st) state=$(sed -n 's/^state=//p' $st) maps=$(sed -n 's/^maps=//p' $st) requests=$(sed -n 's/^requests=//p' $st)"
+fi
 echo "GUEST-NET-DONE"

@@ -10,6 +10,9 @@
 #       NIC, DMAVISOR_ASSIGN_BDF, through --device; its peer is the host)
 #   net-host.sh dmavisor-vfio-lazy|dmavisor-vfio-strict BIN KERNEL INITRD
 #       (the same NIC behind --iommu, the guest's driver lazy or strict)
+#   net-host.sh dmavisor-vfio-vvi-POLICY BIN KERNEL INITRD
+#       (behind --iommu, the project's vviommu driver with POLICY,
+#       lazy-percpu; the initramfs carries the modules in /opt/vvi)
 #   net-host.sh qemu     -   KERNEL INITRD
 #   net-host.sh qemu-vfio-lazy|qemu-vfio-strict - KERNEL INITRD   (QEMU's
 #       vfio-pci with the runner's assigned NIC behind virtio-iommu-pci)
@@ -47,7 +50,7 @@ dmavisor|dmavisor-mq|dmavisor-viommu)
         --net tap=dmvtap0,mac=52:54:00:12:34:56,ip=192.168.249.1,mask=255.255.255.0,num_queues=$queues,iommu=$iommu -v
     echo "VMM-EXIT rc=$?"
     ;;
-dmavisor-vfio|dmavisor-vfio-lazy|dmavisor-vfio-strict)
+dmavisor-vfio|dmavisor-vfio-lazy|dmavisor-vfio-strict|dmavisor-vfio-vvi-*)
     peer_ip=${DMAVISOR_ASSIGN_PEER%/*}
     viommu=""
     onoff=off
@@ -55,6 +58,7 @@ dmavisor-vfio|dmavisor-vfio-lazy|dmavisor-vfio-strict)
     case "$mode" in
     *-lazy) viommu="--iommu"; onoff=on ;;
     *-strict) viommu="--iommu"; onoff=on; extra="iommu.strict=1" ;;
+    *-vvi-*) viommu="--iommu"; onoff=on; extra="vvi_policy=${mode##*-vvi-} vvi_inval=lazy-percpu" ;;
     esac
     "$bin" --kernel "$kernel" --initramfs "$initrd" \
         --cmdline "$cmdline net_host=$peer_ip net_me=${peer_ip%.*}.2 $extra" \

@@ -40,7 +40,12 @@ fn vfio_err(name: &str, what: &str, e: impl std::fmt::Display) -> Error {
     Error::Device(format!("vfio {name}: {what}: {e}"))
 }
 
-/// Why `path` cannot be assigned, in one line, before VFIO is asked.
+/// Why the function `cfg` names cannot be assigned, in one line, before
+/// VFIO (or KVM) is asked.
+pub fn check_assignable(cfg: &VfioConfig) -> Result<(), Error> {
+    check_bound_to_vfio(&cfg.name(), &cfg.path)
+}
+
 fn check_bound_to_vfio(name: &str, path: &Path) -> Result<(), Error> {
     if !path.exists() {
         return Err(Error::Device(format!(
