@@ -200,6 +200,23 @@ fn check_nic(name: &str, group_type: Option<&str>) -> String {
     out
 }
 
+/// The VFIO calls the mirror made (its exit line): (map calls, unmap
+/// calls), and the ranges the vIOMMU asked it to invalidate.
+fn mirror_counts(out: &str) -> (u64, u64, u64) {
+    let (maps, unmaps) = mirror_calls(out);
+    let line = out
+        .lines()
+        .find(|l| l.contains("VFIO map calls"))
+        .unwrap_or_default();
+    let ranges = line
+        .split(" invalidated ranges")
+        .next()
+        .and_then(|s| s.split_whitespace().last())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    (maps, unmaps, ranges)
+}
+
 /// The VFIO calls the mirror made (its exit line): (map calls, unmap calls).
 fn mirror_calls(out: &str) -> (u64, u64) {
     let line = out
@@ -306,4 +323,28 @@ fn vfio_nic_vviommu() {
         let (vfio_maps, _) = mirror_calls(&out);
         assert!(vfio_maps > 0, "{name}: the container followed no MAP");
     }
+}
+
+/// Under lazy invalidation a kick frees many IOVAs, which the mirror joins
+/// into far fewer VFIO unmap calls than the ranges the vIOMMU hands it;
+/// under strict each kick carries one UNMAP, so calls and ranges match.
+#[test]
+fn vfio_unmaps_are_batched() {
+    let (maps, unmaps, ranges) = mirror_counts(&case("vfio_nic_viommu_lazy").output);
+    println!(
+        "{{\"bench\": \"vfio-unmap-batching\", \"mode\": \"lazy\", \"maps\": {maps}, \"ranges\": {ranges}, \"unmap_calls\": {unmaps}}}"
+    );
+    assert!(ranges > 0, "lazy: no invalidation reached the mirror");
+    assert!(
+        unmaps * 2 < ranges,
+        "lazy: {unmaps} VFIO unmap calls for {ranges} ranges"
+    );
+    let (maps, unmaps, ranges) = mirror_counts(&case("vfio_nic_viommu_strict").output);
+    println!(
+        "{{\"bench\": \"vfio-unmap-batching\", \"mode\": \"strict\", \"maps\": {maps}, \"ranges\": {ranges}, \"unmap_calls\": {unmaps}}}"
+    );
+    assert!(
+        unmaps <= ranges && unmaps * 10 >= ranges * 9,
+        "strict: {unmaps} VFIO unmap calls for {ranges} ranges"
+    );
 }
