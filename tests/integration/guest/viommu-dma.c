@@ -44,6 +44,8 @@
 #include <unistd.h>
 #include <linux/vfio.h>
 
+#include "vfio-util.h"
+
 #define REG_ID		0x00
 #define REG_DMA_SRC	0x80
 #define REG_DMA_DST	0x88
@@ -57,7 +59,6 @@
 #define CMD_TO_RAM	2
 #define CMD_STREAM	8	/* dmavisor only */
 #define DEV_BUF		0x40000
-#define PAGE		4096
 #define BAR_SIZE	(1 << 20)
 /* QEMU's edu (the reference) refuses a transfer ending at its buffer end */
 #define XFER		2048
@@ -82,12 +83,6 @@ static uint32_t rd32(unsigned off)
 static void wr64(unsigned off, uint64_t v)
 {
 	*(volatile uint64_t *)(bar + off) = v;
-}
-
-static void die(const char *what)
-{
-	printf("VDMA error=%s errno=%d (%s)\n", what, errno, strerror(errno));
-	exit(1);
 }
 
 /* One transfer; returns the device's error register (-1 on time-out). */
@@ -124,19 +119,6 @@ static size_t count_not(const uint8_t *p, size_t n, uint8_t v)
 	return c;
 }
 
-static uint8_t *page_buf(void)
-{
-	uint8_t *p = mmap(NULL, PAGE, PROT_READ | PROT_WRITE,
-			  MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-
-	if (p == MAP_FAILED)
-		die("mmap_buffer");
-	if (mlock(p, PAGE))
-		die("mlock");
-	memset(p, 0, PAGE);
-	return p;
-}
-
 /*
  * The round trip every mode starts with: pattern RAM->device from `src`,
  * then device->RAM into `dst`; prints ok=1 if `dst_buf` got the pattern.
@@ -167,92 +149,13 @@ static void counters(void)
 	       (unsigned long long)rd64(REG_DMA_FAULTS));
 }
 
-/*
- * Opens the device through a VFIO type1 container, maps BAR0 into `bar`,
- * enables memory decoding and bus mastering; returns the container.
- */
-static int vfio_open(const char *bdf, const char *group_no)
-{
-	struct vfio_group_status gs = { .argsz = sizeof(gs) };
-	struct vfio_region_info bar0 = { .argsz = sizeof(bar0),
-		.index = VFIO_PCI_BAR0_REGION_INDEX };
-	struct vfio_region_info cfg = { .argsz = sizeof(cfg),
-		.index = VFIO_PCI_CONFIG_REGION_INDEX };
-	char path[64];
-	int container, group, dev;
-	uint16_t cmd;
-
-	container = open("/dev/vfio/vfio", O_RDWR);
-	if (container < 0)
-		die("open_container");
-	if (ioctl(container, VFIO_GET_API_VERSION) != VFIO_API_VERSION)
-		die("api_version");
-	if (!ioctl(container, VFIO_CHECK_EXTENSION, VFIO_TYPE1v2_IOMMU))
-		die("no_type1v2");
-	snprintf(path, sizeof(path), "/dev/vfio/%s", group_no);
-	group = open(path, O_RDWR);
-	if (group < 0)
-		die("open_group");
-	if (ioctl(group, VFIO_GROUP_GET_STATUS, &gs) ||
-	    !(gs.flags & VFIO_GROUP_FLAGS_VIABLE))
-		die("group_not_viable");
-	if (ioctl(group, VFIO_GROUP_SET_CONTAINER, &container))
-		die("set_container");
-	if (ioctl(container, VFIO_SET_IOMMU, VFIO_TYPE1v2_IOMMU))
-		die("set_iommu");
-	dev = ioctl(group, VFIO_GROUP_GET_DEVICE_FD, bdf);
-	if (dev < 0)
-		die("get_device_fd");
-	if (ioctl(dev, VFIO_DEVICE_GET_REGION_INFO, &bar0) ||
-	    ioctl(dev, VFIO_DEVICE_GET_REGION_INFO, &cfg))
-		die("region_info");
-	bar = mmap(NULL, bar0.size, PROT_READ | PROT_WRITE, MAP_SHARED, dev,
-		   bar0.offset);
-	if (bar == MAP_FAILED)
-		die("mmap_bar");
-	/* memory decoding + bus mastering */
-	if (pread(dev, &cmd, 2, cfg.offset + 4) != 2)
-		die("read_command");
-	cmd |= 0x6;
-	if (pwrite(dev, &cmd, 2, cfg.offset + 4) != 2)
-		die("write_command");
-	printf("VDMA id=%#x\n", rd32(REG_ID));
-	return container;
-}
-
-static void vfio_map(int container, void *p, uint64_t iova)
-{
-	struct vfio_iommu_type1_dma_map map = {
-		.argsz = sizeof(map),
-		.flags = VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
-		.vaddr = (uintptr_t)p,
-		.iova = iova,
-		.size = PAGE,
-	};
-
-	if (ioctl(container, VFIO_IOMMU_MAP_DMA, &map))
-		die("map");
-}
-
-static void vfio_unmap(int container, uint64_t iova)
-{
-	struct vfio_iommu_type1_dma_unmap unmap = {
-		.argsz = sizeof(unmap),
-		.iova = iova,
-		.size = PAGE,
-	};
-
-	if (ioctl(container, VFIO_IOMMU_UNMAP_DMA, &unmap) ||
-	    unmap.size != PAGE)
-		die("unmap");
-}
-
 static int run_vfio(const char *bdf, const char *group_no)
 {
-	int container = vfio_open(bdf, group_no);
+	int container = vfio_open(bdf, group_no, &bar);
 	uint8_t *a, *b;
 	long e;
 
+	printf("VDMA id=%#x\n", rd32(REG_ID));
 	a = page_buf();
 	b = page_buf();
 	vfio_map(container, a, MAPPED_IOVA);
@@ -301,7 +204,7 @@ static int streamed(uint64_t passes)
 
 static int run_race(const char *bdf, const char *group_no, long iters)
 {
-	int container = vfio_open(bdf, group_no);
+	int container = vfio_open(bdf, group_no, &bar);
 	uint8_t *src = page_buf(), *page = page_buf();
 	long i, corrupted = 0, bytes_lost = 0, not_faulted = 0, missed = 0;
 	long first_bad = -1;

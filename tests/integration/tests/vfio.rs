@@ -12,7 +12,8 @@
 //! reference, QEMU 7.2's vfio-pci behind its virtio-iommu-pci with the same
 //! guest; and behind dmavisor's vIOMMU with the project's vviommu driver
 //! (bookworm 6.1, magazine and identity, lazy-percpu). One runner session
-//! runs the seven cases.
+//! runs the eight cases, the last of which drives the NIC from guest
+//! userspace to show that its DMA after an unmap is blocked.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -22,7 +23,7 @@ use integration_tests::images::{build_initramfs, ensure_images, InitramfsSpec};
 use integration_tests::markers::{
     guest_script_exit, json_field, marker_line, peer_result, token_value,
 };
-use integration_tests::paths::{guest_script, path_arg, repo_root};
+use integration_tests::paths::{guest_script, path_arg, repo_root, scratch_dir};
 use integration_tests::session::{Case, CaseResult, Plan, SharedSession};
 use integration_tests::vmm::dmavisor_binary;
 
@@ -88,6 +89,26 @@ fn session() -> &'static SharedSession {
             vspec.modules = vec!["virtio_pci".into()];
             vspec.script_timeout = Some(CASE_TIMEOUT_SECS - 60);
             let vinitrd = build_initramfs(&vspec).map_err(|e| e.to_string())?;
+            // The unmap test: the NIC driven from guest userspace via VFIO.
+            let tool = scratch_dir().join("nic-unmap");
+            let src = guest_script("nic-unmap.c");
+            let st = std::process::Command::new("gcc")
+                .args(["-static", "-O2", "-Wall", "-o"])
+                .arg(&tool)
+                .arg(&src)
+                .status()
+                .map_err(|e| format!("gcc: {e}"))?;
+            if !st.success() {
+                return Err(format!("gcc {} failed: {st}", src.display()));
+            }
+            let mut uspec = InitramfsSpec::new("trixie", guest_script("nic-unmap.sh"));
+            uspec.modules = ["virtio_iommu", "vfio", "vfio_iommu_type1", "vfio_pci"]
+                .map(String::from)
+                .to_vec();
+            uspec.optional_modules = vec!["virtio_pci".into()];
+            uspec.files = vec![(tool, "/nic-unmap".into())];
+            uspec.script_timeout = Some(300);
+            let uinitrd = build_initramfs(&uspec).map_err(|e| e.to_string())?;
             let (bk, tk) = (&bookworm.vmlinuz, &trixie.vmlinuz);
             Ok(Plan::from(vec![
                 net_case("vfio_nic_no_viommu", "dmavisor-vfio", &bin, bk, &initrd),
@@ -118,6 +139,17 @@ fn session() -> &'static SharedSession {
                     &bin,
                     bk,
                     &vinitrd,
+                ),
+                Case::new(
+                    "vfio_dma_after_unmap_blocked",
+                    vec![
+                        "sh".into(),
+                        path_arg(&guest_script("nic-unmap-host.sh")),
+                        bin.clone(),
+                        path_arg(tk),
+                        path_arg(&uinitrd),
+                    ],
+                    400,
                 ),
                 // The reference: QEMU 7.2's vfio-pci behind virtio-iommu-pci.
                 net_case(
@@ -346,5 +378,56 @@ fn vfio_unmaps_are_batched() {
     assert!(
         unmaps <= ranges && unmaps * 10 >= ranges * 9,
         "strict: {unmaps} VFIO unmap calls for {ranges} ranges"
+    );
+}
+
+/// Once the guest's unmap of a receive buffer has returned, the assigned
+/// NIC's writes into it are blocked by the host IOMMU: the guest drives
+/// the NIC from userspace through VFIO on top of dmavisor's vIOMMU
+/// (`guest/nic-unmap.c`); frames land while the buffer is mapped; after
+/// the unmap the NIC keeps receiving (descriptors come back done) but the
+/// page keeps its canary, and the runner kernel logged the IOMMU's
+/// write faults for the buffer's IOVA.
+#[test]
+fn vfio_dma_after_unmap_blocked() {
+    let r = case("vfio_dma_after_unmap_blocked");
+    let out = &r.output;
+    let context = r.tail(60);
+    assert!(out.contains("VMM-EXIT rc=0"), "{context}");
+    assert_eq!(guest_script_exit(out), Some(0), "{context}");
+    // The whole "NIC-DMA ..." line that carries `key=`.
+    let nic_line = |key: &str| {
+        out.lines()
+            .find(|l| l.starts_with("NIC-DMA ") && token_value(l, key).is_some())
+            .unwrap_or_else(|| panic!("no NIC-DMA {key}=:\n{context}"))
+    };
+    assert_eq!(field(nic_line("driver"), "driver"), "vfio-pci");
+    let mapped = nic_line("mapped_frames");
+    assert_ne!(
+        field(mapped, "mapped_frames"),
+        "0",
+        "no frame while mapped: {mapped}"
+    );
+    assert_ne!(
+        field(mapped, "mapped_bytes"),
+        "0",
+        "no data while mapped: {mapped}"
+    );
+    let after = nic_line("unmapped_frames");
+    assert_ne!(
+        field(after, "unmapped_frames"),
+        "0",
+        "the NIC stopped: {after}"
+    );
+    assert_eq!(
+        field(after, "after_unmap_changed"),
+        "0",
+        "a DMA landed after the unmap: {after}"
+    );
+    assert!(
+        out.lines().any(|l| l.starts_with("L2-IOMMU")
+            && l.contains("DMA Write")
+            && l.contains("0x200000")),
+        "no host IOMMU write fault for the unmapped IOVA:\n{context}"
     );
 }
