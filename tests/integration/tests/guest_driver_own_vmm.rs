@@ -26,8 +26,11 @@ use integration_tests::vviommu_matrix::{
     POLICIES,
 };
 
-/// Iterations of the unmap-while-streaming race per protecting
-/// configuration (`vvi_edu`'s debugfs `race`).
+/// Iterations of the unmap-while-streaming race with the magazine policy
+/// (`vvi_edu`'s debugfs `race`); the other protecting configurations run
+/// a tenth of it, which keeps the nested runner's exposure to its own
+/// crashes (issue 16) down while the project's main policy gets the full
+/// count.
 const RACE_ITERS: u64 = 10_000;
 
 /// Output of the single guest boot, or why it could not run.
@@ -133,12 +136,13 @@ fn dma_after_unmap_never_lands_under_race_vviommu() {
             let protects = inval == "strict" && policy != "persistent" && policy != "passthrough";
             let race = field(line, "race");
             if protects {
+                let n = if policy == "magazine" {
+                    RACE_ITERS
+                } else {
+                    RACE_ITERS / 10
+                };
                 // iterations/corrupted/not faulted/missed/error
-                assert_eq!(
-                    race,
-                    format!("{RACE_ITERS}/0/0/0/none"),
-                    "{policy}/{inval}: {line}"
-                );
+                assert_eq!(race, format!("{n}/0/0/0/none"), "{policy}/{inval}: {line}");
                 raced += 1;
             } else {
                 assert_eq!(race, "skipped", "{policy}/{inval}: {line}");
