@@ -19,7 +19,8 @@
 #
 # dmavisor creates and configures its TAP itself (--net tap=...,ip=,mask=);
 # for QEMU the TAP is created and configured here first, as QEMU's
-# script=no expects.
+# script=no expects. NET_SIZE=BYTES (assigned-NIC modes) sets the bytes
+# each way for the guest and the peer.
 mode=$1
 bin=$2
 kernel=$3
@@ -28,7 +29,7 @@ here=$(dirname "$0")
 cmdline="console=ttyS0 quiet panic=-1"
 peer_out=$(mktemp)
 
-python3 "$here/net-peer.py" --label "$mode" --timeout 500 > "$peer_out" 2>&1 &
+python3 "$here/net-peer.py" --label "$mode" --timeout 500 ${NET_SIZE:+--size $NET_SIZE} > "$peer_out" 2>&1 &
 peer=$!
 # Wait for the peer to listen.
 i=0
@@ -61,7 +62,7 @@ dmavisor-vfio|dmavisor-vfio-lazy|dmavisor-vfio-strict|dmavisor-vfio-vvi-*)
     *-vvi-*) viommu="--iommu"; onoff=on; extra="vvi_policy=${mode##*-vvi-} vvi_inval=lazy-percpu" ;;
     esac
     "$bin" --kernel "$kernel" --initramfs "$initrd" \
-        --cmdline "$cmdline net_host=$peer_ip net_me=${peer_ip%.*}.2 $extra" \
+        --cmdline "$cmdline net_host=$peer_ip net_me=${peer_ip%.*}.2 ${NET_SIZE:+net_size=$NET_SIZE} $extra" \
         --cpus boot=2 --memory size=512M --serial tty $viommu \
         --device "path=/sys/bus/pci/devices/$DMAVISOR_ASSIGN_BDF,id=nic0,iommu=$onoff" -v
     echo "VMM-EXIT rc=$?"
@@ -73,7 +74,7 @@ qemu-vfio-lazy|qemu-vfio-strict)
     qemu-system-x86_64 -enable-kvm -cpu host -M q35 -smp 2 -m 512 \
         -nographic -nodefaults -no-reboot -serial stdio \
         -kernel "$kernel" -initrd "$initrd" \
-        -append "$cmdline net_host=$peer_ip net_me=${peer_ip%.*}.2 $extra" \
+        -append "$cmdline net_host=$peer_ip net_me=${peer_ip%.*}.2 ${NET_SIZE:+net_size=$NET_SIZE} $extra" \
         -device virtio-iommu-pci \
         -device "vfio-pci,host=$DMAVISOR_ASSIGN_BDF"
     echo "VMM-EXIT rc=$?"
