@@ -12,6 +12,10 @@
 //! quiescer, so an UNMAP that completes can have no pass in flight that
 //! still uses the old translation. Between jobs the thread blocks on its
 //! channel outside any section, so an idle stream never delays an UNMAP.
+//!
+//! What a guest can take: one thread per device, busy while a stream runs
+//! (as a real device streaming DMA keeps its engine busy), with one copy
+//! of at most the device buffer (4 KiB).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
