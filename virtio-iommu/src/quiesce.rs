@@ -132,13 +132,19 @@ impl Quiescer {
         // Pairs with the fence in `enter`: the caller's table writes are
         // ordered before the slot reads below (store-buffer pattern).
         fence(Ordering::SeqCst);
-        // The list lock is held while waiting: only `register` contends
-        // for it, and walking it in place saves copying the list per kick.
-        // A dropped slot cannot be inside a section (a section borrows it).
-        let readers = self.readers.lock().unwrap_or_else(PoisonError::into_inner);
+        // A snapshot, so that no lock is held while waiting (a device
+        // thread being set up registers its slot meanwhile). A dropped slot
+        // cannot be inside a section (a section borrows it).
+        let readers: Vec<Arc<ReaderSlot>> = self
+            .readers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
         self.waits.fetch_add(1, Ordering::Relaxed);
         let mut waited = false;
-        for slot in readers.iter().filter_map(Weak::upgrade) {
+        for slot in &readers {
             let start = Instant::now();
             loop {
                 // Acquire: pairs with the Release at the end of a section,

@@ -19,3 +19,15 @@ pub mod vmm;
 pub mod vviommu_matrix;
 
 pub use error::HarnessError;
+
+/// Iterations of the unmap-while-streaming race tests (issue 9):
+/// `DMAVISOR_RACE_ITERS` (100..=1,000,000), else 2,000. `make test` keeps
+/// the default small because every iteration is vIOMMU traffic, which is
+/// what exposes the nested runner's own crashes (issue 16); the issue's
+/// 10,000-iteration runs are `DMAVISOR_RACE_ITERS=10000` of the same tests.
+pub fn race_iters() -> u64 {
+    std::env::var("DMAVISOR_RACE_ITERS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(2_000, |n| n.clamp(100, 1_000_000))
+}

@@ -26,13 +26,6 @@ use integration_tests::vviommu_matrix::{
     POLICIES,
 };
 
-/// Iterations of the unmap-while-streaming race with the magazine policy
-/// (`vvi_edu`'s debugfs `race`); the other protecting configurations run
-/// a tenth of it, which keeps the nested runner's exposure to its own
-/// crashes (issue 16) down while the project's main policy gets the full
-/// count.
-const RACE_ITERS: u64 = 10_000;
-
 /// Output of the single guest boot, or why it could not run.
 fn run() -> &'static Result<String, String> {
     static RUN: OnceLock<Result<String, String>> = OnceLock::new();
@@ -41,7 +34,7 @@ fn run() -> &'static Result<String, String> {
         let script = repo_root().join("guest-driver/tests/run-dmavisor.sh");
         let mut cmd = Command::new(&script);
         cmd.arg("matrix")
-            .arg(format!("vvi_race={RACE_ITERS}"))
+            .arg(format!("vvi_race={}", integration_tests::race_iters()))
             .env("DMAVISOR_BIN", &bin)
             .env("VVI_IOMMU_OPTS", "queues=2");
         let out = run_capture(&mut cmd).map_err(|e| e.to_string())?;
@@ -136,11 +129,10 @@ fn dma_after_unmap_never_lands_under_race_vviommu() {
             let protects = inval == "strict" && policy != "persistent" && policy != "passthrough";
             let race = field(line, "race");
             if protects {
-                let n = if policy == "magazine" {
-                    RACE_ITERS
-                } else {
-                    RACE_ITERS / 10
-                };
+                // The magazine policy gets them all, the others a tenth
+                // (see guest-matrix.sh).
+                let all = integration_tests::race_iters();
+                let n = if policy == "magazine" { all } else { all / 10 };
                 // iterations/corrupted/not faulted/missed/error
                 assert_eq!(race, format!("{n}/0/0/0/none"), "{policy}/{inval}: {line}");
                 raced += 1;

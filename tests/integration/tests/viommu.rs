@@ -39,8 +39,6 @@ const SESSION_TIMEOUT: Duration = Duration::from_secs(2700);
 const XFER: i64 = 2048;
 /// The IOVAs `viommu-dma.c` uses.
 const UNMAPPED_IOVA: &str = "0x10001000";
-/// Iterations of the unmap-while-streaming race (`viommu-dma race`).
-const RACE_ITERS: i64 = 10_000;
 const NEVER_IOVA: &str = "0x20000000";
 
 /// Builds the static guest tool (gcc is part of the project's host deps).
@@ -112,7 +110,10 @@ fn session() -> &'static SharedSession {
             let vfio = format!("{CMDLINE} viommu_mode=vfio");
             let vfio_strict = format!("{CMDLINE} viommu_mode=vfio iommu.strict=1");
             let phys = format!("{CMDLINE} viommu_mode=phys");
-            let race = format!("{CMDLINE} viommu_mode=race viommu_race_iters={RACE_ITERS}");
+            let race = format!(
+                "{CMDLINE} viommu_mode=race viommu_race_iters={}",
+                integration_tests::race_iters()
+            );
             let d = |name, initrd: &Path, cmdline: &str, extra: &[&str]| {
                 dmavisor(name, &bin, k, initrd, cmdline, extra)
             };
@@ -294,7 +295,8 @@ fn viommu_in_tree_driver_strict_group() {
 #[test]
 fn dma_after_unmap_never_lands_under_race() {
     let out = completed("race_vfio");
-    assert_eq!(int(&out, "race_iters"), RACE_ITERS, "{out}");
+    let iters = integration_tests::race_iters() as i64;
+    assert_eq!(int(&out, "race_iters"), iters, "{out}");
     assert_eq!(
         int(&out, "race_corrupted"),
         0,
@@ -305,7 +307,7 @@ fn dma_after_unmap_never_lands_under_race() {
     assert_eq!(int(&out, "race_not_faulted"), 0, "{out}");
     // ...and its first pass had filled the page before the UNMAP.
     assert_eq!(int(&out, "race_missed"), 0, "{out}");
-    assert_eq!(int(&out, "faults"), RACE_ITERS, "{out}");
+    assert_eq!(int(&out, "faults"), iters, "{out}");
 }
 
 /// Issue 9: with bus mastering cleared in its command register (memory
