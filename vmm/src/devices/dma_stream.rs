@@ -53,9 +53,19 @@ pub struct StreamOutcome {
 #[derive(Default)]
 struct Shared {
     stop: AtomicBool,
-    running: AtomicBool,
     passes: AtomicU64,
+    /// How the current stream ended; `None` from its start until then.
     outcome: Mutex<Option<StreamOutcome>>,
+}
+
+impl Shared {
+    fn outcome(&self) -> std::sync::MutexGuard<'_, Option<StreamOutcome>> {
+        self.outcome.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn finish(&self, error: DmaError, bytes: u64, iova: u64) {
+        *self.outcome() = Some(StreamOutcome { error, bytes, iova });
+    }
 }
 
 /// The stream thread of one DMA test device.
@@ -87,12 +97,11 @@ impl DmaStreamer {
     pub fn start(&self, job: StreamJob) {
         self.shared.stop.store(false, Ordering::SeqCst);
         self.shared.passes.store(0, Ordering::SeqCst);
-        *self.lock_outcome() = None;
-        self.shared.running.store(true, Ordering::SeqCst);
+        *self.shared.outcome() = None;
         let sent = self.jobs.as_ref().map(|tx| tx.send(job));
         if !matches!(sent, Some(Ok(()))) {
             // The thread is gone (it only ends when the device drops it).
-            self.finish(DmaError::NotRam, 0, 0);
+            self.shared.finish(DmaError::NotRam, 0, 0);
         }
     }
 
@@ -108,21 +117,7 @@ impl DmaStreamer {
 
     /// How the last stream ended; `None` while it runs.
     pub fn outcome(&self) -> Option<StreamOutcome> {
-        if self.shared.running.load(Ordering::SeqCst) {
-            return None;
-        }
-        *self.lock_outcome()
-    }
-
-    fn finish(&self, error: DmaError, bytes: u64, iova: u64) {
-        finish(&self.shared, error, bytes, iova);
-    }
-
-    fn lock_outcome(&self) -> std::sync::MutexGuard<'_, Option<StreamOutcome>> {
-        self.shared
-            .outcome
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        *self.shared.outcome()
     }
 }
 
@@ -137,14 +132,6 @@ impl Drop for DmaStreamer {
             }
         }
     }
-}
-
-fn finish(shared: &Shared, error: DmaError, bytes: u64, iova: u64) {
-    *shared
-        .outcome
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner) = Some(StreamOutcome { error, bytes, iova });
-    shared.running.store(false, Ordering::SeqCst);
 }
 
 fn stream_thread(
@@ -171,6 +158,6 @@ fn stream_thread(
             // test device, not a benchmark).
             thread::yield_now();
         }
-        finish(shared, error, bytes, job.iova);
+        shared.finish(error, bytes, job.iova);
     }
 }

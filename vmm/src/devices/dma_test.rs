@@ -219,8 +219,6 @@ pub struct DmaTestDevice {
     reader: Option<Arc<ReaderSlot>>,
     /// The stream thread, started at the first streaming command.
     streamer: Option<DmaStreamer>,
-    /// A stream was started and its end not yet folded into the registers.
-    streaming: bool,
     buffer: Box<[u8; DMA_BUF_SIZE]>,
     liveness: u32,
     factorial: u32,
@@ -271,7 +269,6 @@ impl DmaTestDevice {
             dma: None,
             reader: None,
             streamer: None,
-            streaming: false,
             buffer: Box::new([0; DMA_BUF_SIZE]),
             liveness: 0,
             factorial: 1,
@@ -351,8 +348,15 @@ impl DmaTestDevice {
         (off.checked_add(count)? <= DMA_BUF_SIZE).then_some(off)
     }
 
+    /// A stream was started and its end not yet folded into the registers:
+    /// outside a register access the run bit stays set only then (a
+    /// single transfer clears it before the MMIO write returns).
+    fn streaming(&self) -> bool {
+        self.cmd & CMD_RUN != 0
+    }
+
     fn write_command(&mut self, value: u64) {
-        if self.streaming {
+        if self.streaming() {
             // A stream is running: clearing the run bit asks it to stop
             // (the bit reads as set until it has); anything else waits.
             if value & CMD_RUN == 0 {
@@ -484,20 +488,18 @@ impl DmaTestDevice {
             data,
             to_ram: self.cmd & CMD_TO_RAM != 0,
         });
-        self.streaming = true;
         DmaError::None
     }
 
     /// Folds a stream that ended into the registers (run bit, error,
     /// counters). Called before every register access.
     fn poll_stream(&mut self) {
-        if !self.streaming {
+        if !self.streaming() {
             return;
         }
         let Some(outcome) = self.streamer.as_ref().and_then(DmaStreamer::outcome) else {
             return;
         };
-        self.streaming = false;
         self.bytes = self.bytes.saturating_add(outcome.bytes);
         self.error = outcome.error;
         self.note_error(outcome.error, outcome.iova);
@@ -585,7 +587,7 @@ impl PciDevice for DmaTestDevice {
         if !self.config.bus_master_enabled() {
             // No DMA without bus mastering: a running stream stops after
             // the pass in flight.
-            if let Some(s) = self.streamer.as_ref().filter(|_| self.streaming) {
+            if let Some(s) = self.streamer.as_ref().filter(|_| self.streaming()) {
                 s.stop();
             }
         }

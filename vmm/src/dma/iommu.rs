@@ -78,6 +78,7 @@ impl DmaTranslate for IommuTranslate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dma::test_iommu::{TestIommu, RW};
     use crate::dma::DmaSpace;
     use crate::memory::GuestMemoryMmap;
     use virtio_iommu::device::{IommuConfig, IommuDevice};
@@ -86,43 +87,7 @@ mod tests {
 
     const EP: u32 = 0x18;
 
-    fn req_attach(domain: u32, ep: u32) -> Vec<u8> {
-        let mut v = vec![1u8, 0, 0, 0];
-        v.extend_from_slice(&domain.to_le_bytes());
-        v.extend_from_slice(&ep.to_le_bytes());
-        v.extend_from_slice(&[0; 8]);
-        v
-    }
-
-    fn req_map(domain: u32, start: u64, end: u64, gpa: u64, flags: u32) -> Vec<u8> {
-        let mut v = vec![3u8, 0, 0, 0];
-        v.extend_from_slice(&domain.to_le_bytes());
-        v.extend_from_slice(&start.to_le_bytes());
-        v.extend_from_slice(&end.to_le_bytes());
-        v.extend_from_slice(&gpa.to_le_bytes());
-        v.extend_from_slice(&flags.to_le_bytes());
-        v
-    }
-
-    fn req_unmap(domain: u32, start: u64, end: u64) -> Vec<u8> {
-        let mut v = vec![4u8, 0, 0, 0];
-        v.extend_from_slice(&domain.to_le_bytes());
-        v.extend_from_slice(&start.to_le_bytes());
-        v.extend_from_slice(&end.to_le_bytes());
-        v.extend_from_slice(&[0; 4]);
-        v
-    }
-
-    fn send(dev: &IommuDevice, req: &[u8]) -> u8 {
-        let mut w = dev.new_worker();
-        let mut tail = [0xffu8; 4];
-        let n = dev.handle_request(&mut w, req, &mut tail);
-        dev.complete_kick(&mut w);
-        assert_eq!(n, 4);
-        tail[0]
-    }
-
-    fn setup() -> (IommuDevice, GuestMemoryMmap, DmaSpace, Arc<EventFd>) {
+    fn setup() -> (TestIommu, GuestMemoryMmap, DmaSpace, Arc<EventFd>) {
         let dev = IommuDevice::new(IommuConfig::default()).unwrap();
         dev.add_endpoint(EP).unwrap();
         dev.ack_features(dev.device_features() & !(1 << feature::BYPASS_CONFIG));
@@ -131,7 +96,7 @@ mod tests {
         let t = IommuTranslate::new(dev.endpoint_dma(EP).unwrap(), Some(evt.clone()));
         assert_eq!(t.endpoint_id(), EP);
         let space = DmaSpace::translated(mem.clone(), Arc::new(t));
-        (dev, mem, space, evt)
+        (TestIommu::with_device(dev, EP), mem, space, evt)
     }
 
     #[test]
@@ -141,7 +106,7 @@ mod tests {
         assert!(space.write_obj(0xaau8, GuestAddress(0x2000)).is_err());
         assert_eq!(mem.read_obj::<u8>(GuestAddress(0x2000)).unwrap(), 0x55);
         assert_eq!(evt.read().unwrap(), 1);
-        let ev = dev.pop_fault_event().unwrap();
+        let ev = dev.dev.pop_fault_event().unwrap();
         // struct virtio_iommu_fault: reason, reserved[3], flags, endpoint, reserved, address
         assert_eq!(u32::from_le_bytes(ev[8..12].try_into().unwrap()), EP);
         assert_eq!(u64::from_le_bytes(ev[16..24].try_into().unwrap()), 0x2000);
@@ -150,22 +115,22 @@ mod tests {
     #[test]
     fn mapped_pages_translate_and_unmap_blocks() {
         let (dev, mem, space, evt) = setup();
-        assert_eq!(send(&dev, &req_attach(1, EP)), 0);
+        dev.attach(1);
         // IOVA 0x10000-0x11fff -> GPA 0x40000, read+write.
-        assert_eq!(send(&dev, &req_map(1, 0x10000, 0x11fff, 0x40000, 3)), 0);
+        dev.map(1, 0x10000, 0x2000, 0x40000, RW);
         let data: Vec<u8> = (0..64).collect();
         space.write_slice(&data, GuestAddress(0x10ff0)).unwrap();
         let mut back = [0u8; 64];
         mem.read_slice(&mut back, GuestAddress(0x40ff0)).unwrap();
         assert_eq!(&back[..], &data[..]);
         assert!(evt.read().is_err(), "no fault so far");
-        assert_eq!(send(&dev, &req_unmap(1, 0x10000, 0x11fff)), 0);
+        dev.unmap(1, 0x10000, 0x2000);
         mem.write_slice(&[0x5a; 64], GuestAddress(0x40ff0)).unwrap();
         assert!(space.write_slice(&data, GuestAddress(0x10ff0)).is_err());
         mem.read_slice(&mut back, GuestAddress(0x40ff0)).unwrap();
         assert_eq!(back, [0x5a; 64]);
         assert_eq!(evt.read().unwrap(), 1);
-        assert!(dev.pop_fault_event().is_some());
+        assert!(dev.dev.pop_fault_event().is_some());
     }
 
     /// Issue 9's promise at the seam: the kick that unmaps a page does not
@@ -178,19 +143,19 @@ mod tests {
 
         let (dev, mem, space, _evt) = setup();
         let q = Quiescer::new();
-        dev.add_invalidator(q.clone());
+        dev.dev.add_invalidator(q.clone());
         let space = space.with_quiescer(q.clone());
         let reader = space.reader().expect("a reader behind a quiescing vIOMMU");
         assert!(DmaSpace::identity(mem).reader().is_none());
-        assert_eq!(send(&dev, &req_attach(1, EP)), 0);
-        assert_eq!(send(&dev, &req_map(1, 0x10000, 0x10fff, 0x40000, 3)), 0);
+        dev.attach(1);
+        dev.map(1, 0x10000, 0x1000, 0x40000, RW);
         let section = reader.enter();
         space.write_obj(7u64, GuestAddress(0x10000)).unwrap();
         let device_done = Arc::new(AtomicBool::new(false));
         let unmapper = {
-            let (dev, device_done) = (Arc::new(dev), device_done.clone());
+            let (dev, device_done) = (dev.clone(), device_done.clone());
             std::thread::spawn(move || {
-                assert_eq!(send(&dev, &req_unmap(1, 0x10000, 0x10fff)), 0);
+                dev.unmap(1, 0x10000, 0x1000);
                 device_done.load(Ordering::SeqCst)
             })
         };
@@ -209,8 +174,9 @@ mod tests {
     #[test]
     fn read_only_mapping_refuses_writes() {
         let (dev, _mem, space, _evt) = setup();
-        assert_eq!(send(&dev, &req_attach(1, EP)), 0);
-        assert_eq!(send(&dev, &req_map(1, 0x10000, 0x10fff, 0x40000, 1)), 0);
+        dev.attach(1);
+        // Read-only.
+        dev.map(1, 0x10000, 0x1000, 0x40000, 1);
         assert!(space.read_obj::<u64>(GuestAddress(0x10000)).is_ok());
         assert!(space.write_obj(1u64, GuestAddress(0x10000)).is_err());
     }

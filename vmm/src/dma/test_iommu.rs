@@ -15,16 +15,23 @@ use crate::memory::GuestMemoryMmap;
 pub const RW: u32 = 3;
 
 /// The device and its one endpoint.
+#[derive(Clone)]
 pub struct TestIommu {
     pub dev: Arc<IommuDevice>,
     pub ep: u32,
 }
 
 impl TestIommu {
+    /// A device with every feature negotiated and endpoint `ep`.
     pub fn new(ep: u32) -> Self {
         let dev = IommuDevice::new(IommuConfig::default()).expect("iommu");
         dev.add_endpoint(ep).expect("endpoint");
         dev.ack_features(dev.device_features());
+        Self::with_device(dev, ep)
+    }
+
+    /// A device the caller set up (features, endpoint `ep`).
+    pub fn with_device(dev: IommuDevice, ep: u32) -> Self {
         Self {
             dev: Arc::new(dev),
             ep,
