@@ -292,24 +292,31 @@ impl PciDevice for VfioPciDevice {
         if reg >= CONFIG_SIZE / 4 {
             return 0;
         }
-        let mut dev = [0u8; 4];
-        self.device_config_read(reg as u64 * 4, &mut dev);
-        let dev = u32::from_le_bytes(dev);
+        // The header is ours but for two fields; only those and the
+        // capabilities are read from the device (a syscall each).
+        let dev = || {
+            let mut b = [0u8; 4];
+            self.device_config_read(reg as u64 * 4, &mut b);
+            u32::from_le_bytes(b)
+        };
         match reg {
             // Status comes from the device (capability list, errors), the
             // command word from our copy.
-            1 => (self.config.read_reg(1) & 0xffff) | (dev & 0xffff_0000),
+            1 => (self.config.read_reg(1) & 0xffff) | (dev() & 0xffff_0000),
             // The capability pointer is the device's.
-            13 => dev & 0xff,
+            13 => dev() & 0xff,
             r if r < HEADER_REGS => self.config.read_reg(r),
-            r => match &self.msix {
-                Some(m) if r == m.cap / 4 => {
-                    let control = (dev >> 16) as u16 & 0x07ff
-                        | if m.state.enabled() { MSIX_ENABLE } else { 0 };
-                    (dev & 0xffff) | (u32::from(control) << 16)
+            r => {
+                let dev = dev();
+                match &self.msix {
+                    Some(m) if r == m.cap / 4 => {
+                        let control = (dev >> 16) as u16 & 0x07ff
+                            | if m.state.enabled() { MSIX_ENABLE } else { 0 };
+                        (dev & 0xffff) | (u32::from(control) << 16)
+                    }
+                    _ => dev,
                 }
-                _ => dev,
-            },
+            }
         }
     }
 
