@@ -91,6 +91,9 @@ impl IommuDevice {
         space: &dyn DomainSpace,
         perm: Perm,
     ) -> Status {
+        if !self.has_mirrors.load(std::sync::atomic::Ordering::Acquire) {
+            return Status::Ok;
+        }
         let mirrors = super::read(&self.mirrors);
         for m in mirrors.iter() {
             if let Err(e) = m.mapped(

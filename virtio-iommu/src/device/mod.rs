@@ -102,6 +102,9 @@ pub struct IommuDevice {
     invalidators: RwLock<Vec<Arc<dyn Invalidator>>>,
     listeners: RwLock<Vec<Arc<dyn EndpointListener>>>,
     mirrors: RwLock<Vec<Arc<dyn MapMirror>>>,
+    /// Some mirror is registered: lets MAP skip the list's lock (a shared
+    /// cache line for every request queue) when there is none.
+    has_mirrors: AtomicBool,
     faults: Arc<FaultQueue>,
 }
 
@@ -120,6 +123,7 @@ impl IommuDevice {
             invalidators: RwLock::new(Vec::new()),
             listeners: RwLock::new(Vec::new()),
             mirrors: RwLock::new(Vec::new()),
+            has_mirrors: AtomicBool::new(false),
             faults: Arc::new(FaultQueue::new(
                 cfg.fault_queue_capacity,
                 cfg.fault_logs_per_sec,
@@ -265,6 +269,7 @@ impl IommuDevice {
     /// [`MapMirror`]); register it as an invalidator too, for removals.
     pub fn add_map_mirror(&self, m: Arc<dyn MapMirror>) {
         write(&self.mirrors).push(m);
+        self.has_mirrors.store(true, Ordering::Release);
     }
 
     /// Tells every listener and mirror; caller holds the topology lock.
