@@ -541,6 +541,18 @@ static ssize_t edu_dmatest_write(struct file *f, const char __user *ubuf,
 	return len;
 }
 
+/* the user's line in @kbuf (at most @size - 1 bytes), trimmed */
+static char *edu_user_line(const char __user *ubuf, size_t len, char *kbuf,
+			   size_t size)
+{
+	if (len >= size)
+		return ERR_PTR(-EINVAL);
+	if (copy_from_user(kbuf, ubuf, len))
+		return ERR_PTR(-EFAULT);
+	kbuf[len] = 0;
+	return strim(kbuf);
+}
+
 static ssize_t edu_race_write(struct file *f, const char __user *ubuf,
 			      size_t len, loff_t *pos)
 {
@@ -548,12 +560,9 @@ static ssize_t edu_race_write(struct file *f, const char __user *ubuf,
 	unsigned long iters;
 	char kbuf[32], *p;
 
-	if (len >= sizeof(kbuf))
-		return -EINVAL;
-	if (copy_from_user(kbuf, ubuf, len))
-		return -EFAULT;
-	kbuf[len] = 0;
-	p = strim(kbuf);
+	p = edu_user_line(ubuf, len, kbuf, sizeof(kbuf));
+	if (IS_ERR(p))
+		return PTR_ERR(p);
 	if (strncmp(p, "iters=", 6) || kstrtoul(p + 6, 0, &iters) || !iters ||
 	    iters > 1000000)
 		return -EINVAL;
@@ -572,12 +581,9 @@ static ssize_t edu_bench_write(struct file *f, const char __user *ubuf,
 	unsigned long size = 4096, nbufs = 1, ms = 0;
 	char kbuf[128], *p, *tok;
 
-	if (len >= sizeof(kbuf))
-		return -EINVAL;
-	if (copy_from_user(kbuf, ubuf, len))
-		return -EFAULT;
-	kbuf[len] = 0;
-	p = strim(kbuf);
+	p = edu_user_line(ubuf, len, kbuf, sizeof(kbuf));
+	if (IS_ERR(p))
+		return PTR_ERR(p);
 	while ((tok = strsep(&p, " \t")) != NULL) {
 		if (!*tok)
 			continue;

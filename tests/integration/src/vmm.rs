@@ -5,7 +5,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use crate::error::HarnessError;
-use crate::paths::{path_arg, repo_root};
+use crate::paths::{guest_script, path_arg, repo_root};
 use crate::runner::run_checked;
 
 static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
@@ -24,6 +24,24 @@ pub fn target_dir() -> PathBuf {
         }
         _ => repo_root().join("target"),
     }
+}
+
+/// The command of one `guest/net-host.sh` run: start the TCP peer, boot
+/// the guest under VMM `mode` (see the script), print the peer's results.
+pub fn net_host_argv(
+    mode: &str,
+    bin: &str,
+    kernel: &std::path::Path,
+    initrd: &std::path::Path,
+) -> Vec<String> {
+    vec![
+        "sh".into(),
+        path_arg(&guest_script("net-host.sh")),
+        mode.into(),
+        bin.into(),
+        path_arg(kernel),
+        path_arg(initrd),
+    ]
 }
 
 /// Path of the release `dmavisor`, built once per test process with

@@ -25,7 +25,7 @@ use integration_tests::markers::{
 };
 use integration_tests::paths::{guest_script, path_arg, repo_root, scratch_dir};
 use integration_tests::session::{Case, CaseResult, Plan, SharedSession};
-use integration_tests::vmm::dmavisor_binary;
+use integration_tests::vmm::{dmavisor_binary, net_host_argv};
 
 /// Bytes each way: a few MiB, which keeps the vIOMMU traffic (one MAP
 /// and one UNMAP per packet) and with it the nested runner's exposure to
@@ -35,20 +35,9 @@ const CASE_TIMEOUT_SECS: u32 = 900;
 const SESSION_TIMEOUT: Duration = Duration::from_secs(1500);
 
 fn net_case(name: &str, mode: &str, bin: &str, kernel: &Path, initrd: &Path) -> Case {
-    Case::new(
-        name,
-        vec![
-            "env".into(),
-            format!("NET_SIZE={SIZE}"),
-            "sh".into(),
-            path_arg(&guest_script("net-host.sh")),
-            mode.into(),
-            bin.into(),
-            path_arg(kernel),
-            path_arg(initrd),
-        ],
-        CASE_TIMEOUT_SECS,
-    )
+    let mut argv = vec!["env".into(), format!("NET_SIZE={SIZE}")];
+    argv.extend(net_host_argv(mode, bin, kernel, initrd));
+    Case::new(name, argv, CASE_TIMEOUT_SECS)
 }
 
 fn session() -> &'static SharedSession {

@@ -19,7 +19,7 @@ use integration_tests::markers::{
 };
 use integration_tests::paths::{guest_script, path_arg};
 use integration_tests::session::{Case, CaseResult, Plan, SharedSession};
-use integration_tests::vmm::dmavisor_binary;
+use integration_tests::vmm::{dmavisor_binary, net_host_argv};
 
 const SIZE: u64 = 8 << 20;
 const CASE_TIMEOUT_SECS: u32 = 600;
@@ -30,14 +30,7 @@ const SESSION_TIMEOUT: Duration = Duration::from_secs(2400);
 fn net_case(mode: &str, bin: &str, kernel: &Path, initrd: &Path) -> Case {
     Case::new(
         &format!("net_{}", mode.replace('-', "_")),
-        vec![
-            "sh".into(),
-            path_arg(&guest_script("net-host.sh")),
-            mode.into(),
-            bin.into(),
-            path_arg(kernel),
-            path_arg(initrd),
-        ],
+        net_host_argv(mode, bin, kernel, initrd),
         CASE_TIMEOUT_SECS,
     )
 }
