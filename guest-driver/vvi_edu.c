@@ -417,13 +417,20 @@ out:
 	kfree(c);
 }
 
+/*
+ * The race polls without sleeping: its waits end within one pass of the
+ * device (microseconds), and two short timer sleeps per iteration are
+ * suspected of stressing the nested runner's emulated interrupt delivery
+ * (issue 16: its runner kernel panicked during this race).
+ */
 /* the device's stream has stopped; false after about 20 s */
 static bool edu_stream_ended(struct vvi_edu *e)
 {
 	u64 v;
 
-	return !readq_poll_timeout(e->bar + EDU_REG_DMA_CMD, v,
-				   !(v & EDU_CMD_RUN), 10, 20 * USEC_PER_SEC);
+	return !readq_poll_timeout_atomic(e->bar + EDU_REG_DMA_CMD, v,
+					  !(v & EDU_CMD_RUN), 1,
+					  20 * USEC_PER_SEC);
 }
 
 /* the device's stream has written at least once; false after about 20 s */
@@ -431,8 +438,8 @@ static bool edu_stream_started(struct vvi_edu *e)
 {
 	u64 v;
 
-	return !readq_poll_timeout(e->bar + EDU_REG_STREAM_PASSES, v, v >= 1, 10,
-				   20 * USEC_PER_SEC);
+	return !readq_poll_timeout_atomic(e->bar + EDU_REG_STREAM_PASSES, v,
+					  v >= 1, 1, 20 * USEC_PER_SEC);
 }
 
 /* fill the device buffer with RACE_BYTE */
