@@ -11,7 +11,7 @@ N ?= 20
 SOAK_CASES ?= dmavisor-strict,dmavisor-lazy,qemu-strict,qemu-lazy,dmavisor-matrix
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all build deps lint unit guest-driver fuzz integration test demo bench-host bench-guest soak clean
+.PHONY: all build deps lint unit loom guest-driver fuzz integration test demo bench-host bench-guest soak clean
 
 all: build
 
@@ -28,6 +28,12 @@ lint:
 unit:
 	$(CARGO) test --workspace --exclude integration-tests
 
+# The quiescence protocol under loom's model checker (its own target
+# directory: --cfg loom rebuilds the crate graph).
+loom:
+	RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=$(CURDIR)/target/loom \
+		$(CARGO) test --release -p virtio-iommu --lib quiesce::loom_tests
+
 # The module must build without warnings (-Werror) and pass checkpatch.
 guest-driver:
 	resources/fetch-checkpatch
@@ -40,7 +46,7 @@ fuzz:
 integration: build
 	$(CARGO) test --release --no-fail-fast -p integration-tests -- --test-threads=1 --nocapture
 
-test: deps lint unit guest-driver fuzz integration
+test: deps lint unit loom guest-driver fuzz integration
 
 demo: deps build
 	resources/demo

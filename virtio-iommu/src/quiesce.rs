@@ -24,20 +24,32 @@
 //! store-buffer pattern at least one side sees the other: either the
 //! reader's translation misses the removed mapping, or the invalidator
 //! sees the reader and waits for it. Each side pays one full barrier: the
-//! reader per section, the invalidator per kick.
+//! reader per section, the invalidator per kick. The slot store is a
+//! Release and the invalidator's slot loads are Acquires, so whatever slot
+//! value the invalidator reads (idle, an older or a newer section) orders
+//! the thread's earlier sections before the guest's reuse of the page.
+//! `loom_tests` model-check this (`make loom`); without the reader's fence,
+//! or with the relaxed slot store and weak slot references of an earlier
+//! version, they fail.
 
 use std::ops::RangeInclusive;
-use std::sync::atomic::{fence, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+// The epoch and the slots are the whole protocol; under `--cfg loom` they
+// are loom's model-checked atomics (`make loom`), nothing else changes.
+#[cfg(loom)]
+use loom::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+#[cfg(not(loom))]
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 
 use crate::mapping::Invalidator;
 
 /// Most live slots one quiescer tracks (device threads are few; a bound
 /// keeps a registration bug from growing the list without end). A slot
-/// whose owner dropped it (a device worker that ended at a reset) no
-/// longer counts, so a guest that resets its devices again and again
-/// cannot use the slots up.
+/// whose owner dropped it (a device worker that ended at a reset) is
+/// retired and no longer counts, so a guest that resets its devices again
+/// and again cannot use the slots up.
 pub const MAX_READERS: usize = 256;
 
 /// A slot value meaning "outside any section".
@@ -48,26 +60,42 @@ const IDLE: u64 = 0;
 pub struct Quiescer {
     /// Starts at 1 so that [`IDLE`] never equals an epoch.
     epoch: AtomicU64,
-    readers: Mutex<Vec<Weak<ReaderSlot>>>,
+    /// Retired slots stay until the next `register` prunes them: reading a
+    /// retired slot costs one load and finds it idle.
+    readers: Mutex<Vec<Arc<SlotState>>>,
     /// Waits done so far, and how many of them found a reader to wait for.
     waits: AtomicU64,
     waited_for_reader: AtomicU64,
 }
 
-/// One device thread's state, owned by that thread.
+/// One device thread's handle, owned by that thread; dropping it retires
+/// the slot.
 #[derive(Debug)]
 pub struct ReaderSlot {
-    active: SlotWord,
+    state: Arc<SlotState>,
     quiescer: Arc<Quiescer>,
 }
 
-/// The slot's epoch word on a cache line of its own: the owning thread
-/// writes it twice per section, and nothing else that thread or the
-/// invalidator touches (the `Arc` counts, other slots) should share the
-/// line.
+/// What the quiescer reads of a slot, on a cache line of its own: the
+/// owning thread writes the epoch word twice per section, and nothing else
+/// that thread or the invalidator touches (the `Arc` counts, other slots)
+/// should share the line.
+///
+/// WHY the quiescer keeps the state alive instead of a weak reference: a
+/// sync that skipped a slot whose owner had just dropped it would have no
+/// ordering with that owner's last section (a failed `Weak::upgrade` is a
+/// relaxed load), so a copy made in it could still be ordered after the
+/// guest's reuse of the page. Reading the word of a dead slot finds the
+/// Release store that ended its last section. Loom found this
+/// (`loom_tests`).
 #[derive(Debug)]
 #[repr(align(64))]
-struct SlotWord(AtomicU64);
+struct SlotState {
+    active: AtomicU64,
+    /// Set (Release) when the owner dropped its handle; `register` prunes
+    /// the slot after an Acquire load of it.
+    retired: AtomicBool,
+}
 
 /// A translate-and-use section; ends when dropped. Never call
 /// [`Quiescer::synchronize`] (or complete a kick) inside one: it would wait
@@ -105,16 +133,19 @@ impl Quiescer {
     /// A slot for one more device thread.
     pub fn register(self: &Arc<Self>) -> Result<Arc<ReaderSlot>, TooManyReaders> {
         let mut readers = self.readers.lock().unwrap_or_else(PoisonError::into_inner);
-        readers.retain(|r| r.strong_count() > 0);
+        readers.retain(|r| !r.retired.load(Ordering::Acquire));
         if readers.len() >= MAX_READERS {
             return Err(TooManyReaders);
         }
-        let slot = Arc::new(ReaderSlot {
-            active: SlotWord(AtomicU64::new(IDLE)),
-            quiescer: Arc::clone(self),
+        let state = Arc::new(SlotState {
+            active: AtomicU64::new(IDLE),
+            retired: AtomicBool::new(false),
         });
-        readers.push(Arc::downgrade(&slot));
-        Ok(slot)
+        readers.push(Arc::clone(&state));
+        Ok(Arc::new(ReaderSlot {
+            state,
+            quiescer: Arc::clone(self),
+        }))
     }
 
     /// Counters so far.
@@ -133,15 +164,12 @@ impl Quiescer {
         // ordered before the slot reads below (store-buffer pattern).
         fence(Ordering::SeqCst);
         // A snapshot, so that no lock is held while waiting (a device
-        // thread being set up registers its slot meanwhile). A dropped slot
-        // cannot be inside a section (a section borrows it).
-        let readers: Vec<Arc<ReaderSlot>> = self
+        // thread being set up registers its slot meanwhile).
+        let readers: Vec<Arc<SlotState>> = self
             .readers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
+            .clone();
         self.waits.fetch_add(1, Ordering::Relaxed);
         let mut waited = false;
         for slot in &readers {
@@ -149,28 +177,38 @@ impl Quiescer {
             loop {
                 // Acquire: pairs with the Release at the end of a section,
                 // so what the section did happens before we complete.
-                let a = slot.active.0.load(Ordering::Acquire);
+                let a = slot.active.load(Ordering::Acquire);
                 if a == IDLE || a >= target {
                     break;
                 }
                 waited = true;
-                // Sections are short (a copy, a non-blocking syscall): spin
-                // briefly, then yield, then sleep so a descheduled device
-                // thread gets the CPU back.
-                let spent = start.elapsed();
-                if spent < Duration::from_micros(20) {
-                    std::hint::spin_loop();
-                } else if spent < Duration::from_millis(1) {
-                    std::thread::yield_now();
-                } else {
-                    std::thread::sleep(Duration::from_micros(50));
-                }
+                backoff(start.elapsed());
             }
         }
         if waited {
             self.waited_for_reader.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// One step of waiting for a reader inside an older section. Sections are
+/// short (a copy, a non-blocking syscall): spin briefly, then yield, then
+/// sleep so a descheduled device thread gets the CPU back.
+#[cfg(not(loom))]
+fn backoff(spent: Duration) {
+    if spent < Duration::from_micros(20) {
+        std::hint::spin_loop();
+    } else if spent < Duration::from_millis(1) {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+/// Under loom a wait must hand the (modelled) CPU to the reader.
+#[cfg(loom)]
+fn backoff(_spent: Duration) {
+    loom::thread::yield_now();
 }
 
 impl Invalidator for Quiescer {
@@ -186,7 +224,12 @@ impl ReaderSlot {
         // Acquire: a section that sees an epoch advanced by `synchronize`
         // also sees the table writes made before that advance.
         let e = self.quiescer.epoch.load(Ordering::Acquire);
-        self.active.0.store(e, Ordering::Relaxed);
+        // Release (a plain store on x86): a sync that reads this word and
+        // finds a section newer than itself (so does not wait) must still
+        // see everything the thread's earlier sections did. A relaxed
+        // store here let a previous section's copy be ordered after the
+        // guest's reuse of the page (found by loom).
+        self.state.active.store(e, Ordering::Release);
         // Orders the slot store before the table reads that follow; pairs
         // with the fence in `synchronize`. One full barrier per section.
         fence(Ordering::SeqCst);
@@ -196,11 +239,19 @@ impl ReaderSlot {
 
 impl Drop for ReadSection<'_> {
     fn drop(&mut self) {
-        self.slot.active.0.store(IDLE, Ordering::Release);
+        self.slot.state.active.store(IDLE, Ordering::Release);
     }
 }
 
-#[cfg(test)]
+impl Drop for ReaderSlot {
+    fn drop(&mut self) {
+        // Sections borrow the handle, so none is open here; the Release
+        // orders the last one before the pruning in `register`.
+        self.state.retired.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
@@ -230,7 +281,7 @@ mod tests {
         drop(first);
         q.synchronize();
         let _again = slot.enter();
-        assert!(slot.active.0.load(Ordering::SeqCst) >= q.epoch.load(Ordering::SeqCst));
+        assert!(slot.state.active.load(Ordering::SeqCst) >= q.epoch.load(Ordering::SeqCst));
         assert_eq!(q.stats().waited_for_reader, 0);
     }
 
@@ -317,5 +368,72 @@ mod tests {
         for r in readers {
             r.join().unwrap();
         }
+    }
+}
+
+/// Model checking of the protocol with loom: `make loom` (or
+/// `RUSTFLAGS="--cfg loom" cargo test -p virtio-iommu --lib quiesce`).
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::sync::atomic::AtomicBool;
+
+    /// Every interleaving, under the C++ memory model as loom explores it,
+    /// of a device thread's translate-and-use section with an UNMAP, its
+    /// completion (`synchronize`) and the guest's reuse of the page: the
+    /// device's write never lands after `synchronize` returned. The
+    /// "table" and the "page" are relaxed on purpose: the quiescer's own
+    /// fences must carry the ordering.
+    #[test]
+    fn no_interleaving_lets_a_dma_land_after_sync() {
+        loom::model(|| {
+            let q = Quiescer::new();
+            let slot = q.register().unwrap();
+            let mapped = Arc::new(AtomicBool::new(true));
+            let page = Arc::new(AtomicU64::new(0));
+            let device = {
+                let (mapped, page) = (Arc::clone(&mapped), Arc::clone(&page));
+                loom::thread::spawn(move || {
+                    let _section = slot.enter();
+                    if mapped.load(Ordering::Relaxed) {
+                        page.store(1, Ordering::Relaxed);
+                    }
+                })
+            };
+            mapped.store(false, Ordering::Relaxed); // UNMAP
+            q.synchronize(); // its completion
+            page.store(2, Ordering::Relaxed); // the guest reuses the page
+            device.join().unwrap();
+            assert_eq!(page.load(Ordering::Relaxed), 2, "DMA landed after sync");
+        });
+    }
+
+    /// Two sections back to back on one device thread, racing one sync:
+    /// the second section may start before or after the epoch moved, and
+    /// neither may write after the sync returned.
+    #[test]
+    fn back_to_back_sections_are_covered() {
+        loom::model(|| {
+            let q = Quiescer::new();
+            let slot = q.register().unwrap();
+            let mapped = Arc::new(AtomicBool::new(true));
+            let page = Arc::new(AtomicU64::new(0));
+            let device = {
+                let (mapped, page) = (Arc::clone(&mapped), Arc::clone(&page));
+                loom::thread::spawn(move || {
+                    for v in 1..=2 {
+                        let _section = slot.enter();
+                        if mapped.load(Ordering::Relaxed) {
+                            page.store(v, Ordering::Relaxed);
+                        }
+                    }
+                })
+            };
+            mapped.store(false, Ordering::Relaxed);
+            q.synchronize();
+            page.store(9, Ordering::Relaxed);
+            device.join().unwrap();
+            assert_eq!(page.load(Ordering::Relaxed), 9, "DMA landed after sync");
+        });
     }
 }
