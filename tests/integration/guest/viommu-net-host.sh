@@ -91,7 +91,8 @@ dmavisor-off)
     dmavisor --net "$net"
     ;;
 dmavisor-lazy|dmavisor-strict)
-    dmavisor --iommu --net "$net,iommu=on"
+    # DMAVISOR_IOMMU_OPTS: --iommu options (resources/soak variants).
+    dmavisor --iommu "${DMAVISOR_IOMMU_OPTS:-}" --net "$net,iommu=on"
     ;;
 qemu-*)
     iommu=""

@@ -125,4 +125,14 @@ pub trait VirtioDevice: Send {
     /// Stops using the queues: when this returns, no device thread touches
     /// guest memory or the queues of the previous activation.
     fn reset(&mut self);
+    /// Whether the driver's notifications of queue `index` are served in
+    /// the notifying vCPU's thread by [`VirtioDevice::serve_queue`] instead
+    /// of being signalled to a device thread through an ioeventfd. Asked
+    /// after `activate`.
+    fn serves_inline(&self, _index: u16) -> bool {
+        false
+    }
+    /// Serves queue `index` now, in the caller's thread (a vCPU in an MMIO
+    /// exit, or the transport after bus mastering was enabled again).
+    fn serve_queue(&mut self, _index: u16) {}
 }

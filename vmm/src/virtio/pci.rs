@@ -134,6 +134,28 @@ impl VirtioInterrupt for TransportInterrupt {
     }
 }
 
+/// Where the transport registers the ioeventfds of its notify addresses:
+/// the VM (KVM signals the eventfd without leaving the kernel), or a
+/// recorder in tests.
+pub trait IoEvents: Send + Sync {
+    /// Signal `fd` on every write to guest-physical MMIO address `addr`.
+    fn register(&self, fd: &EventFd, addr: u64) -> Result<(), String>;
+    /// Undoes [`IoEvents::register`].
+    fn unregister(&self, fd: &EventFd, addr: u64) -> Result<(), String>;
+}
+
+impl IoEvents for VmFd {
+    fn register(&self, fd: &EventFd, addr: u64) -> Result<(), String> {
+        self.register_ioevent(fd, &IoEventAddress::Mmio(addr), NoDatamatch)
+            .map_err(|e| e.to_string())
+    }
+
+    fn unregister(&self, fd: &EventFd, addr: u64) -> Result<(), String> {
+        self.unregister_ioevent(fd, &IoEventAddress::Mmio(addr), NoDatamatch)
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// A virtio device on the PCI bus.
 pub struct VirtioPciDevice {
     config: PciConfiguration,
@@ -143,7 +165,7 @@ pub struct VirtioPciDevice {
     msix: Arc<Mutex<MsixState>>,
     msix_cap_reg: usize,
     kicks: Vec<EventFd>,
-    vm: Arc<VmFd>,
+    ioevent_sink: Arc<dyn IoEvents>,
     ioevents: Vec<(u64, usize)>,
     dma: DmaSpace,
     active: bool,
@@ -182,7 +204,7 @@ impl VirtioPciDevice {
 
     fn with_sinks(
         device: Box<dyn VirtioDevice>,
-        vm: Arc<VmFd>,
+        ioevent_sink: Arc<dyn IoEvents>,
         sinks: Vec<Box<dyn MsiSink>>,
         dma: DmaSpace,
         iommu: bool,
@@ -270,7 +292,7 @@ impl VirtioPciDevice {
             msix,
             msix_cap_reg,
             kicks,
-            vm,
+            ioevent_sink,
             ioevents: Vec::new(),
             dma,
             active: false,
@@ -314,10 +336,7 @@ impl VirtioPciDevice {
             let Some(kick) = self.kicks.get(q) else {
                 continue;
             };
-            match self
-                .vm
-                .register_ioevent(kick, &IoEventAddress::Mmio(addr), NoDatamatch)
-            {
+            match self.ioevent_sink.register(kick, addr) {
                 Ok(()) => self.ioevents.push((addr, q)),
                 // Kicks still work through the MMIO exit path.
                 Err(e) => warn!("ioeventfd for queue {q} at {addr:#x}: {e}"),
@@ -328,10 +347,7 @@ impl VirtioPciDevice {
     fn unregister_ioevents(&mut self) {
         for (addr, q) in std::mem::take(&mut self.ioevents) {
             if let Some(kick) = self.kicks.get(q) {
-                if let Err(e) =
-                    self.vm
-                        .unregister_ioevent(kick, &IoEventAddress::Mmio(addr), NoDatamatch)
-                {
+                if let Err(e) = self.ioevent_sink.unregister(kick, addr) {
                     debug!("removing ioeventfd at {addr:#x}: {e}");
                 }
             }
@@ -398,7 +414,6 @@ impl VirtioPciDevice {
                 kick,
             });
         }
-        self.register_ioevents(&ready);
         let ctx = ActivateContext {
             mem: self.dma.clone(),
             interrupt: self.interrupt.clone(),
@@ -408,6 +423,15 @@ impl VirtioPciDevice {
         match self.device.activate(ctx) {
             Ok(()) => {
                 self.active = true;
+                // Only the started device knows which queues it serves
+                // inline; the others get an ioeventfd (a kick before it is
+                // registered takes the MMIO exit path to the same eventfd).
+                let kicked_by_fd: Vec<usize> = ready
+                    .iter()
+                    .copied()
+                    .filter(|&i| !self.device.serves_inline(i as u16))
+                    .collect();
+                self.register_ioevents(&kicked_by_fd);
                 info!(
                     "virtio device type {} started: features {features:#x}, {} queue(s){}",
                     self.device.device_type(),
@@ -421,7 +445,6 @@ impl VirtioPciDevice {
             }
             Err(e) => {
                 warn!("virtio device not started: {e}");
-                self.unregister_ioevents();
                 self.interrupt.set_needs_reset();
             }
         }
@@ -486,8 +509,10 @@ impl PciDevice for VirtioPciDevice {
         let was_master = self.dma.bus_master();
         self.dma.set_bus_master(self.config.bus_master_enabled());
         if self.active && !was_master && self.dma.bus_master() {
-            for k in &self.kicks {
-                if let Err(e) = k.write(1) {
+            for (i, k) in self.kicks.iter().enumerate() {
+                if self.device.serves_inline(i as u16) {
+                    self.device.serve_queue(i as u16);
+                } else if let Err(e) = k.write(1) {
                     warn!("virtio: cannot kick a queue after bus mastering was enabled: {e}");
                 }
             }
@@ -553,7 +578,9 @@ impl PciDevice for VirtioPciDevice {
             self.device.write_config(offset - DEVICE_CFG_OFFSET, data);
         } else if within(NOTIFY_OFFSET, NOTIFY_SIZE) {
             let q = (offset - NOTIFY_OFFSET) / u64::from(NOTIFY_OFF_MULTIPLIER);
-            if let Some(k) = self.kicks.get(q as usize) {
+            if self.active && self.device.serves_inline(q as u16) {
+                self.device.serve_queue(q as u16);
+            } else if let Some(k) = self.kicks.get(q as usize) {
                 let _ = k.write(1);
             }
         } else if within(MSIX_TABLE_OFFSET, self.msix_table_len()) {
@@ -571,5 +598,145 @@ impl Drop for VirtioPciDevice {
             self.device.reset();
         }
         self.unregister_ioevents();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::GuestMemoryMmap;
+    use crate::virtio::status::{ACKNOWLEDGE, DRIVER, DRIVER_OK, FEATURES_OK};
+    use crate::virtio::ActivateError;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Records the notify addresses registered and unregistered.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<(bool, u64)>>);
+
+    impl IoEvents for Recorder {
+        fn register(&self, _fd: &EventFd, addr: u64) -> Result<(), String> {
+            self.0.lock().unwrap().push((true, addr));
+            Ok(())
+        }
+        fn unregister(&self, _fd: &EventFd, addr: u64) -> Result<(), String> {
+            self.0.lock().unwrap().push((false, addr));
+            Ok(())
+        }
+    }
+
+    struct NoMsi;
+    impl MsiSink for NoMsi {
+        fn route(&mut self, _msg: crate::interrupt::MsiMessage) -> Result<(), InterruptError> {
+            Ok(())
+        }
+        fn trigger(&self) {}
+    }
+
+    /// Two queues; queue 0 is served inline once started.
+    #[derive(Default)]
+    struct Fake {
+        started: bool,
+        served: Arc<AtomicUsize>,
+    }
+
+    impl VirtioDevice for Fake {
+        fn device_type(&self) -> u32 {
+            1
+        }
+        fn queue_max_sizes(&self) -> Vec<u16> {
+            vec![16, 16]
+        }
+        fn features(&self) -> u64 {
+            0
+        }
+        fn read_config(&self, _offset: u64, _data: &mut [u8]) {}
+        fn activate(&mut self, _ctx: ActivateContext) -> Result<(), ActivateError> {
+            self.started = true;
+            Ok(())
+        }
+        fn reset(&mut self) {
+            self.started = false;
+        }
+        fn serves_inline(&self, index: u16) -> bool {
+            self.started && index == 0
+        }
+        fn serve_queue(&mut self, index: u16) {
+            assert_eq!(index, 0);
+            self.served.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    const BAR: u64 = 0x1_0000_0000;
+
+    fn common(dev: &mut VirtioPciDevice, offset: u64, data: &[u8]) {
+        dev.write_bar(VIRTIO_BAR, COMMON_CFG_OFFSET + offset, data);
+    }
+
+    /// A queue served inline by the device gets no ioeventfd (a kick must
+    /// exit to the vCPU, which serves it before re-entering the guest);
+    /// the other queue keeps its ioeventfd; after a reset nothing is
+    /// registered and a kick is not served.
+    #[test]
+    fn inline_queues_get_no_ioeventfd_and_are_served_on_notify() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let served = Arc::new(AtomicUsize::new(0));
+        let rec = Arc::new(Recorder::default());
+        let fake = Fake {
+            started: false,
+            served: served.clone(),
+        };
+        let sinks: Vec<Box<dyn MsiSink>> = (0..3).map(|_| Box::new(NoMsi) as _).collect();
+        let mut dev = VirtioPciDevice::with_sinks(
+            Box::new(fake),
+            rec.clone(),
+            sinks,
+            DmaSpace::identity(mem),
+            false,
+        )
+        .unwrap();
+        dev.config_mut().set_bar_address(VIRTIO_BAR, BAR);
+        // Memory space and bus mastering on.
+        dev.write_config_register(1, 0, &[0x6, 0]);
+        common(&mut dev, 0x14, &[ACKNOWLEDGE | DRIVER]);
+        common(&mut dev, 0x08, &1u32.to_le_bytes());
+        common(&mut dev, 0x0c, &1u32.to_le_bytes()); // VERSION_1
+        common(&mut dev, 0x14, &[ACKNOWLEDGE | DRIVER | FEATURES_OK]);
+        for (q, base) in [(0u16, 0x1000u64), (1, 0x4000)] {
+            common(&mut dev, 0x16, &q.to_le_bytes());
+            common(&mut dev, 0x20, &base.to_le_bytes());
+            common(&mut dev, 0x28, &(base + 0x1000).to_le_bytes());
+            common(&mut dev, 0x30, &(base + 0x2000).to_le_bytes());
+            common(&mut dev, 0x1c, &1u16.to_le_bytes());
+        }
+        common(
+            &mut dev,
+            0x14,
+            &[ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK],
+        );
+        let notify = |q: u64| BAR + NOTIFY_OFFSET + q * u64::from(NOTIFY_OFF_MULTIPLIER);
+        assert_eq!(*rec.0.lock().unwrap(), vec![(true, notify(1))]);
+
+        dev.write_bar(VIRTIO_BAR, NOTIFY_OFFSET, &0u16.to_le_bytes());
+        assert_eq!(
+            served.load(Ordering::SeqCst),
+            1,
+            "served before the write returned"
+        );
+        // Queue 1's kick goes to its eventfd, not to serve_queue.
+        dev.write_bar(
+            VIRTIO_BAR,
+            NOTIFY_OFFSET + u64::from(NOTIFY_OFF_MULTIPLIER),
+            &1u16.to_le_bytes(),
+        );
+        assert_eq!(served.load(Ordering::SeqCst), 1);
+        assert_eq!(dev.kicks[1].read().unwrap(), 1);
+
+        common(&mut dev, 0x14, &[0]);
+        assert_eq!(
+            *rec.0.lock().unwrap(),
+            vec![(true, notify(1)), (false, notify(1))]
+        );
+        dev.write_bar(VIRTIO_BAR, NOTIFY_OFFSET, &0u16.to_le_bytes());
+        assert_eq!(served.load(Ordering::SeqCst), 1, "no service after reset");
     }
 }

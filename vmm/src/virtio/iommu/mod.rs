@@ -24,7 +24,7 @@ pub mod options;
 pub mod platform;
 mod request;
 
-pub use options::IommuOptions;
+pub use options::{IommuOptions, RequestServing};
 pub use platform::IommuPlatform;
 
 use std::sync::Arc;
@@ -55,18 +55,24 @@ pub struct VirtioIommu {
     /// Tells the queue threads to stop (reset).
     stop: Option<Arc<EventFd>>,
     threads: Vec<JoinHandle<()>>,
+    serving: RequestServing,
+    /// The request queues of the current activation when served inline
+    /// (indexed by queue number); empty otherwise.
+    inline: Vec<request::RequestQueue>,
 }
 
 impl VirtioIommu {
     /// Wraps `iommu`. Endpoints are added to `iommu` by the VMM as devices
     /// are plugged in.
-    pub fn new(iommu: Arc<IommuDevice>) -> std::io::Result<Self> {
+    pub fn new(iommu: Arc<IommuDevice>, serving: RequestServing) -> std::io::Result<Self> {
         iommu.ack_features(iommu.device_features());
         Ok(Self {
             iommu,
             fault_notify: Arc::new(EventFd::new(libc::EFD_NONBLOCK)?),
             stop: None,
             threads: Vec::new(),
+            serving,
+            inline: Vec::new(),
         })
     }
 
@@ -81,6 +87,7 @@ impl VirtioIommu {
     }
 
     fn stop_threads(&mut self) {
+        self.inline.clear();
         if let Some(stop) = self.stop.take() {
             if let Err(e) = stop.write(1) {
                 warn!("virtio-iommu: cannot stop queue threads: {e}");
@@ -148,13 +155,23 @@ impl VirtioDevice for VirtioIommu {
         }
         let mut threads = Vec::new();
         for q in requests {
-            threads.push(request::spawn(
+            let rq = request::RequestQueue::new(
                 self.iommu.clone(),
-                q,
+                q.index,
+                q.queue,
                 ctx.mem.clone(),
                 ctx.interrupt.clone(),
-                stop.clone(),
-            )?);
+            );
+            match self.serving {
+                RequestServing::Inline => {
+                    let mut rq = rq;
+                    // Buffers may already be there when the driver set
+                    // DRIVER_OK (this runs in that vCPU's thread).
+                    rq.serve();
+                    self.inline.push(rq);
+                }
+                RequestServing::Thread => threads.push(rq.spawn(q.kick, stop.clone())?),
+            }
         }
         match events {
             Some(q) => threads.push(event::spawn(
@@ -181,6 +198,16 @@ impl VirtioDevice for VirtioIommu {
         self.stop_threads();
         self.iommu.reset();
         self.iommu.ack_features(self.iommu.device_features());
+    }
+
+    fn serves_inline(&self, index: u16) -> bool {
+        self.inline.iter().any(|rq| rq.index() == index)
+    }
+
+    fn serve_queue(&mut self, index: u16) {
+        if let Some(rq) = self.inline.iter_mut().find(|rq| rq.index() == index) {
+            rq.serve();
+        }
     }
 }
 
@@ -332,7 +359,7 @@ mod tests {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x100000)]).unwrap();
         let iommu = Arc::new(IommuDevice::new(IommuConfig::default()).unwrap());
         iommu.add_endpoint(EP).unwrap();
-        let mut dev = VirtioIommu::new(iommu.clone()).unwrap();
+        let mut dev = VirtioIommu::new(iommu.clone(), RequestServing::Thread).unwrap();
         assert_eq!(dev.queue_max_sizes(), vec![256, 64]);
         assert_eq!(dev.device_type(), 23);
         let irq = Arc::new(Irq::default());
@@ -411,5 +438,68 @@ mod tests {
             2,
             "no thread serves the queue after reset"
         );
+    }
+
+    /// Inline serving: the request is answered in the caller's thread by
+    /// `serve_queue`, before it returns (no thread, no kick eventfd), and
+    /// the event queue keeps its thread.
+    #[test]
+    fn inline_requests_are_answered_before_serve_queue_returns() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x100000)]).unwrap();
+        let iommu = Arc::new(IommuDevice::new(IommuConfig::default()).unwrap());
+        iommu.add_endpoint(EP).unwrap();
+        let mut dev = VirtioIommu::new(iommu.clone(), RequestServing::Inline).unwrap();
+        let irq = Arc::new(Irq::default());
+        let kicks = [
+            EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+            EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+        ];
+        let features = dev.features();
+        dev.activate(ActivateContext {
+            mem: DmaSpace::identity(mem.clone()),
+            interrupt: irq.clone(),
+            queues: (0..2)
+                .map(|i| ActiveQueue {
+                    index: i as u16,
+                    queue: queue(&mem, i),
+                    kick: kicks[i].try_clone().unwrap(),
+                })
+                .collect(),
+            features,
+        })
+        .unwrap();
+        assert!(dev.serves_inline(0));
+        assert!(
+            !dev.serves_inline(1),
+            "the event queue is not a request queue"
+        );
+
+        let mut attach = vec![1u8, 0, 0, 0];
+        attach.extend_from_slice(&1u32.to_le_bytes());
+        attach.extend_from_slice(&EP.to_le_bytes());
+        attach.extend_from_slice(&[0; 8]);
+        mem.write_slice(&attach, GuestAddress(0x10000)).unwrap();
+        mem.write_slice(&[0xff; 4], GuestAddress(0x11000)).unwrap();
+        desc(&mem, 0, 0, 0x10000, 20, VIRTQ_DESC_F_NEXT, 1);
+        desc(&mem, 0, 1, 0x11000, 4, VIRTQ_DESC_F_WRITE, 0);
+        offer(&mem, 0, 0, 0);
+        // A kick through the eventfd reaches nobody...
+        kicks[0].write(1).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(used_idx(&mem, 0), 0);
+        // ...serve_queue answers before it returns.
+        dev.serve_queue(0);
+        assert_eq!(used_idx(&mem, 0), 1);
+        assert_eq!(used_len(&mem, 0, 0), 4);
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(0x11000)).unwrap(), 0);
+        assert_eq!(iommu.endpoint_domain(EP), Some(1));
+        assert_eq!(irq.queue[0].load(Ordering::SeqCst), 1);
+
+        // After a reset nothing is served inline any more.
+        dev.reset();
+        assert!(!dev.serves_inline(0));
+        offer(&mem, 0, 1, 0);
+        dev.serve_queue(0);
+        assert_eq!(used_idx(&mem, 0), 1);
     }
 }

@@ -1,4 +1,5 @@
-//! `--iommu [impl=scalable|baseline][,bypass=on|off][,queues=N]` and the `iommu=on|off`
+//! `--iommu [impl=scalable|baseline][,bypass=on|off][,queues=N][,requests=inline|thread]`
+//! and the `iommu=on|off`
 //! key shared by the devices that can sit behind it.
 
 use virtio_iommu::mapping::SpaceImpl;
@@ -19,6 +20,22 @@ pub struct IommuOptions {
     /// Request queues offered behind the project's multi-queue feature
     /// (1 = the standard single-queue device).
     pub queues: u16,
+    /// Who serves the request queues: the vCPU that kicked (inline) or one
+    /// thread per queue woken through an ioeventfd.
+    pub requests: RequestServing,
+}
+
+/// Who serves a request queue when the driver kicks it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestServing {
+    /// The kicking vCPU's thread, before it re-enters the guest: a strict
+    /// guest that spins on its UNMAP with interrupts off finds the answer
+    /// on its first look (no thread wake-up on the critical path). The
+    /// device's queues share the transport's lock.
+    Inline,
+    /// A thread per request queue, woken by an ioeventfd: queues are served
+    /// in parallel, and the vCPU returns to the guest at once.
+    Thread,
 }
 
 /// Most request queues `queues=` accepts.
@@ -30,6 +47,7 @@ impl Default for IommuOptions {
             space_impl: SpaceImpl::Scalable,
             bypass: false,
             queues: 1,
+            requests: RequestServing::Thread,
         }
     }
 }
@@ -50,7 +68,7 @@ pub fn parse_on_off(option: &'static str, value: &str, key: &str, v: &str) -> Re
 impl IommuOptions {
     /// Parses `--iommu`; an empty value means the defaults.
     pub fn parse(value: &str) -> Result<Self, Error> {
-        let opts = parse_options("iommu", value, &["impl", "bypass", "queues"])?;
+        let opts = parse_options("iommu", value, &["impl", "bypass", "queues", "requests"])?;
         let mut o = Self::default();
         if let Some(i) = opts.get("impl") {
             o.space_impl = i.parse().map_err(|reason| Error::InvalidOption {
@@ -72,6 +90,19 @@ impl IommuOptions {
                     value: value.to_string(),
                     reason: format!("queues must be 1..={MAX_REQUEST_QUEUES}, not '{q}'"),
                 })?;
+        }
+        if let Some(r) = opts.get("requests") {
+            o.requests = match r.as_str() {
+                "inline" => RequestServing::Inline,
+                "thread" => RequestServing::Thread,
+                other => {
+                    return Err(Error::InvalidOption {
+                        option: "iommu",
+                        value: value.to_string(),
+                        reason: format!("requests must be inline or thread, not '{other}'"),
+                    })
+                }
+            };
         }
         Ok(o)
     }
@@ -97,5 +128,14 @@ mod tests {
         assert!(IommuOptions::parse("queues=0").is_err());
         assert!(IommuOptions::parse("queues=65").is_err());
         assert!(IommuOptions::parse("cache=1").is_err());
+        assert_eq!(
+            IommuOptions::parse("requests=inline").unwrap().requests,
+            RequestServing::Inline
+        );
+        assert_eq!(
+            IommuOptions::parse("").unwrap().requests,
+            RequestServing::Thread
+        );
+        assert!(IommuOptions::parse("requests=vcpu").is_err());
     }
 }

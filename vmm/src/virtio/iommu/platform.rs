@@ -14,7 +14,7 @@ use kvm_ioctls::VmFd;
 use virtio_iommu::device::{IommuConfig, IommuDevice};
 use virtio_iommu::quiesce::Quiescer;
 
-use super::options::IommuOptions;
+use super::options::{IommuOptions, RequestServing};
 use super::VirtioIommu;
 use crate::acpi::viot::{bdf, build_viot, ViotConfig};
 use crate::dma::iommu::IommuTranslate;
@@ -66,7 +66,8 @@ impl IommuPlatform {
         // UNMAPs complete only after they left their older sections.
         let quiescer = Quiescer::new();
         iommu.add_invalidator(quiescer.clone());
-        let device = VirtioIommu::new(iommu.clone()).map_err(|e| dev_err("eventfd", &e))?;
+        let device =
+            VirtioIommu::new(iommu.clone(), opts.requests).map_err(|e| dev_err("eventfd", &e))?;
         let fault_notify = device.fault_notify();
         let transport = VirtioPciDevice::new(
             Box::new(device),
@@ -80,9 +81,13 @@ impl IommuPlatform {
             .add_device(Arc::new(Mutex::new(transport)))
             .map_err(|e| dev_err("PCI", &e))?;
         log::info!(
-            "virtio-iommu at {address} ({} domain tables, {} request queue(s), bypass {})",
+            "virtio-iommu at {address} ({} domain tables, {} request queue(s) served {}, bypass {})",
             opts.space_impl,
             opts.queues,
+            match opts.requests {
+                RequestServing::Inline => "inline",
+                RequestServing::Thread => "by threads",
+            },
             if opts.bypass { "on" } else { "off" }
         );
         Ok(Self {

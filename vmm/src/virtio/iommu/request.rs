@@ -1,4 +1,5 @@
-//! One request queue: a thread with its own library `Worker`.
+//! One request queue with its own library `Worker`, served by a thread of
+//! its own or inline by the vCPU that kicked it.
 //!
 //! Per kick: pop every available chain, copy its device-readable part into
 //! a bounded buffer, let the library handle it, copy the answer back; then
@@ -20,7 +21,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::{scatter, wait};
 use crate::dma::DmaSpace;
 use crate::virtio::chain::{walk_into, Buffer, Chain};
-use crate::virtio::{ActiveQueue, VirtioInterrupt};
+use crate::virtio::VirtioInterrupt;
 
 /// Largest device-readable part copied per request (requests are at most
 /// a few dozen bytes; the rest of a longer buffer is ignored).
@@ -38,7 +39,9 @@ enum Drain {
     Broken,
 }
 
-struct RequestQueue {
+/// One request queue's state: served by its own thread ([`RequestQueue::spawn`])
+/// or inline by the kicking vCPU ([`RequestQueue::serve`]).
+pub(super) struct RequestQueue {
     iommu: Arc<IommuDevice>,
     index: u16,
     queue: Queue,
@@ -49,36 +52,59 @@ struct RequestQueue {
     readable: Vec<u8>,
     writable: Vec<u8>,
     completed: Vec<(u16, u32)>,
+    /// The ring was malformed: nothing more is served until a reset.
+    broken: bool,
 }
 
-/// Starts the thread serving `q`.
-pub(super) fn spawn(
-    iommu: Arc<IommuDevice>,
-    q: ActiveQueue,
-    mem: DmaSpace,
-    interrupt: Arc<dyn VirtioInterrupt>,
-    stop: Arc<EventFd>,
-) -> std::io::Result<JoinHandle<()>> {
-    let worker = iommu.new_worker();
-    let mut rq = RequestQueue {
-        iommu,
-        index: q.index,
-        queue: q.queue,
-        mem,
-        interrupt,
-        worker,
-        chain: Chain::default(),
-        readable: Vec::with_capacity(64),
-        writable: Vec::with_capacity(64),
-        completed: Vec::new(),
-    };
-    let kick = q.kick;
-    std::thread::Builder::new()
-        .name(format!("viommu-req{}", q.index))
-        .spawn(move || {
-            // Buffers may already be there when the driver set DRIVER_OK.
-            while rq.process() && wait(&[&kick], &stop) {}
-        })
+impl RequestQueue {
+    pub(super) fn new(
+        iommu: Arc<IommuDevice>,
+        index: u16,
+        queue: Queue,
+        mem: DmaSpace,
+        interrupt: Arc<dyn VirtioInterrupt>,
+    ) -> Self {
+        let worker = iommu.new_worker();
+        Self {
+            iommu,
+            index,
+            queue,
+            mem,
+            interrupt,
+            worker,
+            chain: Chain::default(),
+            readable: Vec::with_capacity(64),
+            writable: Vec::with_capacity(64),
+            completed: Vec::new(),
+            broken: false,
+        }
+    }
+
+    /// The queue's number.
+    pub(super) fn index(&self) -> u16 {
+        self.index
+    }
+
+    /// Serves what is available now, unless the queue is broken.
+    pub(super) fn serve(&mut self) {
+        if !self.broken {
+            self.broken = !self.process();
+        }
+    }
+
+    /// Starts the thread serving this queue on every `kick` until `stop`.
+    pub(super) fn spawn(
+        mut self,
+        kick: EventFd,
+        stop: Arc<EventFd>,
+    ) -> std::io::Result<JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name(format!("viommu-req{}", self.index))
+            .spawn(move || {
+                // Buffers may already be there when the driver set DRIVER_OK.
+                while self.process() && wait(&[&kick], &stop) {}
+            })
+    }
 }
 
 /// Copies up to `max` bytes from the buffers into `out`.
