@@ -2,7 +2,7 @@
 /*
  * VFIO helpers shared by the guest tools that drive a device from guest
  * userspace through the guest kernel's IOMMU driver (viommu-dma.c,
- * nic-unmap.c): open a device through a type1 container, map and unmap
+ * nic-unmap.c, net-rx-unmap.c): open a device through a type1 container, map and unmap
  * pages of ours at chosen IOVAs. Errors print "VDMA error=..." and exit.
  */
 #ifndef VFIO_UTIL_H
@@ -42,10 +42,11 @@ static uint8_t *page_buf(void)
 
 /*
  * Opens the device through a VFIO type1 container, maps BAR0 (*bar_out),
- * enables memory decoding and bus mastering; returns the container.
+ * enables memory decoding and bus mastering; returns the container and,
+ * when dev_out is not NULL, the device's file descriptor.
  */
-static int vfio_open(const char *bdf, const char *group_no,
-		     volatile uint8_t **bar_out)
+static int vfio_open_device(const char *bdf, const char *group_no,
+			    volatile uint8_t **bar_out, int *dev_out)
 {
 	struct vfio_group_status gs = { .argsz = sizeof(gs) };
 	struct vfio_region_info bar0 = { .argsz = sizeof(bar0),
@@ -92,7 +93,27 @@ static int vfio_open(const char *bdf, const char *group_no,
 	cmd |= 0x6;
 	if (pwrite(dev, &cmd, 2, cfg.offset + 4) != 2)
 		die("write_command");
+	if (dev_out)
+		*dev_out = dev;
 	return container;
+}
+
+static int vfio_open(const char *bdf, const char *group_no,
+		     volatile uint8_t **bar_out)
+{
+	return vfio_open_device(bdf, group_no, bar_out, NULL);
+}
+
+/* The first len bytes of the device's configuration space. */
+static void vfio_read_config(int dev, uint8_t *buf, size_t len)
+{
+	struct vfio_region_info cfg = { .argsz = sizeof(cfg),
+		.index = VFIO_PCI_CONFIG_REGION_INDEX };
+
+	if (ioctl(dev, VFIO_DEVICE_GET_REGION_INFO, &cfg))
+		die("config_region");
+	if (pread(dev, buf, len, cfg.offset) != (ssize_t)len)
+		die("read_config");
 }
 
 static void vfio_map(int container, void *p, uint64_t iova)

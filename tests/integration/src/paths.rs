@@ -41,3 +41,40 @@ pub fn guest_script(name: &str) -> PathBuf {
 pub fn scratch_dir() -> PathBuf {
     build_dir().join("tests")
 }
+
+/// Builds the static guest tool `guest/<name>.c` (gcc is one of the
+/// project's host dependencies) into the scratch directory and returns the
+/// binary's path. Warnings are errors: these tools run as root in the guest.
+pub fn build_guest_tool(name: &str) -> Result<PathBuf, String> {
+    gcc(name, name, &["-static"], &[])
+}
+
+/// Builds `guest/<name>.c` as an `LD_PRELOAD` library `<name>.so` for a
+/// program the tests run in the runner (e.g. the reference QEMU).
+pub fn build_preload_lib(name: &str) -> Result<PathBuf, String> {
+    gcc(
+        name,
+        &format!("{name}.so"),
+        &["-shared", "-fPIC"],
+        &["-ldl"],
+    )
+}
+
+fn gcc(name: &str, out_name: &str, mode: &[&str], libs: &[&str]) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(scratch_dir())
+        .map_err(|e| format!("{}: {e}", scratch_dir().display()))?;
+    let out = scratch_dir().join(out_name);
+    let src = guest_script(&format!("{name}.c"));
+    let st = std::process::Command::new("gcc")
+        .args(mode)
+        .args(["-O2", "-Wall", "-Werror", "-Wno-unused-function", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .args(libs)
+        .status()
+        .map_err(|e| format!("gcc: {e}"))?;
+    if !st.success() {
+        return Err(format!("gcc {} failed: {st}", src.display()));
+    }
+    Ok(out)
+}
