@@ -16,6 +16,11 @@
 #   net-host.sh qemu     -   KERNEL INITRD
 #   net-host.sh qemu-vfio-lazy|qemu-vfio-strict - KERNEL INITRD   (QEMU's
 #       vfio-pci with the runner's assigned NIC behind virtio-iommu-pci)
+#   net-host.sh qemu-vfio - KERNEL INITRD   (the same without a vIOMMU)
+#
+# VFIO_COUNT_PRELOAD=PATH (qemu-vfio*): QEMU runs with that LD_PRELOAD
+# shim (guest/vfio-ioctl-count.c), which prints its VFIO map and unmap
+# calls at exit.
 #
 # dmavisor creates and configures its TAP itself (--net tap=...,ip=,mask=);
 # for QEMU the TAP is created and configured here first, as QEMU's
@@ -67,16 +72,20 @@ dmavisor-vfio|dmavisor-vfio-lazy|dmavisor-vfio-strict|dmavisor-vfio-vvi-*)
         --device "path=/sys/bus/pci/devices/$DMAVISOR_ASSIGN_BDF,id=nic0,iommu=$onoff" -v
     echo "VMM-EXIT rc=$?"
     ;;
-qemu-vfio-lazy|qemu-vfio-strict)
+qemu-vfio|qemu-vfio-lazy|qemu-vfio-strict)
     peer_ip=${DMAVISOR_ASSIGN_PEER%/*}
     extra=""
-    [ "$mode" = qemu-vfio-strict ] && extra="iommu.strict=1"
-    qemu-system-x86_64 -enable-kvm -cpu host -M q35 -smp 2 -m 512 \
+    viommu="-device virtio-iommu-pci"
+    case "$mode" in
+    qemu-vfio) viommu="" ;;
+    qemu-vfio-strict) extra="iommu.strict=1" ;;
+    esac
+    env ${VFIO_COUNT_PRELOAD:+LD_PRELOAD=$VFIO_COUNT_PRELOAD} \
+        qemu-system-x86_64 -enable-kvm -cpu host -M q35 -smp 2 -m 512 \
         -nographic -nodefaults -no-reboot -serial stdio \
         -kernel "$kernel" -initrd "$initrd" \
         -append "$cmdline net_host=$peer_ip net_me=${peer_ip%.*}.2 ${NET_SIZE:+net_size=$NET_SIZE} $extra" \
-        -device virtio-iommu-pci \
-        -device "vfio-pci,host=$DMAVISOR_ASSIGN_BDF"
+        $viommu -device "vfio-pci,host=$DMAVISOR_ASSIGN_BDF"
     echo "VMM-EXIT rc=$?"
     ;;
 qemu)
