@@ -8,12 +8,13 @@
 //! data both ways with the peer over the assigned NIC, as in
 //! tests/virtio_net.rs, and the content is checked on both sides:
 //! without a vIOMMU (bookworm 6.1), and behind dmavisor's vIOMMU with
-//! Linux 6.12's in-tree virtio-iommu driver, lazy and strict; and, as the
-//! reference, QEMU 7.2's vfio-pci behind its virtio-iommu-pci with the same
-//! guest; and behind dmavisor's vIOMMU with the project's vviommu driver
-//! (bookworm 6.1, magazine and identity, lazy-percpu). One runner session
-//! runs the eight cases, the last of which drives the NIC from guest
-//! userspace to show that its DMA after an unmap is blocked.
+//! Linux 6.12's in-tree virtio-iommu driver, lazy and strict; and behind
+//! dmavisor's vIOMMU with the project's vviommu driver (bookworm 6.1,
+//! magazine and identity, lazy-percpu); and, as the reference, QEMU 7.2's
+//! vfio-pci alone and behind its virtio-iommu-pci with the same guests,
+//! its VFIO calls counted by an LD_PRELOAD shim (guest/vfio-ioctl-count.c).
+//! One runner session runs the nine cases, one of which drives the NIC
+//! from guest userspace to show that its DMA after an unmap is blocked.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -23,7 +24,9 @@ use integration_tests::images::{build_initramfs, ensure_images, InitramfsSpec};
 use integration_tests::markers::{
     guest_script_exit, json_field, marker_line, peer_result, token_value,
 };
-use integration_tests::paths::{guest_script, path_arg, repo_root, scratch_dir};
+use integration_tests::paths::{
+    build_guest_tool, build_preload_lib, guest_script, path_arg, repo_root,
+};
 use integration_tests::session::{Case, CaseResult, Plan, SharedSession};
 use integration_tests::vmm::{dmavisor_binary, net_host_argv};
 
@@ -37,6 +40,17 @@ const SESSION_TIMEOUT: Duration = Duration::from_secs(1500);
 fn net_case(name: &str, mode: &str, bin: &str, kernel: &Path, initrd: &Path) -> Case {
     let mut argv = vec!["env".into(), format!("NET_SIZE={SIZE}")];
     argv.extend(net_host_argv(mode, bin, kernel, initrd));
+    Case::new(name, argv, CASE_TIMEOUT_SECS)
+}
+
+/// A reference QEMU case, run under the VFIO call counter `counter`.
+fn qemu_case(name: &str, mode: &str, counter: &Path, kernel: &Path, initrd: &Path) -> Case {
+    let mut argv = vec![
+        "env".into(),
+        format!("NET_SIZE={SIZE}"),
+        format!("VFIO_COUNT_PRELOAD={}", path_arg(counter)),
+    ];
+    argv.extend(net_host_argv(mode, "-", kernel, initrd));
     Case::new(name, argv, CASE_TIMEOUT_SECS)
 }
 
@@ -83,17 +97,7 @@ fn session() -> &'static SharedSession {
             vspec.script_timeout = Some(CASE_TIMEOUT_SECS - 60);
             let vinitrd = build_initramfs(&vspec).map_err(|e| e.to_string())?;
             // The unmap test: the NIC driven from guest userspace via VFIO.
-            let tool = scratch_dir().join("nic-unmap");
-            let src = guest_script("nic-unmap.c");
-            let st = std::process::Command::new("gcc")
-                .args(["-static", "-O2", "-Wall", "-o"])
-                .arg(&tool)
-                .arg(&src)
-                .status()
-                .map_err(|e| format!("gcc: {e}"))?;
-            if !st.success() {
-                return Err(format!("gcc {} failed: {st}", src.display()));
-            }
+            let tool = build_guest_tool("nic-unmap")?;
             let mut uspec = InitramfsSpec::new("trixie", guest_script("nic-unmap.sh"));
             uspec.modules = ["virtio_iommu", "vfio", "vfio_iommu_type1", "vfio_pci"]
                 .map(String::from)
@@ -102,6 +106,7 @@ fn session() -> &'static SharedSession {
             uspec.files = vec![(tool, "/nic-unmap".into())];
             uspec.script_timeout = Some(300);
             let uinitrd = build_initramfs(&uspec).map_err(|e| e.to_string())?;
+            let counter = build_preload_lib("vfio-ioctl-count")?;
             let (bk, tk) = (&bookworm.vmlinuz, &trixie.vmlinuz);
             Ok(Plan::from(vec![
                 net_case("vfio_nic_no_viommu", "dmavisor-vfio", &bin, bk, &initrd),
@@ -144,18 +149,26 @@ fn session() -> &'static SharedSession {
                     ],
                     400,
                 ),
-                // The reference: QEMU 7.2's vfio-pci behind virtio-iommu-pci.
-                net_case(
+                // The reference: QEMU 7.2's vfio-pci, alone and behind
+                // virtio-iommu-pci, with the same guests.
+                qemu_case(
+                    "qemu_vfio_nic_no_viommu",
+                    "qemu-vfio",
+                    &counter,
+                    bk,
+                    &initrd,
+                ),
+                qemu_case(
                     "qemu_vfio_nic_viommu_lazy",
                     "qemu-vfio-lazy",
-                    "-",
+                    &counter,
                     tk,
                     &tinitrd,
                 ),
-                net_case(
+                qemu_case(
                     "qemu_vfio_nic_viommu_strict",
                     "qemu-vfio-strict",
-                    "-",
+                    &counter,
                     tk,
                     &tinitrd,
                 ),
@@ -258,12 +271,20 @@ fn mirror_calls(out: &str) -> (u64, u64) {
     (num(" VFIO map calls"), num(" unmap calls"))
 }
 
-/// Without a vIOMMU all guest RAM is mapped in the container at boot.
+/// Without a vIOMMU all guest RAM is mapped in the container at boot. The
+/// e1000e's register BAR (BAR 0) is a KVM slot over the VFIO mmap, its
+/// MSI-X BAR (BAR 3) stays trapped: the NIC works through both.
 #[test]
 fn vfio_nic_no_viommu() {
     let out = check_nic("vfio_nic_no_viommu", Some("none"));
     assert!(out.contains("vfio nic0: assigned at"), "{out}");
     assert!(out.contains("guest RAM mapped 1:1"), "{out}");
+    let bars = marker_line(&out, "BARs mapped into the guest:").unwrap_or_else(|| panic!("{out}"));
+    assert!(bars.starts_with("[0"), "BAR 0 not mapped directly: {bars}");
+    assert!(
+        !bars.contains('3'),
+        "the MSI-X BAR must stay trapped: {bars}"
+    );
 }
 
 /// Behind the vIOMMU with Linux's in-tree driver, lazy (DMA-FQ): the
@@ -291,44 +312,74 @@ fn vfio_nic_viommu_strict() {
     );
 }
 
-/// The reference: QEMU's vfio-pci behind virtio-iommu-pci, same guest.
+/// The reference: QEMU's vfio-pci alone and behind virtio-iommu-pci, same
+/// guests.
 #[test]
-fn reference_qemu_vfio_nic_viommu() {
+fn reference_qemu_vfio_nic() {
+    check_nic("qemu_vfio_nic_no_viommu", Some("none"));
     check_nic("qemu_vfio_nic_viommu_lazy", Some("DMA-FQ"));
     check_nic("qemu_vfio_nic_viommu_strict", Some("DMA"));
 }
 
-/// dmavisor against QEMU through the vIOMMU, per mode and direction, as
-/// JSON lines (reported, not required: runner figures are for ratios).
-#[test]
-fn vfio_nic_viommu_ratio_to_qemu() {
+/// Throughput (MB/s guest to host, host to guest) of a checked case.
+fn rates(name: &str, group: Option<&str>) -> (f64, f64) {
     let mb = SIZE as f64 / 1e6;
-    let rates = |name: &str| -> (f64, f64) {
-        let group = if name.ends_with("lazy") {
-            "DMA-FQ"
-        } else {
-            "DMA"
-        };
-        let out = check_nic(name, Some(group));
-        let secs = |dir: &str| {
-            peer_result(&out, dir)
-                .and_then(|j| json_field(j, "secs"))
-                .and_then(|s| s.parse::<f64>().ok())
-                .filter(|s| *s > 0.0)
-                .unwrap_or(f64::INFINITY)
-        };
-        (mb / secs("guest_to_host"), mb / secs("host_to_guest"))
+    let out = check_nic(name, group);
+    let secs = |dir: &str| {
+        peer_result(&out, dir)
+            .and_then(|j| json_field(j, "secs"))
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|s| *s > 0.0)
+            .unwrap_or(f64::INFINITY)
     };
-    for mode in ["lazy", "strict"] {
-        let (d_tx, d_rx) = rates(&format!("vfio_nic_viommu_{mode}"));
-        let (q_tx, q_rx) = rates(&format!("qemu_vfio_nic_viommu_{mode}"));
+    (mb / secs("guest_to_host"), mb / secs("host_to_guest"))
+}
+
+/// Each configuration's throughput as a ratio to the same VMM without a
+/// vIOMMU, dmavisor beside QEMU, per direction, as JSON lines (reported,
+/// not required: runner figures are for ratios, one run each).
+#[test]
+fn vfio_nic_ratios_to_no_viommu() {
+    let configs: [(&str, Option<&str>, Option<&str>); 4] = [
+        ("viommu_lazy", Some("DMA-FQ"), Some("DMA-FQ")),
+        ("viommu_strict", Some("DMA"), Some("DMA")),
+        ("vviommu_magazine", None, None),
+        ("vviommu_identity", None, None),
+    ];
+    let (d_off_tx, d_off_rx) = rates("vfio_nic_no_viommu", Some("none"));
+    let (q_off_tx, q_off_rx) = rates("qemu_vfio_nic_no_viommu", Some("none"));
+    let ratio = |(tx, rx): (f64, f64), (off_tx, off_rx): (f64, f64)| {
+        format!("[{:.3}, {:.3}]", tx / off_tx, rx / off_rx)
+    };
+    for (config, group, qemu_group) in configs {
+        let d = rates(&format!("vfio_nic_{config}"), group);
+        assert!(d.0 > 0.0 && d.1 > 0.0, "{config}: no throughput");
+        // QEMU runs the in-tree driver's configurations only.
+        let q = config
+            .starts_with("viommu_")
+            .then(|| rates(&format!("qemu_vfio_nic_{config}"), qemu_group));
         println!(
-            "{{\"bench\": \"vfio-nic-viommu\", \"mode\": \"{mode}\", \"dmavisor_MBps\": [{d_tx:.3}, {d_rx:.3}], \"qemu_MBps\": [{q_tx:.3}, {q_rx:.3}], \"dmavisor_over_qemu\": [{:.3}, {:.3}]}}",
-            d_tx / q_tx,
-            d_rx / q_rx
+            "{{\"bench\": \"vfio-nic\", \"config\": \"{config}\", \"dmavisor_MBps\": [{:.3}, {:.3}], \"dmavisor_over_no_viommu\": {}, \"qemu_MBps\": {}, \"qemu_over_no_viommu\": {}, \"order\": \"[guest_to_host, host_to_guest]\"}}",
+            d.0,
+            d.1,
+            ratio(d, (d_off_tx, d_off_rx)),
+            q.map_or("null".into(), |q| format!("[{:.3}, {:.3}]", q.0, q.1)),
+            q.map_or("null".into(), |q| ratio(q, (q_off_tx, q_off_rx))),
         );
-        assert!(d_tx > 0.0 && d_rx > 0.0);
     }
+}
+
+/// QEMU's VFIO calls (maps, unmaps), printed at its exit by the counter
+/// shim; the line of the process that made the most maps.
+fn qemu_vfio_calls(out: &str) -> (u64, u64) {
+    out.lines()
+        .filter(|l| l.contains("VFIO-IOCTL-COUNT"))
+        .map(|l| {
+            let n = |k: &str| token_value(l, k).and_then(|v| v.parse().ok()).unwrap_or(0);
+            (n("maps"), n("unmaps"))
+        })
+        .max()
+        .unwrap_or_else(|| panic!("no VFIO-IOCTL-COUNT line:\n{out}"))
 }
 
 /// Behind the vIOMMU with the project's driver (bookworm 6.1, vviommu
@@ -383,6 +434,26 @@ fn vfio_unmaps_are_batched() {
         unmaps <= ranges && unmaps * 10 >= ranges * 9,
         "strict: {unmaps} VFIO unmap calls for {ranges} ranges"
     );
+    // QEMU, same guest and NIC: one VFIO unmap per UNMAP notification.
+    for mode in ["lazy", "strict"] {
+        let (d_maps, d_unmaps, _) = mirror_counts(&case(&format!("vfio_nic_viommu_{mode}")).output);
+        let (q_maps, q_unmaps) =
+            qemu_vfio_calls(&case(&format!("qemu_vfio_nic_viommu_{mode}")).output);
+        let (d, q) = (
+            d_unmaps * 1000 / d_maps.max(1),
+            q_unmaps * 1000 / q_maps.max(1),
+        );
+        println!(
+            "{{\"bench\": \"vfio-unmap-calls\", \"mode\": \"{mode}\", \"dmavisor_per_1000_dma\": {d}, \"qemu_per_1000_dma\": {q}, \"qemu_maps\": {q_maps}, \"qemu_unmaps\": {q_unmaps}}}"
+        );
+        assert!(q_maps >= 1000, "QEMU {mode}: {q_maps} VFIO maps");
+        if mode == "lazy" {
+            assert!(
+                d < q,
+                "lazy: dmavisor makes {d} VFIO unmap calls per 1000 DMAs, QEMU {q}"
+            );
+        }
+    }
 }
 
 /// Once the guest's unmap of a receive buffer has returned, the assigned

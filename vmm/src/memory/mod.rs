@@ -2,5 +2,6 @@
 
 pub mod guest;
 pub mod layout;
+pub mod slots;
 
 pub use guest::{create_guest_memory, GuestMemoryMmap};

@@ -11,16 +11,20 @@
 //!   handed to VFIO, so the device's interrupts reach the guest without the
 //!   VMM on the path.
 //!
-//! Every BAR access is trapped (no BAR becomes a KVM memory slot yet):
-//! correct for every BAR, slower for a NIC's doorbells than a direct map.
+//! A BAR that VFIO lets us mmap whole and that holds no MSI-X structure
+//! becomes a KVM memory slot ([`DirectBar`]): the guest reaches the device
+//! without an exit. Accesses to the other BARs (and to a mapped BAR while
+//! its slot is absent) are trapped and forwarded to the VFIO regions.
 
 use std::sync::Arc;
 
+use kvm_ioctls::VmFd;
 use log::{debug, info, warn};
 use vfio_bindings::bindings::vfio::VFIO_PCI_CONFIG_REGION_INDEX;
 use vfio_ioctls::VfioDevice;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::direct_bar::DirectBar;
 use crate::pci::{BarKind, BarReprogram, PciConfiguration, PciDevice, PciHeader};
 use crate::virtio::msix::{MsiSink, MsixState, MSIX_CAP_ID, MSIX_ENABLE};
 
@@ -136,13 +140,18 @@ pub struct VfioPciDevice {
     config: PciConfiguration,
     device: Arc<VfioDevice>,
     msix: Option<MsixBlock>,
+    vm: Arc<VmFd>,
+    /// BARs mapped into the guest through KVM slots.
+    direct: Vec<DirectBar>,
 }
 
 impl VfioPciDevice {
-    /// Wraps `device` (already reset); `vectors` back its MSI-X table.
+    /// Wraps `device` (already reset); `vectors` back its MSI-X table;
+    /// directly mapped BARs get their slots in `vm`.
     pub fn new(
         name: String,
         device: Arc<VfioDevice>,
+        vm: Arc<VmFd>,
         mut vectors: impl FnMut() -> Option<(Box<dyn MsiSink>, EventFd)>,
     ) -> Result<Self, String> {
         let mut cfg = vec![0u8; CONFIG_SIZE];
@@ -164,7 +173,8 @@ impl VfioPciDevice {
             subsystem_id: w(0x2e),
             interrupt_pin: 0,
         });
-        for (i, size, kind) in bar_layout(&cfg, |i| device.get_region_size(i as u32)) {
+        let layout = bar_layout(&cfg, |i| device.get_region_size(i as u32));
+        for &(i, size, kind) in &layout {
             // A BAR smaller than the minimum decodes as the minimum.
             let size = size
                 .next_power_of_two()
@@ -203,19 +213,46 @@ impl VfioPciDevice {
             }
             None => None,
         };
+        let holds_msix = |bar: usize| {
+            msix.as_ref()
+                .is_some_and(|m| m.table_bar == bar || m.pba_bar == bar)
+        };
+        let direct: Vec<DirectBar> = layout
+            .iter()
+            .filter(|(i, _, kind)| kind.is_memory() && !holds_msix(*i))
+            .filter_map(|&(i, _, _)| DirectBar::try_new(&device, i))
+            .collect();
         info!(
-            "vfio {name}: {vendor_id:04x}:{:04x} class {:02x}{:02x}, MSI-X vectors {}",
+            "vfio {name}: {vendor_id:04x}:{:04x} class {:02x}{:02x}, MSI-X vectors {}, BARs mapped into the guest: {:?}",
             w(2),
             b(0x0b),
             b(0x0a),
-            msix.as_ref().map_or(0, |m| m.state.len())
+            msix.as_ref().map_or(0, |m| m.state.len()),
+            direct.iter().map(DirectBar::bar).collect::<Vec<_>>()
         );
         Ok(Self {
             name,
             config,
             device,
             msix,
+            vm,
+            direct,
         })
+    }
+
+    /// Puts each directly mapped BAR's slot where the guest's configuration
+    /// says (absent while the BAR has no address or memory space is off).
+    fn place_direct_bars(&mut self) {
+        for d in &mut self.direct {
+            let want = self
+                .config
+                .bar(d.bar())
+                .filter(|b| b.addr != 0 && self.config.bar_decodes(d.bar()))
+                .map(|b| b.addr);
+            if let Err(e) = d.place(&self.vm, want) {
+                warn!("vfio {}: {e}; the BAR stays trapped", self.name);
+            }
+        }
     }
 
     fn device_config_read(&self, offset: u64, data: &mut [u8]) {
@@ -338,6 +375,8 @@ impl PciDevice for VfioPciDevice {
                     self.device_config_write(4 + offset, cmd);
                 }
             }
+            // The command word or a BAR changed: the slots follow.
+            self.place_direct_bars();
             return moved;
         }
         if let Some(cap) = self.msix.as_ref().map(|m| m.cap) {
@@ -389,6 +428,10 @@ impl PciDevice for VfioPciDevice {
 
 impl Drop for VfioPciDevice {
     fn drop(&mut self) {
+        // Slots go before their mmaps (dropped with `direct`).
+        for d in &mut self.direct {
+            let _ = d.place(&self.vm, None);
+        }
         if self.msix.as_ref().is_some_and(|m| m.live) {
             let _ = self.device.disable_msix();
         }

@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod device;
+mod direct_bar;
 pub mod mirror;
 
 use std::path::Path;
@@ -104,7 +105,8 @@ pub fn add_vfio_device(
         let fd = v.try_clone_eventfd().ok()?;
         Some((Box::new(v), fd))
     };
-    let dev = VfioPciDevice::new(name.clone(), device, &mut vectors).map_err(Error::Device)?;
+    let dev = VfioPciDevice::new(name.clone(), device, res.vm.clone(), &mut vectors)
+        .map_err(Error::Device)?;
     let addr = res
         .pci
         .add_device(Arc::new(Mutex::new(dev)))
