@@ -40,6 +40,35 @@ peer=$!
 i=0
 while ! grep -q PEER-READY "$peer_out" && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
 
+# Runs the VMM command "$@" and prints its status. A stalled transfer (the
+# peer says PEER-STALL after 180 s without data), or a VMM still running
+# 120 s after both transfers ended (the guest hung on its way down), ends
+# it at once instead of at the case's time-out: a guest that stopped
+# (issue 16) then costs minutes, not a quarter of an hour.
+run_vmm() {
+    "$@" &
+    vm=$!
+    done_for=0
+    while kill -0 "$vm" 2>/dev/null; do
+        if grep -q PEER-STALL "$peer_out"; then
+            echo "GUEST-STALL: the peer saw no data; stopping the VMM"
+            kill "$vm"
+            break
+        fi
+        if [ "$(grep -c PEER-RESULT "$peer_out")" -ge 2 ]; then
+            done_for=$((done_for + 2))
+            if [ $done_for -gt 120 ]; then
+                echo "GUEST-STALL: the VMM did not exit 120 s after the transfers; stopping it"
+                kill "$vm"
+                break
+            fi
+        fi
+        sleep 2
+    done
+    wait "$vm"
+    echo "VMM-EXIT rc=$?"
+}
+
 case "$mode" in
 dmavisor|dmavisor-mq|dmavisor-viommu)
     queues=2
@@ -51,10 +80,9 @@ dmavisor|dmavisor-mq|dmavisor-viommu)
         viommu="--iommu"
     fi
     # dmavisor guests also check that bus mastering off stops the NIC's DMA.
-    "$bin" --kernel "$kernel" --initramfs "$initrd" --cmdline "$cmdline net_nomaster=1" \
+    run_vmm "$bin" --kernel "$kernel" --initramfs "$initrd" --cmdline "$cmdline net_nomaster=1" \
         --cpus boot=2 --memory size=512M --serial tty $viommu \
         --net tap=dmvtap0,mac=52:54:00:12:34:56,ip=192.168.249.1,mask=255.255.255.0,num_queues=$queues,iommu=$iommu -v
-    echo "VMM-EXIT rc=$?"
     ;;
 dmavisor-vfio|dmavisor-vfio-lazy|dmavisor-vfio-strict|dmavisor-vfio-vvi-*)
     peer_ip=${DMAVISOR_ASSIGN_PEER%/*}
@@ -66,11 +94,10 @@ dmavisor-vfio|dmavisor-vfio-lazy|dmavisor-vfio-strict|dmavisor-vfio-vvi-*)
     *-strict) viommu="--iommu"; onoff=on; extra="iommu.strict=1" ;;
     *-vvi-*) viommu="--iommu"; onoff=on; extra="vvi_policy=${mode##*-vvi-} vvi_inval=lazy-percpu" ;;
     esac
-    "$bin" --kernel "$kernel" --initramfs "$initrd" \
+    run_vmm "$bin" --kernel "$kernel" --initramfs "$initrd" \
         --cmdline "$cmdline net_host=$peer_ip net_me=${peer_ip%.*}.2 ${NET_SIZE:+net_size=$NET_SIZE} $extra" \
         --cpus boot=2 --memory size=512M --serial tty $viommu \
         --device "path=/sys/bus/pci/devices/$DMAVISOR_ASSIGN_BDF,id=nic0,iommu=$onoff" -v
-    echo "VMM-EXIT rc=$?"
     ;;
 qemu-vfio|qemu-vfio-lazy|qemu-vfio-strict)
     peer_ip=${DMAVISOR_ASSIGN_PEER%/*}
@@ -80,24 +107,22 @@ qemu-vfio|qemu-vfio-lazy|qemu-vfio-strict)
     qemu-vfio) viommu="" ;;
     qemu-vfio-strict) extra="iommu.strict=1" ;;
     esac
-    env ${VFIO_COUNT_PRELOAD:+LD_PRELOAD=$VFIO_COUNT_PRELOAD} \
+    run_vmm env ${VFIO_COUNT_PRELOAD:+LD_PRELOAD=$VFIO_COUNT_PRELOAD} \
         qemu-system-x86_64 -enable-kvm -cpu host -M q35 -smp 2 -m 512 \
         -nographic -nodefaults -no-reboot -serial stdio \
         -kernel "$kernel" -initrd "$initrd" \
         -append "$cmdline net_host=$peer_ip net_me=${peer_ip%.*}.2 ${NET_SIZE:+net_size=$NET_SIZE} $extra" \
-        $viommu -device "vfio-pci,host=$DMAVISOR_ASSIGN_BDF"
-    echo "VMM-EXIT rc=$?"
+        $viommu -device "vfio-pci,host=$DMAVISOR_ASSIGN_BDF" </dev/null
     ;;
 qemu)
     ip tuntap add dev qtap0 mode tap
     ip addr add 192.168.249.1/24 dev qtap0
     ip link set qtap0 up
-    qemu-system-x86_64 -enable-kvm -cpu host -M q35 -smp 2 -m 512 \
+    run_vmm qemu-system-x86_64 -enable-kvm -cpu host -M q35 -smp 2 -m 512 \
         -nographic -nodefaults -no-reboot -serial stdio \
         -kernel "$kernel" -initrd "$initrd" -append "$cmdline" \
         -netdev tap,id=n0,ifname=qtap0,script=no,downscript=no,vhost=off \
-        -device virtio-net-pci,netdev=n0,mac=52:54:00:12:34:56,disable-legacy=on
-    echo "VMM-EXIT rc=$?"
+        -device virtio-net-pci,netdev=n0,mac=52:54:00:12:34:56,disable-legacy=on </dev/null
     ip link del qtap0
     ;;
 *)
