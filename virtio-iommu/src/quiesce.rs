@@ -378,15 +378,13 @@ mod loom_tests {
     use super::*;
     use loom::sync::atomic::AtomicBool;
 
-    /// Every interleaving, under the C++ memory model as loom explores it,
-    /// of a device thread's translate-and-use section with an UNMAP, its
-    /// completion (`synchronize`) and the guest's reuse of the page: the
-    /// device's write never lands after `synchronize` returned. The
-    /// "table" and the "page" are relaxed on purpose: the quiescer's own
-    /// fences must carry the ordering.
-    #[test]
-    fn no_interleaving_lets_a_dma_land_after_sync() {
-        loom::model(|| {
+    /// One device thread runs `sections` translate-and-use sections (the
+    /// n-th writes n into the page if the mapping is still there) while the
+    /// main thread unmaps, synchronizes and reuses the page (writes 99).
+    /// The "table" and the "page" are relaxed on purpose: the quiescer's
+    /// own fences and slot orderings must carry the ordering.
+    fn model(sections: u64) {
+        loom::model(move || {
             let q = Quiescer::new();
             let slot = q.register().unwrap();
             let mapped = Arc::new(AtomicBool::new(true));
@@ -394,46 +392,35 @@ mod loom_tests {
             let device = {
                 let (mapped, page) = (Arc::clone(&mapped), Arc::clone(&page));
                 loom::thread::spawn(move || {
-                    let _section = slot.enter();
-                    if mapped.load(Ordering::Relaxed) {
-                        page.store(1, Ordering::Relaxed);
+                    for n in 1..=sections {
+                        let _section = slot.enter();
+                        if mapped.load(Ordering::Relaxed) {
+                            page.store(n, Ordering::Relaxed);
+                        }
                     }
                 })
             };
             mapped.store(false, Ordering::Relaxed); // UNMAP
             q.synchronize(); // its completion
-            page.store(2, Ordering::Relaxed); // the guest reuses the page
+            page.store(99, Ordering::Relaxed); // the guest reuses the page
             device.join().unwrap();
-            assert_eq!(page.load(Ordering::Relaxed), 2, "DMA landed after sync");
+            assert_eq!(page.load(Ordering::Relaxed), 99, "DMA landed after sync");
         });
     }
 
-    /// Two sections back to back on one device thread, racing one sync:
-    /// the second section may start before or after the epoch moved, and
+    /// Every interleaving of one section with an UNMAP, its completion and
+    /// the reuse of the page: the device's write never lands after
+    /// `synchronize` returned, also when the thread drops its slot first.
+    #[test]
+    fn no_interleaving_lets_a_dma_land_after_sync() {
+        model(1);
+    }
+
+    /// Two sections back to back racing one sync: the second may start
+    /// before or after the epoch moved (and then is not waited for), and
     /// neither may write after the sync returned.
     #[test]
     fn back_to_back_sections_are_covered() {
-        loom::model(|| {
-            let q = Quiescer::new();
-            let slot = q.register().unwrap();
-            let mapped = Arc::new(AtomicBool::new(true));
-            let page = Arc::new(AtomicU64::new(0));
-            let device = {
-                let (mapped, page) = (Arc::clone(&mapped), Arc::clone(&page));
-                loom::thread::spawn(move || {
-                    for v in 1..=2 {
-                        let _section = slot.enter();
-                        if mapped.load(Ordering::Relaxed) {
-                            page.store(v, Ordering::Relaxed);
-                        }
-                    }
-                })
-            };
-            mapped.store(false, Ordering::Relaxed);
-            q.synchronize();
-            page.store(9, Ordering::Relaxed);
-            device.join().unwrap();
-            assert_eq!(page.load(Ordering::Relaxed), 9, "DMA landed after sync");
-        });
+        model(2);
     }
 }

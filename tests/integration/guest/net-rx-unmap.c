@@ -21,7 +21,8 @@
  * Output: "NET-UNMAP key=value" lines per round, then the summary
  * "NET-UNMAP-RESULT" with
  * rounds, raced (buffers unmapped before the device completed them),
- * corrupted (canaries changed), needs_reset (rounds that ended with the
+ * raced_rounds (rounds with at least one), corrupted (canaries changed),
+ * needs_reset (raced rounds that ended with the
  * device stopped) and frames (buffers completed while mapped).
  */
 #define _GNU_SOURCE
@@ -243,7 +244,7 @@ static uint16_t used_idx(struct dev *d)
 }
 
 struct tally {
-	int raced, corrupted, needs_reset, frames;
+	int raced, raced_rounds, corrupted, needs_reset, frames;
 };
 
 /*
@@ -252,7 +253,7 @@ struct tally {
  */
 static int round_once(struct dev *d, struct tally *t)
 {
-	int mapped[NBUF], done_at_unmap[NBUF], i, first, bad;
+	int mapped[NBUF], done_at_unmap[NBUF], i, first, bad, raced;
 	double t0;
 	uint16_t u;
 
@@ -286,13 +287,26 @@ static int round_once(struct dev *d, struct tally *t)
 		done_at_unmap[i] = used_idx(d) > i;
 		memset(d->buf[i], CANARY, PAGE);
 	}
-	/* Frames keep coming: give the device time to try the dead pages. */
+	/*
+	 * Frames keep coming: the device reaches a dead page and must stop.
+	 * Wait for that (up to 5 s: the flood is not paced), then a little
+	 * longer for a late write to show.
+	 */
+	raced = 0;
+	for (i = first; i < NBUF; i++)
+		raced += !done_at_unmap[i];
 	t0 = now();
-	while (now() - t0 < 0.5)
+	while (raced && !(r8(d, CC_STATUS) & ST_NEEDS_RESET) && now() - t0 < 5)
+		;
+	t0 = now();
+	while (now() - t0 < 0.2)
 		;
 	u = used_idx(d);
-	if (r8(d, CC_STATUS) & ST_NEEDS_RESET)
-		t->needs_reset++;
+	if (raced) {
+		t->raced_rounds++;
+		if (r8(d, CC_STATUS) & ST_NEEDS_RESET)
+			t->needs_reset++;
+	}
 	bad = 0;
 	for (i = first; i < NBUF; i++) {
 		int j;
@@ -348,7 +362,8 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
-	printf("NET-UNMAP-RESULT rounds=%d raced=%d corrupted=%d needs_reset=%d frames=%d\n",
-	       rounds, t.raced, t.corrupted, t.needs_reset, t.frames);
+	printf("NET-UNMAP-RESULT rounds=%d raced=%d raced_rounds=%d corrupted=%d needs_reset=%d frames=%d\n",
+	       rounds, t.raced, t.raced_rounds, t.corrupted, t.needs_reset,
+	       t.frames);
 	return 0;
 }

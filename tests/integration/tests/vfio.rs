@@ -32,10 +32,11 @@ use integration_tests::paths::{
 use integration_tests::session::{Case, CaseResult, Plan, SharedSession};
 use integration_tests::vmm::{dmavisor_binary, net_host_argv};
 
-/// Bytes each way: a few MiB, which keeps the vIOMMU traffic (one MAP
-/// and one UNMAP per packet) and with it the nested runner's exposure to
-/// its own crashes (issue 16) down.
-const SIZE: u64 = 2 << 20;
+/// Bytes each way: 1 MiB, which keeps the vIOMMU traffic (one MAP and one
+/// UNMAP per packet) and with it the nested runner's exposure to its own
+/// crashes (issue 16) down: at 2 MiB one clean-clone run lost the session
+/// to the runner kernel's panic. Still thousands of MAPs per case.
+const SIZE: u64 = 1 << 20;
 const CASE_TIMEOUT_SECS: u32 = 900;
 const SESSION_TIMEOUT: Duration = Duration::from_secs(1500);
 
@@ -296,8 +297,8 @@ fn vfio_nic_viommu_lazy() {
     let out = check_nic("vfio_nic_viommu_lazy", Some("DMA-FQ"));
     assert!(out.contains("behind the vIOMMU"), "{out}");
     let (maps, unmaps) = mirror_calls(&out);
-    // 2 MiB each way is thousands of packets, each mapped by the driver.
-    assert!(maps >= 1000, "VFIO map calls: {maps}");
+    // 1 MiB each way is hundreds of packets each way, each mapped.
+    assert!(maps >= 500, "VFIO map calls: {maps}");
     assert!(unmaps > 0, "VFIO unmap calls: {unmaps}");
 }
 
@@ -307,7 +308,7 @@ fn vfio_nic_viommu_lazy() {
 fn vfio_nic_viommu_strict() {
     let out = check_nic("vfio_nic_viommu_strict", Some("DMA"));
     let (maps, unmaps) = mirror_calls(&out);
-    assert!(maps >= 1000, "VFIO map calls: {maps}");
+    assert!(maps >= 500, "VFIO map calls: {maps}");
     assert!(
         unmaps >= maps / 2,
         "strict unmaps follow maps: {maps} / {unmaps}"
@@ -459,7 +460,7 @@ fn vfio_unmaps_are_batched() {
         println!(
             "{{\"bench\": \"vfio-unmap-calls\", \"mode\": \"{mode}\", \"dmavisor_per_1000_dma\": {d}, \"qemu_per_1000_dma\": {q}, \"qemu_maps\": {q_maps}, \"qemu_unmaps\": {q_unmaps}}}"
         );
-        assert!(q_maps >= 1000, "QEMU {mode}: {q_maps} VFIO maps");
+        assert!(q_maps >= 500, "QEMU {mode}: {q_maps} VFIO maps");
         if mode == "lazy" {
             assert!(
                 d < q,

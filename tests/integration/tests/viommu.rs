@@ -340,9 +340,10 @@ fn virtio_net_rx_buffer_unmapped_by_guest() {
             .unwrap_or_else(|| panic!("{k} in {line}"))
     };
     println!(
-        "{{\"test\": \"net-rx-unmap\", \"rounds\": {}, \"raced\": {}, \"corrupted\": {}, \"needs_reset\": {}, \"frames\": {}}}",
+        "{{\"test\": \"net-rx-unmap\", \"rounds\": {}, \"raced\": {}, \"raced_rounds\": {}, \"corrupted\": {}, \"needs_reset\": {}, \"frames\": {}}}",
         get("rounds"),
         get("raced"),
+        get("raced_rounds"),
         get("corrupted"),
         get("needs_reset"),
         get("frames")
@@ -357,10 +358,11 @@ fn virtio_net_rx_buffer_unmapped_by_guest() {
         get("frames") >= NET_UNMAP_ROUNDS,
         "frames must land while mapped: {line}"
     );
-    // Every round leaves buffers the device had not reached when they were
-    // unmapped, and the flood makes it reach them: it must stop each time.
-    assert!(get("raced") >= NET_UNMAP_ROUNDS, "{line}");
-    assert_eq!(get("needs_reset"), NET_UNMAP_ROUNDS, "{line}");
+    // Most rounds leave buffers the device had not reached when they were
+    // unmapped (a round can lose the race entirely), and the flood makes
+    // the device reach them: every such round must end with it stopped.
+    assert!(get("raced_rounds") * 2 >= NET_UNMAP_ROUNDS, "{line}");
+    assert_eq!(get("needs_reset"), get("raced_rounds"), "{line}");
     assert!(out.contains("FAULT-LOG"), "no fault reported: {ctx}");
 }
 

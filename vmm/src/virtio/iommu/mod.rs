@@ -346,6 +346,20 @@ mod tests {
             .unwrap()
     }
 
+    /// Publishes ATTACH endpoint EP to domain 1 as the first request of
+    /// queue 0 (readable request at 0x10000, writable status at 0x11000).
+    fn offer_attach(mem: &GuestMemoryMmap) {
+        let mut attach = vec![1u8, 0, 0, 0];
+        attach.extend_from_slice(&1u32.to_le_bytes());
+        attach.extend_from_slice(&EP.to_le_bytes());
+        attach.extend_from_slice(&[0; 8]);
+        mem.write_slice(&attach, GuestAddress(0x10000)).unwrap();
+        mem.write_slice(&[0xff; 4], GuestAddress(0x11000)).unwrap();
+        desc(mem, 0, 0, 0x10000, 20, VIRTQ_DESC_F_NEXT, 1);
+        desc(mem, 0, 1, 0x11000, 4, VIRTQ_DESC_F_WRITE, 0);
+        offer(mem, 0, 0, 0);
+    }
+
     fn wait_used(mem: &GuestMemoryMmap, q: usize, want: u16) {
         let t = Instant::now();
         while used_idx(mem, q) < want {
@@ -387,16 +401,7 @@ mod tests {
         })
         .unwrap();
 
-        // ATTACH endpoint 8 to domain 1: readable request, writable tail.
-        let mut attach = vec![1u8, 0, 0, 0];
-        attach.extend_from_slice(&1u32.to_le_bytes());
-        attach.extend_from_slice(&EP.to_le_bytes());
-        attach.extend_from_slice(&[0; 8]);
-        mem.write_slice(&attach, GuestAddress(0x10000)).unwrap();
-        mem.write_slice(&[0xff; 4], GuestAddress(0x11000)).unwrap();
-        desc(&mem, 0, 0, 0x10000, 20, VIRTQ_DESC_F_NEXT, 1);
-        desc(&mem, 0, 1, 0x11000, 4, VIRTQ_DESC_F_WRITE, 0);
-        offer(&mem, 0, 0, 0);
+        offer_attach(&mem);
         kicks[0].write(1).unwrap();
         wait_used(&mem, 0, 1);
         assert_eq!(used_len(&mem, 0, 0), 4);
@@ -474,15 +479,7 @@ mod tests {
             "the event queue is not a request queue"
         );
 
-        let mut attach = vec![1u8, 0, 0, 0];
-        attach.extend_from_slice(&1u32.to_le_bytes());
-        attach.extend_from_slice(&EP.to_le_bytes());
-        attach.extend_from_slice(&[0; 8]);
-        mem.write_slice(&attach, GuestAddress(0x10000)).unwrap();
-        mem.write_slice(&[0xff; 4], GuestAddress(0x11000)).unwrap();
-        desc(&mem, 0, 0, 0x10000, 20, VIRTQ_DESC_F_NEXT, 1);
-        desc(&mem, 0, 1, 0x11000, 4, VIRTQ_DESC_F_WRITE, 0);
-        offer(&mem, 0, 0, 0);
+        offer_attach(&mem);
         // A kick through the eventfd reaches nobody...
         kicks[0].write(1).unwrap();
         std::thread::sleep(Duration::from_millis(20));
