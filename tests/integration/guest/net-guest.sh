@@ -58,6 +58,10 @@ fi
 ip link set lo up
 ip addr add $ME/24 dev "$iface"
 ip link set "$iface" up
+# The interrupt kind the driver got at open: msi, msix, or none (a legacy
+# line), one word per kind in use.
+irqs=$(cat /sys/bus/pci/devices/$pci/msi_irqs/* 2>/dev/null | sort -u | tr '\n' ',')
+echo "GUEST-NET-IRQ mode=${irqs:-none} vectors=$(ls /sys/bus/pci/devices/$pci/msi_irqs 2>/dev/null | wc -l)"
 
 # The link may need a moment; ping until the host answers (bounded).
 ok=0

@@ -8,6 +8,8 @@
 #   net-host.sh dmavisor-viommu BIN KERNEL INITRD   (--iommu, NIC iommu=on)
 #   net-host.sh dmavisor-vfio BIN KERNEL INITRD     (the runner's assigned
 #       NIC, DMAVISOR_ASSIGN_BDF, through --device; its peer is the host)
+#   net-host.sh dmavisor-vfio-msi BIN KERNEL INITRD   (the same, the guest's
+#       e1000e told to use MSI instead of MSI-X)
 #   net-host.sh dmavisor-vfio-lazy|dmavisor-vfio-strict BIN KERNEL INITRD
 #       (the same NIC behind --iommu, the guest's driver lazy or strict)
 #   net-host.sh dmavisor-vfio-vvi-POLICY BIN KERNEL INITRD
@@ -84,12 +86,13 @@ dmavisor|dmavisor-mq|dmavisor-viommu)
         --cpus boot=2 --memory size=512M --serial tty $viommu \
         --net tap=dmvtap0,mac=52:54:00:12:34:56,ip=192.168.249.1,mask=255.255.255.0,num_queues=$queues,iommu=$iommu -v
     ;;
-dmavisor-vfio|dmavisor-vfio-lazy|dmavisor-vfio-strict|dmavisor-vfio-vvi-*)
+dmavisor-vfio|dmavisor-vfio-msi|dmavisor-vfio-lazy|dmavisor-vfio-strict|dmavisor-vfio-vvi-*)
     peer_ip=${DMAVISOR_ASSIGN_PEER%/*}
     viommu=""
     onoff=off
     extra=""
     case "$mode" in
+    *-msi) extra="e1000e.IntMode=1" ;;
     *-lazy) viommu="--iommu"; onoff=on ;;
     *-strict) viommu="--iommu"; onoff=on; extra="iommu.strict=1" ;;
     *-vvi-*) viommu="--iommu"; onoff=on; extra="vvi_policy=${mode##*-vvi-} vvi_inval=lazy-percpu" ;;

@@ -9,7 +9,10 @@
 //! - the MSI-X capability's control word and the MSI-X table and PBA,
 //!   emulated with [`MsixState`]: every vector gets a GSI whose irqfd is
 //!   handed to VFIO, so the device's interrupts reach the guest without the
-//!   VMM on the path.
+//!   VMM on the path;
+//! - the MSI capability, emulated with [`MsiCap`] (one vector, its GSI and
+//!   irqfd handed to VFIO in the same way), for guests and devices that use
+//!   MSI rather than MSI-X.
 //!
 //! A BAR that VFIO lets us mmap whole and that holds no MSI-X structure
 //! becomes a KVM memory slot ([`DirectBar`]): the guest reaches the device
@@ -25,6 +28,7 @@ use vfio_ioctls::VfioDevice;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::direct_bar::DirectBar;
+use super::msi::{find_capability, MsiCap, MsiChange};
 use crate::pci::{BarKind, BarReprogram, PciConfiguration, PciDevice, PciHeader};
 use crate::virtio::msix::{MsiSink, MsixState, MSIX_CAP_ID, MSIX_ENABLE};
 
@@ -32,8 +36,6 @@ use crate::virtio::msix::{MsiSink, MsixState, MSIX_CAP_ID, MSIX_ENABLE};
 const HEADER_REGS: usize = 16;
 /// Size of the configuration space the guest sees (no extended space).
 const CONFIG_SIZE: usize = 256;
-/// Status register bit: a capability list is present.
-const STATUS_CAP_LIST: u16 = 1 << 4;
 
 /// Where the MSI-X structures of the function are, and their emulation.
 pub struct MsixBlock {
@@ -67,35 +69,18 @@ pub struct MsixLayout {
 
 /// The MSI-X capability of a configuration space image, if any.
 pub fn find_msix(cfg: &[u8]) -> Option<MsixLayout> {
-    let status = u16::from_le_bytes([*cfg.get(6)?, *cfg.get(7)?]);
-    if status & STATUS_CAP_LIST == 0 {
-        return None;
-    }
-    let mut at = usize::from(*cfg.get(0x34)? & !3);
-    // A malformed or looping list ends after as many steps as can fit.
-    for _ in 0..48 {
-        if at < 0x40 || at + 12 > cfg.len() {
-            return None;
-        }
-        let id = *cfg.get(at)?;
-        if id == MSIX_CAP_ID {
-            let ctrl = u16::from_le_bytes([*cfg.get(at + 2)?, *cfg.get(at + 3)?]);
-            let dword = |o: usize| -> Option<u32> {
-                Some(u32::from_le_bytes(cfg.get(o..o + 4)?.try_into().ok()?))
-            };
-            let table = dword(at + 4)?;
-            let pba = dword(at + 8)?;
-            let entries = usize::from(ctrl & 0x7ff) + 1;
-            return Some(MsixLayout {
-                cap: at,
-                table: ((table & 7) as usize, u64::from(table & !7)),
-                pba: ((pba & 7) as usize, u64::from(pba & !7)),
-                vectors: entries,
-            });
-        }
-        at = usize::from(*cfg.get(at + 1)? & !3);
-    }
-    None
+    let at = find_capability(cfg, MSIX_CAP_ID)?;
+    let dword =
+        |o: usize| -> Option<u32> { Some(u32::from_le_bytes(cfg.get(o..o + 4)?.try_into().ok()?)) };
+    let ctrl = u16::from_le_bytes([*cfg.get(at + 2)?, *cfg.get(at + 3)?]);
+    let table = dword(at + 4)?;
+    let pba = dword(at + 8)?;
+    Some(MsixLayout {
+        cap: at,
+        table: ((table & 7) as usize, u64::from(table & !7)),
+        pba: ((pba & 7) as usize, u64::from(pba & !7)),
+        vectors: usize::from(ctrl & 0x7ff) + 1,
+    })
 }
 
 /// The BAR kinds of a configuration space image, with each BAR's size from
@@ -134,12 +119,22 @@ pub fn bar_layout(cfg: &[u8], size_of: impl Fn(usize) -> u64) -> Vec<(usize, u64
     out
 }
 
+/// The emulated MSI capability and its one vector.
+struct MsiBlock {
+    cap: MsiCap,
+    sink: Box<dyn MsiSink>,
+    irqfd: EventFd,
+    /// MSI is enabled in VFIO.
+    live: bool,
+}
+
 /// A VFIO-assigned PCI function.
 pub struct VfioPciDevice {
     name: String,
     config: PciConfiguration,
     device: Arc<VfioDevice>,
     msix: Option<MsixBlock>,
+    msi: Option<MsiBlock>,
     vm: Arc<VmFd>,
     /// BARs mapped into the guest through KVM slots.
     direct: Vec<DirectBar>,
@@ -213,6 +208,19 @@ impl VfioPciDevice {
             }
             None => None,
         };
+        let msi = match MsiCap::find(&cfg) {
+            Some(cap) => {
+                let (sink, irqfd) =
+                    vectors().ok_or_else(|| format!("{name}: no GSI for the MSI vector"))?;
+                Some(MsiBlock {
+                    cap,
+                    sink,
+                    irqfd,
+                    live: false,
+                })
+            }
+            None => None,
+        };
         let holds_msix = |bar: usize| {
             msix.as_ref()
                 .is_some_and(|m| m.table_bar == bar || m.pba_bar == bar)
@@ -223,11 +231,12 @@ impl VfioPciDevice {
             .filter_map(|&(i, _, _)| DirectBar::try_new(&device, i))
             .collect();
         info!(
-            "vfio {name}: {vendor_id:04x}:{:04x} class {:02x}{:02x}, MSI-X vectors {}, BARs mapped into the guest: {:?}",
+            "vfio {name}: {vendor_id:04x}:{:04x} class {:02x}{:02x}, MSI-X vectors {}, MSI {}, BARs mapped into the guest: {:?}",
             w(2),
             b(0x0b),
             b(0x0a),
             msix.as_ref().map_or(0, |m| m.state.len()),
+            if msi.is_some() { "1 vector" } else { "no" },
             direct.iter().map(DirectBar::bar).collect::<Vec<_>>()
         );
         Ok(Self {
@@ -235,6 +244,7 @@ impl VfioPciDevice {
             config,
             device,
             msix,
+            msi,
             vm,
             direct,
         })
@@ -298,6 +308,32 @@ impl VfioPciDevice {
         }
     }
 
+    /// Carries out what a guest write to the MSI capability asks: the
+    /// vector's route follows the message, and MSI is switched on or off
+    /// in VFIO (the device's interrupts then signal the vector's irqfd).
+    fn apply_msi(&mut self, change: MsiChange) {
+        let Some(m) = self.msi.as_mut() else {
+            return;
+        };
+        let r = match change {
+            MsiChange::None => return,
+            MsiChange::Reroute(msg) => m.sink.route(msg).map_err(|e| e.to_string()),
+            MsiChange::Enable(msg) => m.sink.route(msg).map_err(|e| e.to_string()).and_then(|()| {
+                self.device
+                    .enable_msi(vec![&m.irqfd])
+                    .map_err(|e| e.to_string())
+            }),
+            MsiChange::Disable => self.device.disable_msi().map_err(|e| e.to_string()),
+        };
+        match r {
+            Ok(()) => {
+                m.live = m.cap.enabled();
+                debug!("vfio {}: MSI {change:?}", self.name);
+            }
+            Err(e) => warn!("vfio {}: MSI {change:?}: {e}", self.name),
+        }
+    }
+
     /// `(block, offset in table)` or `(block, offset in PBA)` of a BAR access.
     fn msix_target(&self, bar: usize, offset: u64) -> Option<MsixAccess> {
         let m = self.msix.as_ref()?;
@@ -345,6 +381,9 @@ impl PciDevice for VfioPciDevice {
             r if r < HEADER_REGS => self.config.read_reg(r),
             r => {
                 let dev = dev();
+                if let Some(m) = self.msi.as_ref().filter(|m| m.cap.covers(r)) {
+                    return m.cap.read(r, dev);
+                }
                 match &self.msix {
                     Some(m) if r == m.cap / 4 => {
                         let control = (dev >> 16) as u16 & 0x07ff
@@ -378,6 +417,16 @@ impl PciDevice for VfioPciDevice {
             // The command word or a BAR changed: the slots follow.
             self.place_direct_bars();
             return moved;
+        }
+        if self.msi.as_ref().is_some_and(|m| m.cap.covers(reg)) {
+            let mut dev = [0u8; 4];
+            self.device_config_read(reg as u64 * 4, &mut dev);
+            let dev = u32::from_le_bytes(dev);
+            let change = self.msi.as_mut().map_or(MsiChange::None, |m| {
+                m.cap.write(reg, offset as usize, data, dev)
+            });
+            self.apply_msi(change);
+            return None;
         }
         if let Some(cap) = self.msix.as_ref().map(|m| m.cap) {
             if reg == cap / 4 && offset + data.len() as u64 > 2 {
@@ -435,6 +484,9 @@ impl Drop for VfioPciDevice {
         if self.msix.as_ref().is_some_and(|m| m.live) {
             let _ = self.device.disable_msix();
         }
+        if self.msi.as_ref().is_some_and(|m| m.live) {
+            let _ = self.device.disable_msi();
+        }
         // Leave the function quiet for its next user.
         self.device.reset();
     }
@@ -449,7 +501,7 @@ mod tests {
     fn image() -> Vec<u8> {
         let mut c = vec![0u8; 256];
         c[0..2].copy_from_slice(&0x8086u16.to_le_bytes());
-        c[6] = STATUS_CAP_LIST as u8;
+        c[6] = 1 << 4; // capability list
         c[0x34] = 0x40;
         c[0x40] = 0x01;
         c[0x41] = 0x50;

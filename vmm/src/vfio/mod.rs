@@ -11,6 +11,7 @@ pub mod config;
 pub mod device;
 mod direct_bar;
 pub mod mirror;
+pub mod msi;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
