@@ -9,7 +9,9 @@
 #   net-host.sh dmavisor-vfio BIN KERNEL INITRD     (the runner's assigned
 #       NIC, DMAVISOR_ASSIGN_BDF, through --device; its peer is the host)
 #   net-host.sh dmavisor-vfio-msi BIN KERNEL INITRD   (the same, the guest's
-#       e1000e told to use MSI instead of MSI-X)
+#       e1000e told to use MSI instead of MSI-X; for a real NIC on a KVM
+#       host: the nested runner's emulated e1000e delivers no MSI, not even
+#       to the runner kernel's own driver, see docs/runner.md)
 #   net-host.sh dmavisor-vfio-lazy|dmavisor-vfio-strict BIN KERNEL INITRD
 #       (the same NIC behind --iommu, the guest's driver lazy or strict)
 #   net-host.sh dmavisor-vfio-vvi-POLICY BIN KERNEL INITRD
