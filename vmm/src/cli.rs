@@ -33,8 +33,9 @@ pub struct Cli {
     #[arg(long, value_name = "STRING", default_value = "")]
     pub cmdline: String,
 
-    /// vCPUs: boot=N (1..=64).
-    #[arg(long, value_name = "boot=N", default_value = "boot=1")]
+    /// vCPUs: boot=N[,max=M] (1..=64; max is accepted, vCPU hotplug is not
+    /// implemented).
+    #[arg(long, value_name = "boot=N[,max=M]", default_value = "boot=1")]
     pub cpus: String,
 
     /// Guest RAM: size=SIZE with K/M/G suffix (at least 64M), e.g. size=512M;

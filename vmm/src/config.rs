@@ -110,17 +110,21 @@ impl MemoryConfig {
     }
 }
 
-/// `--cpus boot=N`
+/// `--cpus boot=N[,max=M]`, as cloud-hypervisor spells it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CpusConfig {
     /// Number of vCPUs started at boot.
     pub boot: u8,
+    /// The most vCPUs the VM may have (at least `boot`). vCPU hotplug is
+    /// not implemented: management stacks pass `max` routinely, so it is
+    /// accepted and validated, and the VM has `boot` vCPUs.
+    pub max: u8,
 }
 
 impl CpusConfig {
     /// Parses and validates `--cpus`.
     pub fn parse(value: &str) -> Result<Self, Error> {
-        let opts = parse_options("cpus", value, &["boot"])?;
+        let opts = parse_options("cpus", value, &["boot", "max"])?;
         let bad = |reason: String| Error::InvalidOption {
             option: "cpus",
             value: value.to_string(),
@@ -135,7 +139,21 @@ impl CpusConfig {
         if boot == 0 || boot > u32::from(MAX_VCPUS) {
             return Err(bad(format!("boot must be between 1 and {MAX_VCPUS}")));
         }
-        Ok(Self { boot: boot as u8 })
+        let max = match opts.get("max") {
+            None => boot,
+            Some(text) => text
+                .parse()
+                .map_err(|_| bad(format!("max: '{text}' is not a number")))?,
+        };
+        if max < boot || max > u32::from(MAX_VCPUS) {
+            return Err(bad(format!(
+                "max must be between boot ({boot}) and {MAX_VCPUS}"
+            )));
+        }
+        Ok(Self {
+            boot: boot as u8,
+            max: max as u8,
+        })
     }
 }
 
@@ -239,6 +257,12 @@ mod tests {
         assert!(CpusConfig::parse("boot=65").is_err());
         assert!(CpusConfig::parse("boot=x").is_err());
         assert!(CpusConfig::parse("max=2").is_err());
+        let c = CpusConfig::parse("boot=2,max=8").unwrap();
+        assert_eq!((c.boot, c.max), (2, 8));
+        assert_eq!(CpusConfig::parse("boot=3").unwrap().max, 3);
+        assert!(CpusConfig::parse("boot=4,max=2").is_err());
+        assert!(CpusConfig::parse("boot=1,max=65").is_err());
+        assert!(CpusConfig::parse("boot=1,max=x").is_err());
         assert!(CpusConfig::parse("boot").is_err());
     }
 

@@ -11,7 +11,7 @@ use kvm_bindings::{
     kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Cap, VmFd};
-use log::{debug, info};
+use log::{debug, info, warn};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -171,6 +171,12 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
             value: format!("boot={}", config.cpus.boot),
             reason: format!("this host's KVM supports at most {max_vcpus} vCPUs"),
         });
+    }
+    if config.cpus.max > config.cpus.boot {
+        warn!(
+            "--cpus max={}: vCPU hotplug is not supported; the guest has boot={} vCPUs",
+            config.cpus.max, config.cpus.boot
+        );
     }
     let vm = Arc::new(kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?);
     vm.set_tss_address(KVM_TSS_ADDRESS as usize)

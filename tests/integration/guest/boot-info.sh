@@ -7,4 +7,7 @@ echo "GUEST-USERSPACE-UP uptime=$(cut -d' ' -f1 /proc/uptime)"
 cpus=$(grep -c '^processor' /proc/cpuinfo)
 online=$(cat /sys/devices/system/cpu/online)
 mem=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)
-echo "GUEST-INFO cpus=$cpus online=$online memtotal_kb=$mem kernel=$(uname -r)"
+# The end of the highest RAM range: above 4 GiB when RAM is split around
+# the 32-bit PCI hole.
+top=$(grep 'System RAM' /proc/iomem | tail -1 | sed 's/^ *[0-9a-f]*-\([0-9a-f]*\) .*/\1/')
+echo "GUEST-INFO cpus=$cpus online=$online memtotal_kb=$mem ram_top=0x$top kernel=$(uname -r)"

@@ -84,6 +84,8 @@ pub struct GuestBoot {
     pub initramfs: PathBuf,
     pub cmdline: String,
     pub cpus: u32,
+    /// `--cpus max=`, when set.
+    pub cpus_max: Option<u32>,
     pub memory_mib: u32,
     /// Further flags (devices, `-v`, ...), appended as given.
     pub extra_args: Vec<String>,
@@ -102,6 +104,7 @@ impl GuestBoot {
             initramfs: initramfs.into(),
             cmdline: DEFAULT_CMDLINE.to_string(),
             cpus: 2,
+            cpus_max: None,
             memory_mib: 512,
             extra_args: Vec::new(),
         }
@@ -118,7 +121,10 @@ impl GuestBoot {
             "--cmdline".into(),
             self.cmdline.clone(),
             "--cpus".into(),
-            format!("boot={}", self.cpus),
+            match self.cpus_max {
+                Some(max) => format!("boot={},max={max}", self.cpus),
+                None => format!("boot={}", self.cpus),
+            },
             "--memory".into(),
             format!("size={}M", self.memory_mib),
             "--serial".into(),

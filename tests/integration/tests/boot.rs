@@ -60,6 +60,20 @@ fn boots() -> &'static SharedSession {
                         &trixie.vmlinuz,
                         &tx_initrd,
                     ));
+                    // Large guests: 4 GiB (RAM split around the 32-bit PCI
+                    // hole) and 3584 MiB, 4 vCPUs each, `max` as management
+                    // stacks pass it.
+                    for (name, mib, max) in [
+                        ("dmavisor_4g_4vcpus", 4096, Some(8)),
+                        ("dmavisor_3584m_4vcpus", 3584, None),
+                    ] {
+                        let mut boot = GuestBoot::new(&bookworm.vmlinuz, &bw_initrd);
+                        boot.cmdline = CMDLINE.into();
+                        boot.cpus = 4;
+                        boot.cpus_max = max;
+                        boot.memory_mib = mib;
+                        cases.push(Case::new(name, boot.argv(&bin), CASE_TIMEOUT_SECS));
+                    }
                     if let Some(vmlinux) = &trixie.vmlinux {
                         cases.push(dmavisor_case(
                             "dmavisor_trixie_pvh",
@@ -116,6 +130,42 @@ fn assert_booted(name: &str) {
         !out.contains("Kernel panic"),
         "{name}: guest panicked:\n{out}"
     );
+}
+
+/// Issue 12: large guests. 4 GiB and 3584 MiB with 4 vCPUs boot to
+/// userspace, the guest sees all CPUs online and (nearly) all RAM, and the
+/// 4 GiB guest's RAM continues above 4 GiB (split around the PCI hole).
+#[test]
+fn boot_4g_4vcpus() {
+    for (name, mib) in [
+        ("dmavisor_4g_4vcpus", 4096),
+        ("dmavisor_3584m_4vcpus", 3584),
+    ] {
+        let r = case(name);
+        let out = &r.output;
+        assert_eq!(r.exit, Some(0), "{name}: VMM exit status; output:\n{out}");
+        assert_eq!(guest_script_exit(out), Some(0), "{name}:\n{out}");
+        assert_eq!(marker_int(out, "cpus"), Some(4), "{name}: CPUs:\n{out}");
+        assert!(out.contains("online=0-3 "), "{name}: online CPUs:\n{out}");
+        let mem_kb = marker_int(out, "memtotal_kb").unwrap_or(0);
+        // The kernel keeps up to ~6% (memmap, code, reservations).
+        assert!(
+            (mib * 1024 * 94 / 100..=mib * 1024).contains(&mem_kb),
+            "{name}: MemTotal {mem_kb} kB for {mib} MiB:\n{out}"
+        );
+        let top = out
+            .split("ram_top=0x")
+            .nth(1)
+            .and_then(|t| t.split_whitespace().next())
+            .and_then(|t| u64::from_str_radix(t, 16).ok())
+            .unwrap_or_else(|| panic!("{name}: no ram_top:\n{out}"));
+        if mib == 4096 {
+            assert!(top >= 1 << 32, "{name}: RAM ends at {top:#x}, below 4 GiB");
+        }
+        assert!(!out.contains("Kernel panic"), "{name}: guest panicked");
+        let info = out.lines().find(|l| l.contains("GUEST-INFO"));
+        println!("{name}: {}", info.unwrap_or_default().trim());
+    }
 }
 
 #[test]
