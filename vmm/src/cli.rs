@@ -72,6 +72,11 @@ pub struct Cli {
     #[arg(long = "device", value_name = "path=..")]
     pub devices: Vec<String>,
 
+    /// cloud-hypervisor's REST API on a Unix socket: path=PATH or fd=N
+    /// (an inherited listening socket).
+    #[arg(long = "api-socket", value_name = "path=..|fd=..")]
+    pub api_socket: Option<String>,
+
     /// More logging on stderr (-v info, -vv debug, -vvv trace). RUST_LOG overrides.
     #[arg(short = 'v', action = ArgAction::Count)]
     pub verbose: u8,
@@ -107,6 +112,11 @@ impl Cli {
                 .iter()
                 .map(|d| crate::vfio::VfioConfig::parse(d))
                 .collect::<Result<_, _>>()?,
+            api_socket: self
+                .api_socket
+                .as_deref()
+                .map(crate::api::ApiSocket::parse)
+                .transpose()?,
         })
     }
 }

@@ -209,6 +209,8 @@ pub struct VmConfig {
     pub dma_test: Vec<crate::devices::dma_test::DmaTestConfig>,
     /// Assigned host PCI functions (`--device`, repeatable).
     pub devices: Vec<crate::vfio::VfioConfig>,
+    /// Where the REST API listens (`--api-socket`), if anywhere.
+    pub api_socket: Option<crate::api::ApiSocket>,
 }
 
 #[cfg(test)]

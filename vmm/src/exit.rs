@@ -15,6 +15,8 @@ pub enum ExitEvent {
         /// vCPU index.
         vcpu: u8,
     },
+    /// `vmm.shutdown` or `vm.shutdown` through the REST API.
+    ApiShutdown,
     /// An unrecoverable KVM or VMM error.
     Error(String),
 }
@@ -24,7 +26,7 @@ impl ExitEvent {
     /// reboot, 1 for failures.
     pub fn exit_code(&self) -> i32 {
         match self {
-            ExitEvent::PowerOff | ExitEvent::Reset => 0,
+            ExitEvent::PowerOff | ExitEvent::Reset | ExitEvent::ApiShutdown => 0,
             ExitEvent::TripleFault { .. } | ExitEvent::Error(_) => 1,
         }
     }
@@ -37,6 +39,7 @@ impl ExitEvent {
             ExitEvent::TripleFault { vcpu } => format!(
                 "guest triple fault on vCPU {vcpu} (KVM_EXIT_SHUTDOWN): the guest kernel crashed or did not boot"
             ),
+            ExitEvent::ApiShutdown => "shut down through the API".into(),
             ExitEvent::Error(msg) => msg.clone(),
         }
     }
@@ -53,6 +56,7 @@ mod tests {
     fn exit_codes() {
         assert_eq!(ExitEvent::PowerOff.exit_code(), 0);
         assert_eq!(ExitEvent::Reset.exit_code(), 0);
+        assert_eq!(ExitEvent::ApiShutdown.exit_code(), 0);
         assert_eq!(ExitEvent::TripleFault { vcpu: 1 }.exit_code(), 1);
         assert_eq!(ExitEvent::Error("x".into()).exit_code(), 1);
         assert!(ExitEvent::TripleFault { vcpu: 1 }

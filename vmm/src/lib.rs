@@ -3,6 +3,7 @@
 //! [`devices::bus`].
 
 pub mod acpi;
+pub mod api;
 pub mod boot;
 pub mod cli;
 pub mod config;

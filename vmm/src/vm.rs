@@ -285,6 +285,17 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
         }
     }
 
+    if let Some(socket) = &config.api_socket {
+        let mirrors = config
+            .devices
+            .iter()
+            .zip(&assigned)
+            .filter_map(|(d, a)| a.mirror.clone().map(|m| (d.name(), m)))
+            .collect();
+        let state = crate::api::vm_state::VmState::new(config, mirrors, exit_tx.clone());
+        crate::api::spawn(socket, Arc::new(state))?;
+    }
+
     // vCPUs.
     let supported = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
