@@ -127,21 +127,10 @@ fn serve(server: &Server, vm: &dyn VmApi) {
             .take(MAX_BODY as u64 + 1)
             .read_to_end(&mut body);
         let reply = match read {
-            Err(e) => routes::Reply {
-                status: 400,
-                body: Some(
-                    serde_json::json!({ "error": format!("reading the body: {e}") }).to_string(),
-                ),
-                shutdown: false,
-            },
-            Ok(n) if n > MAX_BODY => routes::Reply {
-                status: 413,
-                body: Some(
-                    serde_json::json!({ "error": format!("body larger than {MAX_BODY} bytes") })
-                        .to_string(),
-                ),
-                shutdown: false,
-            },
+            Err(e) => routes::Reply::error(400, format!("reading the body: {e}")),
+            Ok(n) if n > MAX_BODY => {
+                routes::Reply::error(413, format!("body larger than {MAX_BODY} bytes"))
+            }
             Ok(_) => routes::handle(&method, &url, &body, vm),
         };
         debug!("API {method} {url}: {}", reply.status);

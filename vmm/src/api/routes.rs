@@ -50,7 +50,8 @@ impl Reply {
         }
     }
 
-    fn error(status: u16, msg: impl Into<String>) -> Self {
+    /// An error reply: `{"error": msg}`.
+    pub fn error(status: u16, msg: impl Into<String>) -> Self {
         Self::json(status, &json!({ "error": msg.into() }))
     }
 }
