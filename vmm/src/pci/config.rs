@@ -352,6 +352,19 @@ impl PciConfiguration {
     }
 }
 
+/// The dword `old` after a guest write of `data` at byte `offset` of it
+/// (bytes beyond the dword are dropped), for registers that emulate a
+/// field of a dword the guest may write in 1, 2 or 4 bytes.
+pub fn merge_write(old: u32, offset: usize, data: &[u8]) -> u32 {
+    let mut bytes = old.to_le_bytes();
+    for (i, byte) in data.iter().enumerate() {
+        if let Some(slot) = offset.checked_add(i).and_then(|at| bytes.get_mut(at)) {
+            *slot = *byte;
+        }
+    }
+    u32::from_le_bytes(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,6 +472,14 @@ mod tests {
             c.add_bar(0, 0x1000, BarKind::Mem32),
             Err(PciConfigError::BarInUse(0))
         );
+    }
+
+    #[test]
+    fn merge_write_replaces_only_the_written_bytes() {
+        assert_eq!(merge_write(0x4433_2211, 2, &[0xaa, 0xbb]), 0xbbaa_2211);
+        assert_eq!(merge_write(0x4433_2211, 0, &[1, 2, 3, 4]), 0x0403_0201);
+        assert_eq!(merge_write(0x4433_2211, 3, &[0xaa, 0xbb]), 0xaa33_2211);
+        assert_eq!(merge_write(0x4433_2211, usize::MAX, &[0xaa]), 0x4433_2211);
     }
 
     #[test]

@@ -39,7 +39,9 @@ pub mod config_access;
 pub mod host_bridge;
 pub mod root;
 
-pub use config::{Bar, BarKind, BarReprogram, PciConfigError, PciConfiguration, PciHeader};
+pub use config::{
+    merge_write, Bar, BarKind, BarReprogram, PciConfigError, PciConfiguration, PciHeader,
+};
 pub use root::{PciAddress, PciError, PciRoot, PciWindows};
 
 /// A PCI function shared between the root complex and its BAR regions.

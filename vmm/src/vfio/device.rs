@@ -28,8 +28,10 @@ use vfio_ioctls::VfioDevice;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::direct_bar::DirectBar;
+#[cfg(test)]
+use super::msi::STATUS_CAP_LIST;
 use super::msi::{find_capability, MsiCap, MsiChange};
-use crate::pci::{BarKind, BarReprogram, PciConfiguration, PciDevice, PciHeader};
+use crate::pci::{merge_write, BarKind, BarReprogram, PciConfiguration, PciDevice, PciHeader};
 use crate::virtio::msix::{MsiSink, MsixState, MSIX_CAP_ID, MSIX_ENABLE};
 
 /// Registers of the type-0 header (bytes 0..0x40).
@@ -431,13 +433,8 @@ impl PciDevice for VfioPciDevice {
         if let Some(cap) = self.msix.as_ref().map(|m| m.cap) {
             if reg == cap / 4 && offset + data.len() as u64 > 2 {
                 // The control word (bytes 2..4 of the capability's dword).
-                let mut cur = self.read_config_register(reg).to_le_bytes();
-                for (i, byte) in data.iter().enumerate() {
-                    if let Some(slot) = cur.get_mut(offset as usize + i) {
-                        *slot = *byte;
-                    }
-                }
-                self.set_msix_control(u16::from_le_bytes([cur[2], cur[3]]));
+                let cur = merge_write(self.read_config_register(reg), offset as usize, data);
+                self.set_msix_control((cur >> 16) as u16);
                 return None;
             }
         }
@@ -501,7 +498,7 @@ mod tests {
     fn image() -> Vec<u8> {
         let mut c = vec![0u8; 256];
         c[0..2].copy_from_slice(&0x8086u16.to_le_bytes());
-        c[6] = 1 << 4; // capability list
+        c[6] = STATUS_CAP_LIST as u8;
         c[0x34] = 0x40;
         c[0x40] = 0x01;
         c[0x41] = 0x50;

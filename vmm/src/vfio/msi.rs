@@ -12,6 +12,7 @@
 //! is left is the control word, the address and the data.
 
 use crate::interrupt::MsiMessage;
+use crate::pci::merge_write;
 
 /// Capability ID of MSI.
 pub const MSI_CAP_ID: u8 = 0x05;
@@ -20,7 +21,7 @@ const CTRL_ENABLE: u16 = 1 << 0;
 /// Control word: 64-bit address capable (read-only, the device's).
 const CTRL_64BIT: u16 = 1 << 7;
 /// Status register bit: a capability list is present.
-const STATUS_CAP_LIST: u16 = 1 << 4;
+pub(super) const STATUS_CAP_LIST: u16 = 1 << 4;
 
 /// Byte offset of the first capability with ID `id` in a configuration
 /// space image, following the list from the capability pointer. A
@@ -142,13 +143,7 @@ impl MsiCap {
         let Some(i) = self.dword(reg) else {
             return MsiChange::None;
         };
-        let mut cur = self.read(reg, dev).to_le_bytes();
-        for (k, byte) in data.iter().enumerate() {
-            if let Some(slot) = cur.get_mut(offset + k) {
-                *slot = *byte;
-            }
-        }
-        let value = u32::from_le_bytes(cur);
+        let value = merge_write(self.read(reg, dev), offset, data);
         let (was_on, was_msg) = (self.enabled, self.message());
         match (i, self.is64) {
             (0, _) => {
