@@ -70,12 +70,15 @@ pub struct MemoryConfig {
     /// Back guest RAM with transparent huge pages where the host allows
     /// (`thp=on`, the default, as in cloud-hypervisor).
     pub thp: bool,
+    /// Back guest RAM with a memfd that other processes can map
+    /// (`shared=on`): vhost-user back-ends need it.
+    pub shared: bool,
 }
 
 impl MemoryConfig {
     /// Parses and validates `--memory`.
     pub fn parse(value: &str) -> Result<Self, Error> {
-        let opts = parse_options("memory", value, &["size", "thp"])?;
+        let opts = parse_options("memory", value, &["size", "thp", "shared"])?;
         let bad = |reason: String| Error::InvalidOption {
             option: "memory",
             value: value.to_string(),
@@ -106,7 +109,12 @@ impl MemoryConfig {
             Some("off") => false,
             Some(other) => return Err(bad(format!("thp={other}: expected on or off"))),
         };
-        Ok(Self { size, thp })
+        let shared = match opts.get("shared").map(String::as_str) {
+            None | Some("off") => false,
+            Some("on") => true,
+            Some(other) => return Err(bad(format!("shared={other}: expected on or off"))),
+        };
+        Ok(Self { size, thp, shared })
     }
 }
 
@@ -238,7 +246,10 @@ mod tests {
         assert!(MemoryConfig::parse("size=lots").is_err());
         assert!(MemoryConfig::parse("").is_err());
         assert!(MemoryConfig::parse("size=1G,size=2G").is_err());
-        assert!(MemoryConfig::parse("size=1G,shared=on").is_err());
+        assert!(MemoryConfig::parse("size=1G,shared=on").unwrap().shared);
+        assert!(!MemoryConfig::parse("size=1G").unwrap().shared);
+        assert!(MemoryConfig::parse("size=1G,shared=yes").is_err());
+        assert!(MemoryConfig::parse("size=1G,hugepages=on").is_err());
         assert!(
             MemoryConfig::parse("size=1G").unwrap().thp,
             "THP by default"

@@ -19,5 +19,6 @@ pub mod panic_exit;
 pub mod pci;
 pub mod vcpu;
 pub mod vfio;
+pub mod vhost_user;
 pub mod virtio;
 pub mod vm;

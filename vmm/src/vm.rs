@@ -108,7 +108,7 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
         crate::vfio::check_assignable(d)?;
     }
     let mem_size = config.memory.size;
-    let mem = create_guest_memory(mem_size, config.memory.thp)?;
+    let mem = create_guest_memory(mem_size, config.memory.thp, config.memory.shared)?;
 
     let (mmio64_start, mmio64_size) = layout::pci_mmio64_window(mem_size);
     let windows = PciWindows {

@@ -69,7 +69,7 @@ pub fn config_json(c: &VmConfig) -> Value {
         .collect();
     json!({
         "cpus": { "boot_vcpus": c.cpus.boot, "max_vcpus": c.cpus.max },
-        "memory": { "size": c.memory.size, "thp": c.memory.thp },
+        "memory": { "size": c.memory.size, "thp": c.memory.thp, "shared": c.memory.shared },
         "payload": {
             "kernel": path(&c.kernel),
             "initramfs": c.initramfs.as_deref().map(path),

@@ -1,8 +1,12 @@
-//! Allocation of guest RAM as anonymous host mappings.
+//! Allocation of guest RAM: anonymous host mappings, or one memfd that a
+//! vhost-user back-end can map (`--memory shared=on`).
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
 
 use log::debug;
 use vm_memory::mmap::MmapRegionBuilder;
-use vm_memory::{GuestAddress, GuestRegionMmap};
+use vm_memory::{FileOffset, GuestAddress, GuestRegionMmap};
 
 use super::layout;
 use crate::error::Error;
@@ -28,16 +32,47 @@ pub const HOST_ALIGN: usize = 2 << 20;
 /// although the host backed the RAM with huge pages. Each region is
 /// therefore placed at a 2 MiB-aligned host address (its guest start is
 /// 2 MiB-aligned too), as QEMU does.
-pub fn create_guest_memory(mem_size: u64, thp: bool) -> Result<GuestMemoryMmap, Error> {
+///
+/// With `shared`, every region is a window of one memfd (offsets follow the
+/// regions' order) mapped MAP_SHARED at that aligned address, and each
+/// region records its file and offset: that is what the vhost-user memory
+/// table hands to a back-end.
+pub fn create_guest_memory(
+    mem_size: u64,
+    thp: bool,
+    shared: bool,
+) -> Result<GuestMemoryMmap, Error> {
+    let memfd = if shared {
+        Some(create_memfd(mem_size)?)
+    } else {
+        None
+    };
     let mut regions = Vec::new();
+    let mut file_offset = 0u64;
     for (start, len) in layout::ram_regions(mem_size) {
         let len = usize::try_from(len).map_err(|e| Error::GuestMemory(e.to_string()))?;
         let host = map_aligned(len)?;
-        // SAFETY: `host..host + len` is a read-write anonymous mapping this
-        // process owns and never unmaps: guest RAM lives as long as the VMM.
-        let region = unsafe { MmapRegionBuilder::new(len).with_raw_mmap_pointer(host) }
+        let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        let mut backing = None;
+        if let Some(fd) = &memfd {
+            map_file_over(host, len, fd, file_offset)?;
+            flags = libc::MAP_SHARED | libc::MAP_NORESERVE;
+            let file = fd
+                .try_clone()
+                .map_err(|e| Error::GuestMemory(format!("dup guest RAM memfd: {e}")))?;
+            backing = Some(FileOffset::new(file, file_offset));
+            file_offset += len as u64;
+        }
+        // SAFETY: `host..host + len` is a read-write mapping (anonymous, or
+        // of the memfd) this process owns and never unmaps: guest RAM lives
+        // as long as the VMM.
+        let mut builder = unsafe { MmapRegionBuilder::new(len).with_raw_mmap_pointer(host) }
             .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
-            .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE)
+            .with_mmap_flags(flags);
+        if let Some(f) = backing {
+            builder = builder.with_file_offset(f);
+        }
+        let region = builder
             .build()
             .map_err(|e| Error::GuestMemory(e.to_string()))?;
         let region = GuestRegionMmap::new(region, GuestAddress(start))
@@ -56,6 +91,52 @@ pub fn create_guest_memory(mem_size: u64, thp: bool) -> Result<GuestMemoryMmap, 
         }
     }
     GuestMemoryMmap::from_regions(regions).map_err(|e| Error::GuestMemory(e.to_string()))
+}
+
+/// A memfd of `size` bytes for shared guest RAM.
+fn create_memfd(size: u64) -> Result<File, Error> {
+    let err = |what: &str| {
+        Error::GuestMemory(format!(
+            "{what} for shared guest RAM: {}",
+            std::io::Error::last_os_error()
+        ))
+    };
+    // SAFETY: a NUL-terminated name and flags; the call creates a new fd.
+    let fd = unsafe { libc::memfd_create(c"dmavisor-ram".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(err("memfd_create"));
+    }
+    // SAFETY: `fd` was just created and is owned by nothing else.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(size)
+        .map_err(|e| Error::GuestMemory(format!("size shared guest RAM: {e}")))?;
+    Ok(file)
+}
+
+/// Replaces the anonymous reservation at `host` with `len` bytes of `file`
+/// from `offset`, MAP_SHARED, at the same (aligned) address.
+fn map_file_over(host: *mut u8, len: usize, file: &File, offset: u64) -> Result<(), Error> {
+    let off = libc::off_t::try_from(offset)
+        .map_err(|_| Error::GuestMemory(format!("memfd offset {offset:#x} too large")))?;
+    // SAFETY: MAP_FIXED over `host..host + len`, a range this process
+    // reserved in `map_aligned` and that nothing references yet.
+    let got = unsafe {
+        libc::mmap(
+            host.cast(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_NORESERVE,
+            file.as_raw_fd(),
+            off,
+        )
+    };
+    if got == libc::MAP_FAILED || got.cast::<u8>() != host {
+        return Err(Error::GuestMemory(format!(
+            "map shared guest RAM ({len} bytes): {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(())
 }
 
 /// An anonymous read-write mapping of `len` bytes at a [`HOST_ALIGN`]-aligned
@@ -111,7 +192,7 @@ mod tests {
     #[test]
     fn ram_regions_are_host_aligned_to_huge_pages() {
         for size in [64u64 << 20, (64 << 20) + 4096] {
-            let mem = create_guest_memory(size, true).unwrap();
+            let mem = create_guest_memory(size, true, false).unwrap();
             for region in mem.iter() {
                 let host = mem.get_host_address(region.start_addr()).unwrap() as usize;
                 assert_eq!(
@@ -128,11 +209,29 @@ mod tests {
     #[test]
     fn ram_with_and_without_huge_pages_is_usable() {
         for thp in [true, false] {
-            let mem = create_guest_memory(64 << 20, thp).unwrap();
+            let mem = create_guest_memory(64 << 20, thp, false).unwrap();
             let at = GuestAddress((32 << 20) + 8);
             mem.write_obj(0x5aa5_u32, at).unwrap();
             assert_eq!(mem.read_obj::<u32>(at).unwrap(), 0x5aa5);
             assert_eq!(mem.iter().map(|r| r.len()).sum::<u64>(), 64 << 20);
         }
+    }
+
+    #[test]
+    fn shared_ram_is_one_memfd_seen_through_each_region() {
+        use std::os::unix::fs::FileExt;
+        let mem = create_guest_memory(64 << 20, true, true).unwrap();
+        let region = mem.iter().next().unwrap();
+        let fo = region.file_offset().expect("shared RAM records its memfd");
+        assert_eq!(fo.start(), 0);
+        let host = mem.get_host_address(region.start_addr()).unwrap() as usize;
+        assert_eq!(host % HOST_ALIGN, 0);
+        // A write through the guest mapping is visible through the file,
+        // as it will be to a back-end that maps the same fd.
+        let at = GuestAddress(0x10_0008);
+        mem.write_obj(0xfeed_beef_u32, at).unwrap();
+        let mut word = [0u8; 4];
+        fo.file().read_exact_at(&mut word, 0x10_0008).unwrap();
+        assert_eq!(u32::from_le_bytes(word), 0xfeed_beef);
     }
 }

@@ -1,7 +1,9 @@
 //! `--net tap=NAME,mac=..,ip=..,mask=..,num_queues=..,queue_size=..,iommu=on|off`
-//! (cloud-hypervisor's syntax for the supported subset).
+//! and `--net vhost_user=on,socket=PATH,mac=..,queue_size=..` (cloud-hypervisor's
+//! syntax for the supported subset).
 
 use std::net::Ipv4Addr;
+use std::path::PathBuf;
 
 use crate::config::parse_options;
 use crate::error::Error;
@@ -26,6 +28,9 @@ pub struct NetConfig {
     pub queue_size: u16,
     /// The device sits behind the virtual IOMMU.
     pub iommu: bool,
+    /// `vhost_user=on,socket=PATH`: the data path is a vhost-user back-end
+    /// listening on PATH instead of a TAP served by the VMM.
+    pub vhost_user_socket: Option<PathBuf>,
 }
 
 fn parse_mac(text: &str) -> Option<[u8; 6]> {
@@ -58,6 +63,9 @@ impl NetConfig {
                 "num_queues",
                 "queue_size",
                 "iommu",
+                "vhost_user",
+                "socket",
+                "vhost_mode",
             ],
         )?;
         let bad = |reason: String| Error::InvalidOption {
@@ -113,6 +121,48 @@ impl NetConfig {
             Some("on") => true,
             Some(o) => return Err(bad(format!("iommu must be on or off, not '{o}'"))),
         };
+        let vhost_user = match opts.get("vhost_user").map(String::as_str) {
+            None | Some("off") | Some("false") => false,
+            Some("on") | Some("true") => true,
+            Some(o) => return Err(bad(format!("vhost_user must be on or off, not '{o}'"))),
+        };
+        let vhost_user_socket = if vhost_user {
+            let socket = opts
+                .get("socket")
+                .filter(|s| !s.is_empty())
+                .ok_or_else(|| bad("vhost_user=on needs socket=PATH".into()))?;
+            if let Some(k) = ["tap", "ip", "mask"]
+                .iter()
+                .find(|k| opts.contains_key(**k))
+            {
+                return Err(bad(format!("{k}= belongs to a TAP, not to vhost_user=on")));
+            }
+            match opts.get("vhost_mode").map(String::as_str) {
+                None | Some("client") => {}
+                Some(m) => return Err(bad(format!(
+                    "vhost_mode={m}: only client (dmavisor connects to the back-end) is supported"
+                ))),
+            }
+            if num_queues != 2 {
+                return Err(bad(
+                    "vhost_user=on supports one queue pair (num_queues=2) for now".into(),
+                ));
+            }
+            if iommu {
+                return Err(bad(
+                    "vhost_user=on with iommu=on is not supported yet (no device IOTLB)".into(),
+                ));
+            }
+            Some(PathBuf::from(socket))
+        } else {
+            if let Some(k) = ["socket", "vhost_mode"]
+                .iter()
+                .find(|k| opts.contains_key(**k))
+            {
+                return Err(bad(format!("{k}= needs vhost_user=on")));
+            }
+            None
+        };
         Ok(Self {
             tap,
             mac,
@@ -121,6 +171,7 @@ impl NetConfig {
             num_queues,
             queue_size,
             iommu,
+            vhost_user_socket,
         })
     }
 }
@@ -160,8 +211,33 @@ mod tests {
             "iommu=yes",
             "tap=0123456789abcdef",
             "vhost=on",
+            "vhost_user=on",
+            "vhost_user=on,socket=",
+            "vhost_user=on,socket=/s,tap=t",
+            "vhost_user=on,socket=/s,vhost_mode=server",
+            "vhost_user=on,socket=/s,iommu=on",
+            "vhost_user=on,socket=/s,num_queues=4",
+            "vhost_user=maybe,socket=/s",
+            "socket=/s",
         ] {
             assert!(NetConfig::parse(v).is_err(), "{v}");
         }
+    }
+
+    #[test]
+    fn vhost_user_as_cloud_hypervisor_spells_it() {
+        for v in [
+            "vhost_user=true,socket=/run/vu.sock",
+            "vhost_user=on,socket=/run/vu.sock,vhost_mode=client,queue_size=512",
+        ] {
+            let c = NetConfig::parse(v).unwrap();
+            assert_eq!(
+                c.vhost_user_socket,
+                Some(PathBuf::from("/run/vu.sock")),
+                "{v}"
+            );
+            assert_eq!(c.num_queues, 2);
+        }
+        assert_eq!(NetConfig::parse("tap=t").unwrap().vhost_user_socket, None);
     }
 }

@@ -1,4 +1,5 @@
-//! virtio-net on a TAP back-end.
+//! virtio-net on a TAP back-end (a vhost-user back-end lives in
+//! [`crate::vhost_user`]; both are created here).
 //!
 //! - [`config`]: the `--net` option.
 //! - [`tap`]: TAP interface setup through ioctls.
@@ -34,10 +35,21 @@ pub fn add_net_devices(
 ) -> Result<Vec<Arc<Mutex<VirtioPciDevice>>>, Error> {
     let mut out = Vec::with_capacity(configs.len());
     for cfg in configs {
-        let net = Net::new(cfg).map_err(|e| Error::Device(format!("--net: {e}")))?;
-        let name = net.tap_name().to_string();
+        let (device, name): (Box<dyn crate::virtio::VirtioDevice>, String) =
+            match &cfg.vhost_user_socket {
+                Some(path) => {
+                    let net = crate::vhost_user::VhostUserNet::connect(cfg, res.mem.clone())
+                        .map_err(|e| Error::Device(format!("--net: {e}")))?;
+                    (Box::new(net), format!("vhost-user {}", path.display()))
+                }
+                None => {
+                    let net = Net::new(cfg).map_err(|e| Error::Device(format!("--net: {e}")))?;
+                    let name = format!("TAP {}", net.tap_name());
+                    (Box::new(net), name)
+                }
+            };
         let dev = VirtioPciDevice::new(
-            Box::new(net),
+            device,
             res.vm.clone(),
             &res.irq_router,
             DmaSpace::identity(res.mem.clone()),
@@ -49,7 +61,7 @@ pub fn add_net_devices(
             .pci
             .add_device(dev.clone())
             .map_err(|e| Error::Device(format!("virtio-net on {name}: {e}")))?;
-        log::info!("virtio-net on TAP {name} at PCI {bdf}");
+        log::info!("virtio-net on {name} at PCI {bdf}");
         if cfg.iommu {
             let platform = iommu.as_deref_mut().ok_or_else(|| Error::InvalidOption {
                 option: "net",

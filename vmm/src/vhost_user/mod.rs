@@ -1,0 +1,12 @@
+//! vhost-user front-ends: devices whose data path runs in another process.
+//!
+//! - [`client`]: the protocol's framing, file descriptors and replies.
+//! - [`net`]: virtio-net on a vhost-user-net back-end.
+//! - [`calls`]: the thread that turns the back-end's calls into the
+//!   transport's interrupts and notices a back-end that went away.
+
+pub mod calls;
+pub mod client;
+pub mod net;
+
+pub use net::{VhostUserNet, VhostUserNetError};

@@ -1,0 +1,360 @@
+//! virtio-net whose data path is a vhost-user back-end (`--net
+//! vhost_user=on,socket=PATH`).
+//!
+//! The VMM keeps the PCI transport and the device configuration (MAC, link
+//! status); the back-end owns the rings. At DRIVER_OK the front-end sends
+//! the memory table (the memfd of `--memory shared=on`), each ring's
+//! addresses in the VMM's address space, its start index, the ioeventfd
+//! the vCPUs signal (kick) and an eventfd the back-end signals (call); a
+//! thread turns calls into MSI-X interrupts and watches the socket so a
+//! back-end that dies marks the device DEVICE_NEEDS_RESET instead of leaving
+//! the guest waiting.
+
+use std::path::{Path, PathBuf};
+use std::thread::{self, JoinHandle};
+
+use log::{info, warn};
+use thiserror::Error;
+use vhost::vhost_user::message::{
+    FrontendReq, VhostUserMemory, VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserU64,
+    VhostUserVirtioFeatures, VhostUserVringAddr, VhostUserVringAddrFlags, VhostUserVringState,
+};
+use virtio_queue::QueueT;
+use vm_memory::{ByteValued, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::calls::{run_call_forwarder, CallForwarder};
+use super::client::{Client, ClientError};
+use crate::memory::GuestMemoryMmap;
+use crate::net::device::{features as net_features, VIRTIO_ID_NET};
+use crate::net::NetConfig;
+use crate::virtio::{
+    feature, ActivateContext, ActivateError, VirtioDevice, VIRTIO_F_VERSION_1,
+    VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+};
+
+/// Most memory regions a vhost-user memory table carries without
+/// CONFIGURE_MEM_SLOTS (vhost-user spec, VHOST_USER_SET_MEM_TABLE).
+const MAX_MEM_REGIONS: usize = 8;
+
+/// Device features the front-end passes through when the back-end offers
+/// them: the data-path bits the back-end implements. MAC and STATUS are
+/// the front-end's own (it serves the configuration space).
+const PASSTHROUGH_FEATURES: [u32; 10] = [
+    net_features::CSUM,
+    net_features::GUEST_CSUM,
+    net_features::GUEST_TSO4,
+    net_features::GUEST_TSO6,
+    net_features::HOST_TSO4,
+    net_features::HOST_TSO6,
+    net_features::MRG_RXBUF,
+    VIRTIO_RING_F_EVENT_IDX,
+    VIRTIO_RING_F_INDIRECT_DESC,
+    VIRTIO_F_VERSION_1,
+];
+
+/// Protocol features the front-end uses when the back-end has them.
+fn wanted_protocol_features() -> VhostUserProtocolFeatures {
+    VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::REPLY_ACK
+}
+
+/// Errors while connecting to or configuring the back-end.
+#[derive(Debug, Error)]
+pub enum VhostUserNetError {
+    /// The protocol exchange failed.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// Guest RAM cannot be shared with another process.
+    #[error("vhost-user needs guest RAM the back-end can map: add shared=on to --memory")]
+    MemoryNotShared,
+    /// Guest RAM has more regions than a memory table holds.
+    #[error("guest RAM has {0} regions, a vhost-user memory table holds {MAX_MEM_REGIONS}")]
+    TooManyRegions(usize),
+    /// The back-end lacks something the front-end needs.
+    #[error("the back-end at {path} {what}")]
+    Backend {
+        /// Socket path.
+        path: PathBuf,
+        /// What is missing.
+        what: String,
+    },
+}
+
+/// The device: transport-facing state plus the back-end connection.
+pub struct VhostUserNet {
+    socket: PathBuf,
+    client: Client,
+    mem: GuestMemoryMmap,
+    mac: [u8; 6],
+    queue_size: u16,
+    backend_features: u64,
+    protocol_features: VhostUserProtocolFeatures,
+    forwarder: Option<(EventFd, JoinHandle<()>)>,
+    /// Queue indices handed to the back-end by the current activation.
+    started: Vec<u16>,
+}
+
+impl VhostUserNet {
+    /// Connects to the back-end and negotiates what does not depend on the
+    /// guest: ownership, the back-end's features and protocol features.
+    pub fn connect(cfg: &NetConfig, mem: GuestMemoryMmap) -> Result<Self, VhostUserNetError> {
+        let socket = cfg.vhost_user_socket.clone().unwrap_or_default();
+        memory_table(&mem)?;
+        let mut client = Client::connect(&socket)?;
+        client.set_bytes(FrontendReq::SET_OWNER, &[], &[])?;
+        let backend_features = client.get_u64(FrontendReq::GET_FEATURES)?;
+        let missing = |what: &str| VhostUserNetError::Backend {
+            path: socket.clone(),
+            what: what.to_string(),
+        };
+        if backend_features & feature(VIRTIO_F_VERSION_1) == 0 {
+            return Err(missing("does not offer VIRTIO_F_VERSION_1"));
+        }
+        let mut protocol_features = VhostUserProtocolFeatures::empty();
+        if backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0 {
+            let offered = client.get_u64(FrontendReq::GET_PROTOCOL_FEATURES)?;
+            protocol_features =
+                VhostUserProtocolFeatures::from_bits_truncate(offered) & wanted_protocol_features();
+            client.set(
+                FrontendReq::SET_PROTOCOL_FEATURES,
+                &VhostUserU64::new(protocol_features.bits()),
+                &[],
+            )?;
+            if protocol_features.contains(VhostUserProtocolFeatures::REPLY_ACK) {
+                client.enable_reply_ack();
+            }
+            if protocol_features.contains(VhostUserProtocolFeatures::MQ) {
+                let queues = client.get_u64(FrontendReq::GET_QUEUE_NUM)?;
+                if queues < 2 {
+                    return Err(missing(&format!("serves {queues} queue(s), 2 are needed")));
+                }
+            }
+        }
+        info!(
+            "vhost-user-net at {}: features {backend_features:#x}, protocol features {:#x}",
+            socket.display(),
+            protocol_features.bits()
+        );
+        Ok(Self {
+            socket,
+            client,
+            mem,
+            mac: cfg.mac,
+            queue_size: cfg.queue_size,
+            backend_features,
+            protocol_features,
+            forwarder: None,
+            started: Vec::new(),
+        })
+    }
+
+    /// The back-end's socket path.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    fn config_bytes(&self) -> [u8; 10] {
+        let mut c = [0u8; 10];
+        c[..6].copy_from_slice(&self.mac);
+        c[6..8].copy_from_slice(&1u16.to_le_bytes()); // VIRTIO_NET_S_LINK_UP
+        c[8..10].copy_from_slice(&1u16.to_le_bytes()); // max_virtqueue_pairs
+        c
+    }
+
+    /// The host address of `gpa`, which the back-end finds in its copy of
+    /// the memory table.
+    fn host_addr(&self, gpa: u64, what: &str) -> Result<u64, ActivateError> {
+        self.mem
+            .get_host_address(GuestAddress(gpa))
+            .map(|p| p as u64)
+            .map_err(|_| ActivateError::Queues(format!("{what} at {gpa:#x} is not in guest RAM")))
+    }
+
+    fn start(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
+        let dev = |e: ClientError| ActivateError::Device(e.to_string());
+        // Bit 30 (VHOST_USER_F_PROTOCOL_FEATURES) is a vhost-user bit, not a
+        // virtio one: it must be acked back when it was negotiated.
+        let mut acked = ctx.features & (self.backend_features | feature(VIRTIO_F_VERSION_1));
+        if !self.protocol_features.is_empty() {
+            acked |= VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        }
+        self.client
+            .set(FrontendReq::SET_FEATURES, &VhostUserU64::new(acked), &[])
+            .map_err(dev)?;
+        let (table, fds) =
+            memory_table(&self.mem).map_err(|e| ActivateError::Device(e.to_string()))?;
+        self.client
+            .set_bytes(FrontendReq::SET_MEM_TABLE, &table, &fds)
+            .map_err(dev)?;
+        let mut calls = Vec::new();
+        for q in &ctx.queues {
+            let index = u32::from(q.index);
+            let queue = &q.queue;
+            let addr = VhostUserVringAddr::new(
+                index,
+                VhostUserVringAddrFlags::empty(),
+                self.host_addr(queue.desc_table(), "descriptor table")?,
+                self.host_addr(queue.used_ring(), "used ring")?,
+                self.host_addr(queue.avail_ring(), "available ring")?,
+                0,
+            );
+            let call = EventFd::new(libc::EFD_NONBLOCK)?;
+            let steps: [(FrontendReq, Vec<u8>, Option<i32>); 5] = [
+                (
+                    FrontendReq::SET_VRING_NUM,
+                    VhostUserVringState::new(index, u32::from(queue.size()))
+                        .as_slice()
+                        .to_vec(),
+                    None,
+                ),
+                (FrontendReq::SET_VRING_ADDR, addr.as_slice().to_vec(), None),
+                (
+                    FrontendReq::SET_VRING_BASE,
+                    VhostUserVringState::new(index, u32::from(queue.next_avail()))
+                        .as_slice()
+                        .to_vec(),
+                    None,
+                ),
+                (
+                    FrontendReq::SET_VRING_CALL,
+                    VhostUserU64::new(u64::from(index)).as_slice().to_vec(),
+                    Some(std::os::fd::AsRawFd::as_raw_fd(&call)),
+                ),
+                (
+                    FrontendReq::SET_VRING_KICK,
+                    VhostUserU64::new(u64::from(index)).as_slice().to_vec(),
+                    Some(std::os::fd::AsRawFd::as_raw_fd(&q.kick)),
+                ),
+            ];
+            for (req, body, fd) in steps {
+                let fds: Vec<i32> = fd.into_iter().collect();
+                self.client.set_bytes(req, &body, &fds).map_err(dev)?;
+            }
+            // With protocol features the rings start disabled (vhost-user
+            // spec, "Ring states").
+            if !self.protocol_features.is_empty() {
+                self.client
+                    .set(
+                        FrontendReq::SET_VRING_ENABLE,
+                        &VhostUserVringState::new(index, 1),
+                        &[],
+                    )
+                    .map_err(dev)?;
+            }
+            self.started.push(q.index);
+            calls.push((q.index, call));
+        }
+        let stop = EventFd::new(libc::EFD_NONBLOCK)?;
+        let forwarder = CallForwarder {
+            calls,
+            socket_fd: self.client.raw_fd(),
+            stop: stop.try_clone()?,
+            interrupt: ctx.interrupt.clone(),
+            socket: self.socket.clone(),
+        };
+        let handle = thread::Builder::new()
+            .name("vhost-user-call".into())
+            .spawn(move || run_call_forwarder(forwarder))?;
+        self.forwarder = Some((stop, handle));
+        Ok(())
+    }
+}
+
+/// The SET_MEM_TABLE body and its file descriptors, one per RAM region.
+fn memory_table(mem: &GuestMemoryMmap) -> Result<(Vec<u8>, Vec<i32>), VhostUserNetError> {
+    let count = mem.num_regions();
+    if count > MAX_MEM_REGIONS {
+        return Err(VhostUserNetError::TooManyRegions(count));
+    }
+    let mut body = VhostUserMemory::new(count as u32).as_slice().to_vec();
+    let mut fds = Vec::with_capacity(count);
+    for region in mem.iter() {
+        let fo = region
+            .file_offset()
+            .ok_or(VhostUserNetError::MemoryNotShared)?;
+        let host = mem
+            .get_host_address(region.start_addr())
+            .map_err(|_| VhostUserNetError::MemoryNotShared)? as u64;
+        let r = VhostUserMemoryRegion::new(region.start_addr().0, region.len(), host, fo.start());
+        body.extend_from_slice(r.as_slice());
+        fds.push(std::os::fd::AsRawFd::as_raw_fd(fo.file()));
+    }
+    Ok((body, fds))
+}
+
+impl VirtioDevice for VhostUserNet {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_NET
+    }
+
+    fn pci_class(&self) -> (u8, u8) {
+        (0x02, 0x00)
+    }
+
+    fn queue_max_sizes(&self) -> Vec<u16> {
+        vec![self.queue_size; 2]
+    }
+
+    fn features(&self) -> u64 {
+        let passthrough = PASSTHROUGH_FEATURES
+            .iter()
+            .fold(0u64, |acc, b| acc | feature(*b));
+        (self.backend_features & passthrough)
+            | feature(net_features::MAC)
+            | feature(net_features::STATUS)
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        data.fill(0);
+        let cfg = self.config_bytes();
+        for (i, b) in data.iter_mut().enumerate() {
+            if let Some(v) = (offset as usize).checked_add(i).and_then(|j| cfg.get(j)) {
+                *b = *v;
+            }
+        }
+    }
+
+    fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
+        if ctx.queues.len() != 2 {
+            return Err(ActivateError::Queues(format!(
+                "{} queue(s) enabled, vhost-user-net needs receive and transmit",
+                ctx.queues.len()
+            )));
+        }
+        let result = self.start(ctx);
+        if let Err(e) = &result {
+            warn!("vhost-user-net at {}: {e}", self.socket.display());
+            self.reset();
+        }
+        result
+    }
+
+    fn reset(&mut self) {
+        // GET_VRING_BASE stops a ring: when it returns, the back-end no
+        // longer touches it (vhost-user spec, "Ring states").
+        for index in std::mem::take(&mut self.started) {
+            let state = VhostUserVringState::new(u32::from(index), 0);
+            if let Err(e) = self.client.get_with(FrontendReq::GET_VRING_BASE, &state) {
+                warn!(
+                    "vhost-user-net at {}: stopping ring {index}: {e}",
+                    self.socket.display()
+                );
+            }
+        }
+        if let Some((stop, handle)) = self.forwarder.take() {
+            if let Err(e) = stop.write(1) {
+                warn!("vhost-user-net: cannot stop the call forwarder: {e}");
+                return;
+            }
+            if handle.join().is_err() {
+                warn!("vhost-user-net call forwarder panicked");
+            }
+        }
+    }
+}
+
+impl Drop for VhostUserNet {
+    fn drop(&mut self) {
+        self.reset();
+    }
+}
