@@ -29,7 +29,7 @@ use thiserror::Error;
 
 use crate::device::{Domain, Endpoint};
 use crate::events::FaultQueue;
-use crate::mapping::{Fault, Perm};
+use crate::mapping::{Fault, Perm, Translation};
 use crate::wire::{
     FaultEvent, FAULT_F_ADDRESS, FAULT_F_READ, FAULT_F_WRITE, FAULT_R_DOMAIN, FAULT_R_MAPPING,
     FAULT_R_UNKNOWN,
@@ -119,6 +119,39 @@ impl EndpointDma {
             f(run?);
         }
         Ok(())
+    }
+
+    /// Looks up `iova` for a consumer that caches translations itself (a
+    /// vhost-user back-end's IOTLB miss): the guest-physical address, how
+    /// far the mapping reaches from `iova` and its permissions. In an
+    /// identity (bypass) domain the reach is everything up to the end of
+    /// the address space, read-write. A refused lookup is reported to the
+    /// guest as a fault, as the consumer's access would have been.
+    pub fn lookup(&self, iova: u64, access: Perm) -> Result<Translation, DmaFault> {
+        match self.mode() {
+            Mode::Identity => Ok(Translation {
+                gpa: iova,
+                len: (u64::MAX - iova).saturating_add(1),
+                perm: Perm::READ | Perm::WRITE,
+            }),
+            Mode::Blocked => Err(self.report(FAULT_R_DOMAIN, access, iova, |endpoint, iova| {
+                DmaFault::NotAttached { endpoint, iova }
+            })),
+            Mode::Table(d) => match d.space().map(|s| s.translate(iova, access)) {
+                Some(Ok(t)) if t.len > 0 => Ok(t),
+                Some(Err(Fault::Permission)) => Err(self.report(
+                    FAULT_R_MAPPING,
+                    access,
+                    iova,
+                    |endpoint, iova| DmaFault::Permission { endpoint, iova },
+                )),
+                _ => Err(
+                    self.report(FAULT_R_MAPPING, access, iova, |endpoint, iova| {
+                        DmaFault::Unmapped { endpoint, iova }
+                    }),
+                ),
+            },
+        }
     }
 
     /// Translates an access that must be physically contiguous (e.g. one

@@ -898,6 +898,20 @@ fn translation_splits_into_physical_runs() {
         Ok(0x3100)
     );
     assert!(dma.translate_contiguous(0x800, 0x1000, Perm::READ).is_err());
+    // A consumer's lookup: the reach ends with the mapping, the
+    // permissions are the mapping's, and a miss is refused.
+    let t = dma.lookup(0x1100, Perm::READ).unwrap();
+    assert_eq!(
+        (t.gpa, t.len, t.perm),
+        (0x3100, 0x1f00, Perm::READ | Perm::WRITE)
+    );
+    assert_eq!(
+        dma.lookup(0x3000, Perm::READ),
+        Err(DmaFault::Unmapped {
+            endpoint: EP,
+            iova: 0x3000
+        })
+    );
     // Zero-length access touches nothing.
     assert_eq!(runs(&d, EP, 0x7000_0000, 0, Perm::READ).unwrap(), vec![]);
     // Wrapping access.

@@ -17,6 +17,13 @@
 #   net-host.sh dmavisor-vfio-vvi-POLICY BIN KERNEL INITRD
 #       (behind --iommu, the project's vviommu driver with POLICY,
 #       lazy-percpu; the initramfs carries the modules in /opt/vvi)
+#   net-host.sh dmavisor-vhost-user BIN KERNEL INITRD   (--net vhost_user=on
+#       on the project's test back-end, vhost-user-test-net, next to BIN)
+#   net-host.sh dmavisor-testpmd[-lazy|-strict] BIN KERNEL INITRD   (DPDK's
+#       testpmd as the vhost-user back-end, forwarding to the TAP; -lazy and
+#       -strict put the NIC behind --iommu, testpmd with iommu-support=1)
+#   net-host.sh qemu-testpmd[-lazy|-strict] - KERNEL INITRD   (QEMU's
+#       vhost-user-net on the same testpmd, behind virtio-iommu-pci)
 #   net-host.sh qemu     -   KERNEL INITRD
 #   net-host.sh qemu-vfio-lazy|qemu-vfio-strict - KERNEL INITRD   (QEMU's
 #       vfio-pci with the runner's assigned NIC behind virtio-iommu-pci)
@@ -37,6 +44,7 @@ initrd=$4
 here=$(dirname "$0")
 cmdline="console=ttyS0 quiet panic=-1"
 peer_out=$(mktemp)
+TESTPMD=${TESTPMD:-${DMAVISOR_BUILD_DIR:-$here/../../../build}/testpmd/dpdk-testpmd}
 
 python3 "$here/net-peer.py" --label "$mode" --timeout 500 ${NET_SIZE:+--size $NET_SIZE} > "$peer_out" 2>&1 &
 peer=$!
@@ -118,6 +126,70 @@ qemu-vfio|qemu-vfio-lazy|qemu-vfio-strict)
         -kernel "$kernel" -initrd "$initrd" \
         -append "$cmdline net_host=$peer_ip net_me=${peer_ip%.*}.2 ${NET_SIZE:+net_size=$NET_SIZE} $extra" \
         $viommu -device "vfio-pci,host=$DMAVISOR_ASSIGN_BDF" </dev/null
+    ;;
+dmavisor-vhost-user|dmavisor-testpmd*|qemu-testpmd*)
+    # 256 MiB guests: the back-end maps (testpmd: and populates) all of
+    # guest RAM at every SET_MEM_TABLE, slow under the runner's emulation.
+    sock=/tmp/dmv-vhost-user.sock
+    be_log=$(mktemp)
+    rm -f "$sock"
+    viommu=""
+    onoff=off
+    extra=""
+    case "$mode" in
+    *-lazy) viommu="--iommu"; onoff=on ;;
+    *-strict) viommu="--iommu"; onoff=on; extra="iommu.strict=1" ;;
+    esac
+    if [ "$mode" = dmavisor-vhost-user ]; then
+        "$(dirname "$bin")/vhost-user-test-net" --socket "$sock" --tap dmvtap0 \
+            --ip 192.168.249.1 --mask 255.255.255.0 > "$be_log" 2>&1 &
+        be=$!
+    else
+        # testpmd waits for Enter after starting to forward: its stdin stays
+        # an open pipe. One forwarding lcore; it busy-polls.
+        support=0
+        [ "$onoff" = on ] && support=1
+        sleep 100000 | "$TESTPMD" --no-pci --no-huge -m 64 --no-shconf --lcores 0@0,1@1 \
+            --vdev "net_vhost0,iface=$sock,queues=1,iommu-support=$support" \
+            --vdev net_tap0,iface=dmvtap0 \
+            -- --forward-mode=io --auto-start --stats-period 0 \
+            --total-num-mbufs=8192 --disable-link-check > "$be_log" 2>&1 &
+        be=$!
+        i=0
+        while ! ip link show dmvtap0 >/dev/null 2>&1 && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+        ip addr add 192.168.249.1/24 dev dmvtap0
+        ip link set dmvtap0 up
+    fi
+    i=0
+    while [ ! -S "$sock" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    echo "BACKEND-READY socket=$([ -S "$sock" ] && echo 1 || echo 0)"
+    case "$mode" in
+    qemu-*)
+        qviommu=""
+        qplatform=""
+        [ "$onoff" = on ] && qviommu="-device virtio-iommu-pci" && qplatform=",iommu_platform=on"
+        run_vmm qemu-system-x86_64 -enable-kvm -cpu host -M q35,memory-backend=mem -smp 2 -m 256 \
+            -object memory-backend-memfd,id=mem,size=256M,share=on \
+            -nographic -nodefaults -no-reboot -serial stdio \
+            -kernel "$kernel" -initrd "$initrd" -append "$cmdline ${NET_SIZE:+net_size=$NET_SIZE} $extra" $qviommu \
+            -chardev socket,id=vu0,path="$sock" -netdev vhost-user,id=n0,chardev=vu0 \
+            -device "virtio-net-pci,netdev=n0,mac=52:54:00:12:34:56,disable-legacy=on$qplatform" </dev/null
+        ;;
+    *)
+        run_vmm "$bin" --kernel "$kernel" --initramfs "$initrd" \
+            --cmdline "$cmdline ${NET_SIZE:+net_size=$NET_SIZE} $extra" \
+            --cpus boot=2 --memory size=256M,shared=on --serial tty $viommu \
+            --net "vhost_user=on,socket=$sock,mac=52:54:00:12:34:56,iommu=$onoff" -v
+        ;;
+    esac
+    kill -INT "$be" 2>/dev/null
+    i=0
+    while kill -0 "$be" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+    kill -9 "$be" 2>/dev/null
+    wait "$be" 2>/dev/null
+    # The back-end's own account (testpmd's port statistics at exit).
+    sed 's/^/BACKEND: /' "$be_log" | grep -E "RX-packets|TX-packets|error|Error|fail|VHOST_CONFIG: .*(iotlb|IOTLB)" | head -40
+    rm -f "$be_log" "$sock"
     ;;
 qemu)
     ip tuntap add dev qtap0 mode tap

@@ -11,6 +11,7 @@
 pub mod error;
 pub mod images;
 pub mod markers;
+pub mod net_checks;
 pub mod paths;
 pub mod qemu;
 pub mod runner;

@@ -14,9 +14,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use integration_tests::images::{build_initramfs, ensure_images, InitramfsSpec};
-use integration_tests::markers::{
-    guest_script_exit, json_field, marker_line, peer_result, token_value,
-};
+use integration_tests::markers::{marker_line, token_value};
+use integration_tests::net_checks;
 use integration_tests::paths::{guest_script, path_arg};
 use integration_tests::session::{Case, CaseResult, Plan, SharedSession};
 use integration_tests::vmm::{dmavisor_binary, net_host_argv};
@@ -79,76 +78,9 @@ fn field<'a>(line: &'a str, key: &str) -> &'a str {
     token_value(line, key).unwrap_or_else(|| panic!("no {key}= in '{line}'"))
 }
 
-fn json<'a>(json: &'a str, key: &str) -> &'a str {
-    json_field(json, key).unwrap_or_else(|| panic!("no {key} in {json}"))
-}
-
-fn peer<'a>(out: &'a str, dir: &str) -> &'a str {
-    peer_result(out, dir).unwrap_or_else(|| panic!("no peer result for {dir}"))
-}
-
-/// Throughputs (guest->host MB/s measured by the host peer, host->guest MB/s
-/// measured in the guest), after checking every transfer and checksum.
+/// See [`net_checks::check_transfers`].
 fn check_transfers(name: &str) -> (f64, f64) {
-    let r = case(name);
-    let out = &r.output;
-    eprintln!("{}", r.summary(name));
-    let context = r.tail(60);
-    for l in out.lines().filter(|l| l.contains("virtio")) {
-        eprintln!("  {name}: {l}");
-    }
-    assert_eq!(r.exit, Some(0), "{name} script failed:\n{context}");
-    assert!(
-        out.contains("VMM-EXIT rc=0"),
-        "{name}: VMM did not exit 0:\n{context}"
-    );
-    assert_eq!(guest_script_exit(out), Some(0), "{name}:\n{context}");
-    let iface = marker_line(out, "GUEST-NET-IFACE").unwrap_or_else(|| panic!("{context}"));
-    assert_eq!(field(iface, "driver"), "virtio_net", "{iface}");
-    let ping = marker_line(out, "GUEST-PING").unwrap_or_else(|| panic!("{context}"));
-    let received: u32 = field(ping, "received").parse().unwrap_or(0);
-    assert!(received >= 1, "{name}: no ping reply: {ping}");
-
-    let tx = marker_line(out, "GUEST-TX").unwrap_or_else(|| panic!("{context}"));
-    let host_rx = peer(out, "guest_to_host");
-    assert_eq!(field(tx, "bytes"), SIZE.to_string(), "{tx}");
-    assert_eq!(json(host_rx, "bytes"), SIZE.to_string(), "{host_rx}");
-    assert_eq!(
-        json(host_rx, "md5"),
-        field(tx, "md5"),
-        "{name}: guest->host data corrupted"
-    );
-
-    let rx = marker_line(out, "GUEST-RX").unwrap_or_else(|| panic!("{context}"));
-    let host_tx = peer(out, "host_to_guest");
-    assert_eq!(field(rx, "rc"), "0", "{rx}");
-    assert_eq!(field(rx, "bytes"), SIZE.to_string(), "{rx}");
-    assert_eq!(
-        field(rx, "md5"),
-        json(host_tx, "md5"),
-        "{name}: host->guest data corrupted"
-    );
-
-    // Reset and re-activation (driver unbound and bound again).
-    let rebind = marker_line(out, "GUEST-REBIND").unwrap_or_else(|| panic!("{context}"));
-    assert_eq!(
-        field(rebind, "ok"),
-        "1",
-        "{name}: no traffic after rebind: {rebind}"
-    );
-
-    let mb = SIZE as f64 / 1e6;
-    let g2h_secs: f64 = json(host_rx, "secs").parse().unwrap_or(0.0);
-    let t0: f64 = field(rx, "t0").parse().unwrap_or(0.0);
-    let t1: f64 = field(rx, "t1").parse().unwrap_or(0.0);
-    let h2g_secs = t1 - t0;
-    let g2h = if g2h_secs > 0.0 { mb / g2h_secs } else { 0.0 };
-    let h2g = if h2g_secs > 0.0 { mb / h2g_secs } else { 0.0 };
-    println!(
-        "{{\"bench\": \"virtio-net-tap\", \"vmm\": \"{}\", \"guest_to_host_MBps\": {g2h:.3}, \"host_to_guest_MBps\": {h2g:.3}, \"bytes\": {SIZE}}}",
-        name.trim_start_matches("net_")
-    );
-    (g2h, h2g)
+    net_checks::check_transfers(name, &case(name), SIZE, "virtio-net-tap")
 }
 
 #[test]

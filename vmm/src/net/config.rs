@@ -139,18 +139,15 @@ impl NetConfig {
             }
             match opts.get("vhost_mode").map(String::as_str) {
                 None | Some("client") => {}
-                Some(m) => return Err(bad(format!(
+                Some(m) => {
+                    return Err(bad(format!(
                     "vhost_mode={m}: only client (dmavisor connects to the back-end) is supported"
-                ))),
+                )))
+                }
             }
             if num_queues != 2 {
                 return Err(bad(
                     "vhost_user=on supports one queue pair (num_queues=2) for now".into(),
-                ));
-            }
-            if iommu {
-                return Err(bad(
-                    "vhost_user=on with iommu=on is not supported yet (no device IOTLB)".into(),
                 ));
             }
             Some(PathBuf::from(socket))
@@ -215,7 +212,6 @@ mod tests {
             "vhost_user=on,socket=",
             "vhost_user=on,socket=/s,tap=t",
             "vhost_user=on,socket=/s,vhost_mode=server",
-            "vhost_user=on,socket=/s,iommu=on",
             "vhost_user=on,socket=/s,num_queues=4",
             "vhost_user=maybe,socket=/s",
             "socket=/s",

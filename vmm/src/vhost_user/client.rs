@@ -26,6 +26,19 @@ use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 /// shares two emulated CPUs with the guest.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long SET_MEM_TABLE may take: the back-end maps all of guest RAM
+/// and may populate it (DPDK 22.11's testpmd took 1.15 s for 512 MiB on
+/// this development machine; under the nested runner's emulation that is
+/// tens of seconds).
+pub const MEM_TABLE_TIMEOUT: Duration = Duration::from_secs(180);
+
+fn reply_timeout(request: FrontendReq) -> Duration {
+    match request {
+        FrontendReq::SET_MEM_TABLE => MEM_TABLE_TIMEOUT,
+        _ => REPLY_TIMEOUT,
+    }
+}
+
 /// Header flag: protocol version 1 (vhost-user spec, "Message Specification").
 const FLAG_VERSION_1: u32 = 0x1;
 /// Header flag: this message is a reply.
@@ -54,8 +67,9 @@ pub enum ClientError {
         /// OS error (UnexpectedEof when the back-end went away).
         source: std::io::Error,
     },
-    /// No reply within [`REPLY_TIMEOUT`].
-    #[error("vhost-user {0:?}: the back-end did not answer within {REPLY_TIMEOUT:?}")]
+    /// No reply within [`REPLY_TIMEOUT`] ([`MEM_TABLE_TIMEOUT`] for the
+    /// memory table).
+    #[error("vhost-user {0:?}: the back-end did not answer in time ({t:?})", t = reply_timeout(*.0))]
     Timeout(FrontendReq),
     /// The reply does not match the request or is malformed.
     #[error("vhost-user {request:?}: bad reply: {reason}")]
@@ -65,6 +79,11 @@ pub enum ClientError {
         /// What is wrong.
         reason: String,
     },
+    /// An earlier request failed on the socket or timed out: the
+    /// connection is not used again (a dead back-end must cost one
+    /// time-out, not one per request).
+    #[error("vhost-user {0:?}: the connection to the back-end is broken")]
+    Broken(FrontendReq),
     /// The back-end acknowledged with a failure status.
     #[error("vhost-user {request:?}: the back-end refused it (status {status})")]
     Refused {
@@ -81,6 +100,8 @@ pub struct Client {
     /// REPLY_ACK was negotiated: every request without a reply of its own
     /// is acknowledged, so errors surface where they happen.
     reply_ack: bool,
+    /// A request failed on the socket; nothing more is sent.
+    broken: bool,
 }
 
 impl Client {
@@ -103,6 +124,7 @@ impl Client {
         Ok(Self {
             sock,
             reply_ack: false,
+            broken: false,
         })
     }
 
@@ -173,7 +195,27 @@ impl Client {
         Ok(out)
     }
 
+    /// Whether the connection failed (see [`ClientError::Broken`]).
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
     fn send(
+        &mut self,
+        request: FrontendReq,
+        body: &[u8],
+        fds: &[RawFd],
+        need_reply: bool,
+    ) -> Result<(), ClientError> {
+        if self.broken {
+            return Err(ClientError::Broken(request));
+        }
+        let r = self.send_message(request, body, fds, need_reply);
+        self.broken |= r.is_err();
+        r
+    }
+
+    fn send_message(
         &mut self,
         request: FrontendReq,
         body: &[u8],
@@ -209,6 +251,17 @@ impl Client {
     }
 
     fn recv_reply(&mut self, request: FrontendReq) -> Result<Vec<u8>, ClientError> {
+        let r = self
+            .sock
+            .set_read_timeout(Some(reply_timeout(request)))
+            .map_err(|source| ClientError::Io { request, source })
+            .and_then(|()| self.read_reply(request));
+        // A reply that does not fit leaves the stream out of step.
+        self.broken |= r.is_err();
+        r
+    }
+
+    fn read_reply(&mut self, request: FrontendReq) -> Result<Vec<u8>, ClientError> {
         let mut hdr = [0u8; HEADER_LEN];
         self.read_exact(request, &mut hdr)?;
         let word = |i: usize| {
@@ -317,27 +370,41 @@ mod tests {
 
     #[test]
     fn mismatched_or_oversized_reply_is_rejected() {
-        let (a, mut b) = UnixStream::pair().unwrap();
-        let mut c = Client::from_stream(a).unwrap();
-        let t = std::thread::spawn(move || {
-            read_request(&mut b);
-            reply(&mut b, u32::from(FrontendReq::GET_QUEUE_NUM), &[0; 8]);
-            read_request(&mut b);
+        let wrong_code = |b: &mut UnixStream| {
+            reply(b, u32::from(FrontendReq::GET_QUEUE_NUM), &[0; 8]);
+        };
+        let oversized = |b: &mut UnixStream| {
             let mut m = Vec::new();
             m.extend_from_slice(&u32::from(FrontendReq::GET_FEATURES).to_le_bytes());
             m.extend_from_slice(&(FLAG_VERSION_1 | FLAG_REPLY).to_le_bytes());
             m.extend_from_slice(&(1u32 << 20).to_le_bytes());
             b.write_all(&m).unwrap();
-        });
-        assert!(matches!(
-            c.get_u64(FrontendReq::GET_FEATURES),
-            Err(ClientError::BadReply { .. })
-        ));
-        assert!(matches!(
-            c.get_u64(FrontendReq::GET_FEATURES),
-            Err(ClientError::BadReply { .. })
-        ));
-        t.join().unwrap();
+        };
+        let not_a_reply = |b: &mut UnixStream| {
+            let mut m = Vec::new();
+            m.extend_from_slice(&u32::from(FrontendReq::GET_FEATURES).to_le_bytes());
+            m.extend_from_slice(&FLAG_VERSION_1.to_le_bytes());
+            m.extend_from_slice(&8u32.to_le_bytes());
+            m.extend_from_slice(&[0; 8]);
+            b.write_all(&m).unwrap();
+        };
+        let answers: [fn(&mut UnixStream); 3] = [wrong_code, oversized, not_a_reply];
+        for answer in answers {
+            let (a, mut b) = UnixStream::pair().unwrap();
+            let mut c = Client::from_stream(a).unwrap();
+            let t = std::thread::spawn(move || {
+                read_request(&mut b);
+                answer(&mut b);
+                b
+            });
+            assert!(matches!(
+                c.get_u64(FrontendReq::GET_FEATURES),
+                Err(ClientError::BadReply { .. })
+            ));
+            // The stream is out of step: the connection is not used again.
+            assert!(c.is_broken());
+            drop(t.join().unwrap());
+        }
     }
 
     #[test]
@@ -347,5 +414,8 @@ mod tests {
         drop(b);
         let err = c.get_u64(FrontendReq::GET_FEATURES).unwrap_err();
         assert!(matches!(err, ClientError::Io { .. }), "{err}");
+        assert!(c.is_broken());
+        let again = c.get_u64(FrontendReq::GET_FEATURES).unwrap_err();
+        assert!(matches!(again, ClientError::Broken(_)), "{again}");
     }
 }

@@ -2,11 +2,13 @@
 //!
 //! - [`client`]: the protocol's framing, file descriptors and replies.
 //! - [`net`]: virtio-net on a vhost-user-net back-end.
+//! - [`iotlb`]: the back-end's device IOTLB behind the vIOMMU.
 //! - [`calls`]: the thread that turns the back-end's calls into the
 //!   transport's interrupts and notices a back-end that went away.
 
 pub mod calls;
 pub mod client;
+pub mod iotlb;
 pub mod net;
 
 pub use net::{VhostUserNet, VhostUserNetError};

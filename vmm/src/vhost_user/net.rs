@@ -10,7 +10,10 @@
 //! back-end that dies marks the device DEVICE_NEEDS_RESET instead of leaving
 //! the guest waiting.
 
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 
 use log::{info, warn};
@@ -25,12 +28,13 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::calls::{run_call_forwarder, CallForwarder};
 use super::client::{Client, ClientError};
+use super::iotlb::{serve_backend_channel, BackendIotlb};
 use crate::memory::GuestMemoryMmap;
 use crate::net::device::{features as net_features, VIRTIO_ID_NET};
 use crate::net::NetConfig;
 use crate::virtio::{
-    feature, ActivateContext, ActivateError, VirtioDevice, VIRTIO_F_VERSION_1,
-    VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+    feature, ActivateContext, ActivateError, VirtioDevice, VIRTIO_F_ACCESS_PLATFORM,
+    VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 
 /// Most memory regions a vhost-user memory table carries without
@@ -55,7 +59,15 @@ const PASSTHROUGH_FEATURES: [u32; 10] = [
 
 /// Protocol features the front-end uses when the back-end has them.
 fn wanted_protocol_features() -> VhostUserProtocolFeatures {
-    VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::REPLY_ACK
+    VhostUserProtocolFeatures::MQ
+        | VhostUserProtocolFeatures::REPLY_ACK
+        | VhostUserProtocolFeatures::BACKEND_REQ
+}
+
+/// What a back-end behind the vIOMMU must have: a channel for its IOTLB
+/// misses, and acknowledgements so an invalidation is known to be done.
+fn iommu_protocol_features() -> VhostUserProtocolFeatures {
+    VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::BACKEND_REQ
 }
 
 /// Errors while connecting to or configuring the back-end.
@@ -83,7 +95,10 @@ pub enum VhostUserNetError {
 /// The device: transport-facing state plus the back-end connection.
 pub struct VhostUserNet {
     socket: PathBuf,
-    client: Client,
+    client: Arc<Mutex<Client>>,
+    /// Behind the vIOMMU: the back-end's IOTLB and the thread serving its
+    /// misses (our end of the back-end channel, to close it at drop).
+    iotlb: Option<(Arc<BackendIotlb>, UnixStream, JoinHandle<()>)>,
     mem: GuestMemoryMmap,
     mac: [u8; 6],
     queue_size: u16,
@@ -101,12 +116,12 @@ impl VhostUserNet {
         let socket = cfg.vhost_user_socket.clone().unwrap_or_default();
         memory_table(&mem)?;
         let mut client = Client::connect(&socket)?;
-        client.set_bytes(FrontendReq::SET_OWNER, &[], &[])?;
-        let backend_features = client.get_u64(FrontendReq::GET_FEATURES)?;
         let missing = |what: &str| VhostUserNetError::Backend {
             path: socket.clone(),
             what: what.to_string(),
         };
+        client.set_bytes(FrontendReq::SET_OWNER, &[], &[])?;
+        let backend_features = client.get_u64(FrontendReq::GET_FEATURES)?;
         if backend_features & feature(VIRTIO_F_VERSION_1) == 0 {
             return Err(missing("does not offer VIRTIO_F_VERSION_1"));
         }
@@ -130,14 +145,58 @@ impl VhostUserNet {
                 }
             }
         }
+        if cfg.iommu {
+            if backend_features & feature(VIRTIO_F_ACCESS_PLATFORM) == 0 {
+                return Err(missing(
+                    "does not offer VIRTIO_F_ACCESS_PLATFORM (a DPDK back-end needs iommu-support=1)",
+                ));
+            }
+            if !protocol_features.contains(iommu_protocol_features()) {
+                return Err(missing(
+                    "lacks the BACKEND_REQ and REPLY_ACK protocol features a device IOTLB needs",
+                ));
+            }
+        }
         info!(
             "vhost-user-net at {}: features {backend_features:#x}, protocol features {:#x}",
             socket.display(),
             protocol_features.bits()
         );
+        let client = Arc::new(Mutex::new(client));
+        let iotlb = if cfg.iommu {
+            let iotlb = Arc::new(BackendIotlb::new(client.clone(), mem.clone()));
+            let (ours, theirs) = UnixStream::pair().map_err(|e| {
+                VhostUserNetError::Client(ClientError::Connect {
+                    path: socket.clone(),
+                    source: e,
+                })
+            })?;
+            lock(&client).set_bytes(FrontendReq::SET_BACKEND_REQ_FD, &[], &[theirs.as_raw_fd()])?;
+            drop(theirs);
+            let reader = ours.try_clone().map_err(|e| {
+                VhostUserNetError::Client(ClientError::Connect {
+                    path: socket.clone(),
+                    source: e,
+                })
+            })?;
+            let served = iotlb.clone();
+            let handle = thread::Builder::new()
+                .name("vhost-user-iotlb".into())
+                .spawn(move || serve_backend_channel(reader, served))
+                .map_err(|e| {
+                    VhostUserNetError::Client(ClientError::Connect {
+                        path: socket.clone(),
+                        source: e,
+                    })
+                })?;
+            Some((iotlb, ours, handle))
+        } else {
+            None
+        };
         Ok(Self {
             socket,
             client,
+            iotlb,
             mem,
             mac: cfg.mac,
             queue_size: cfg.queue_size,
@@ -153,6 +212,12 @@ impl VhostUserNet {
         &self.socket
     }
 
+    /// The back-end's IOTLB when the device is behind the vIOMMU (to be
+    /// registered as a DMA consumer of its endpoint).
+    pub fn iotlb(&self) -> Option<Arc<BackendIotlb>> {
+        self.iotlb.as_ref().map(|(i, _, _)| i.clone())
+    }
+
     fn config_bytes(&self) -> [u8; 10] {
         let mut c = [0u8; 10];
         c[..6].copy_from_slice(&self.mac);
@@ -161,31 +226,35 @@ impl VhostUserNet {
         c
     }
 
-    /// The host address of `gpa`, which the back-end finds in its copy of
-    /// the memory table.
-    fn host_addr(&self, gpa: u64, what: &str) -> Result<u64, ActivateError> {
-        self.mem
-            .get_host_address(GuestAddress(gpa))
-            .map(|p| p as u64)
-            .map_err(|_| ActivateError::Queues(format!("{what} at {gpa:#x} is not in guest RAM")))
-    }
-
     fn start(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
         let dev = |e: ClientError| ActivateError::Device(e.to_string());
+        let client = self.client.clone();
+        let mut client = lock(&client);
         // Bit 30 (VHOST_USER_F_PROTOCOL_FEATURES) is a vhost-user bit, not a
         // virtio one: it must be acked back when it was negotiated.
         let mut acked = ctx.features & (self.backend_features | feature(VIRTIO_F_VERSION_1));
         if !self.protocol_features.is_empty() {
             acked |= VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
         }
-        self.client
+        client
             .set(FrontendReq::SET_FEATURES, &VhostUserU64::new(acked), &[])
             .map_err(dev)?;
         let (table, fds) =
             memory_table(&self.mem).map_err(|e| ActivateError::Device(e.to_string()))?;
-        self.client
+        client
             .set_bytes(FrontendReq::SET_MEM_TABLE, &table, &fds)
             .map_err(dev)?;
+        // Behind the vIOMMU the ring addresses are IOVAs the back-end
+        // translates through its IOTLB; otherwise host addresses.
+        let behind_iommu = acked & feature(VIRTIO_F_ACCESS_PLATFORM) != 0;
+        let mem = self.mem.clone();
+        let ring_addr = |gpa: u64, what: &str| {
+            if behind_iommu {
+                Ok(gpa)
+            } else {
+                host_addr(&mem, gpa, what)
+            }
+        };
         let mut calls = Vec::new();
         for q in &ctx.queues {
             let index = u32::from(q.index);
@@ -193,9 +262,9 @@ impl VhostUserNet {
             let addr = VhostUserVringAddr::new(
                 index,
                 VhostUserVringAddrFlags::empty(),
-                self.host_addr(queue.desc_table(), "descriptor table")?,
-                self.host_addr(queue.used_ring(), "used ring")?,
-                self.host_addr(queue.avail_ring(), "available ring")?,
+                ring_addr(queue.desc_table(), "descriptor table")?,
+                ring_addr(queue.used_ring(), "used ring")?,
+                ring_addr(queue.avail_ring(), "available ring")?,
                 0,
             );
             let call = EventFd::new(libc::EFD_NONBLOCK)?;
@@ -228,12 +297,12 @@ impl VhostUserNet {
             ];
             for (req, body, fd) in steps {
                 let fds: Vec<i32> = fd.into_iter().collect();
-                self.client.set_bytes(req, &body, &fds).map_err(dev)?;
+                client.set_bytes(req, &body, &fds).map_err(dev)?;
             }
             // With protocol features the rings start disabled (vhost-user
             // spec, "Ring states").
             if !self.protocol_features.is_empty() {
-                self.client
+                client
                     .set(
                         FrontendReq::SET_VRING_ENABLE,
                         &VhostUserVringState::new(index, 1),
@@ -247,7 +316,7 @@ impl VhostUserNet {
         let stop = EventFd::new(libc::EFD_NONBLOCK)?;
         let forwarder = CallForwarder {
             calls,
-            socket_fd: self.client.raw_fd(),
+            socket_fd: client.raw_fd(),
             stop: stop.try_clone()?,
             interrupt: ctx.interrupt.clone(),
             socket: self.socket.clone(),
@@ -258,6 +327,14 @@ impl VhostUserNet {
         self.forwarder = Some((stop, handle));
         Ok(())
     }
+}
+
+/// The host address of `gpa`, which the back-end finds in its copy of the
+/// memory table.
+fn host_addr(mem: &GuestMemoryMmap, gpa: u64, what: &str) -> Result<u64, ActivateError> {
+    mem.get_host_address(GuestAddress(gpa))
+        .map(|p| p as u64)
+        .map_err(|_| ActivateError::Queues(format!("{what} at {gpa:#x} is not in guest RAM")))
 }
 
 /// The SET_MEM_TABLE body and its file descriptors, one per RAM region.
@@ -334,7 +411,8 @@ impl VirtioDevice for VhostUserNet {
         // longer touches it (vhost-user spec, "Ring states").
         for index in std::mem::take(&mut self.started) {
             let state = VhostUserVringState::new(u32::from(index), 0);
-            if let Err(e) = self.client.get_with(FrontendReq::GET_VRING_BASE, &state) {
+            let stopped = lock(&self.client).get_with(FrontendReq::GET_VRING_BASE, &state);
+            if let Err(e) = stopped {
                 warn!(
                     "vhost-user-net at {}: stopping ring {index}: {e}",
                     self.socket.display()
@@ -356,5 +434,25 @@ impl VirtioDevice for VhostUserNet {
 impl Drop for VhostUserNet {
     fn drop(&mut self) {
         self.reset();
+        if let Some((iotlb, ours, handle)) = self.iotlb.take() {
+            // Closing our end ends the channel thread's read.
+            let _ = ours.shutdown(std::net::Shutdown::Both);
+            if handle.join().is_err() {
+                warn!("vhost-user IOTLB thread panicked");
+            }
+            let s = &iotlb.stats;
+            info!(
+                "vhost-user-net at {}: IOTLB misses {} (refused {}), invalidations {} for {} ranges",
+                self.socket.display(),
+                s.misses.load(std::sync::atomic::Ordering::Relaxed),
+                s.refused.load(std::sync::atomic::Ordering::Relaxed),
+                s.invalidations.load(std::sync::atomic::Ordering::Relaxed),
+                s.ranges.load(std::sync::atomic::Ordering::Relaxed),
+            );
+        }
     }
+}
+
+fn lock(client: &Mutex<Client>) -> MutexGuard<'_, Client> {
+    client.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -1,0 +1,200 @@
+//! Issue 11: virtio-net on a vhost-user back-end (`--net vhost_user=on`).
+//!
+//! One runner session; each case starts a back-end in the runner, then the
+//! VMM with guest RAM shared with it (`--memory shared=on`), and the guest
+//! (`guest/net-guest.sh`) pings the host and moves `SIZE` bytes each way
+//! over TCP to the Python peer on the back-end's TAP (192.168.249.1), with
+//! MD5s on both ends and a driver rebind (device reset) in between:
+//!
+//! - the project's test back-end (`tests/vhost-user-net-backend`, on
+//!   rust-vmm's vhost-user-backend crate), no vIOMMU;
+//! - DPDK's testpmd (vhost PMD to TAP PMD), without the vIOMMU, and behind
+//!   it with the trixie guest's in-tree virtio-iommu driver, lazy and
+//!   strict: testpmd runs with `iommu-support=1`, sees IOVAs only and asks
+//!   dmavisor for every translation (IOTLB misses), and dmavisor sends it
+//!   the UNMAPs as acknowledged IOTLB invalidations;
+//! - QEMU 7.2's vhost-user-net on the same testpmd, the reference, with
+//!   and without virtio-iommu-pci.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use integration_tests::images::{build_initramfs, ensure_images, InitramfsSpec};
+use integration_tests::markers::marker_line;
+use integration_tests::net_checks::check_transfers;
+use integration_tests::paths::{guest_script, path_arg};
+use integration_tests::session::{Case, CaseResult, Plan, SharedSession};
+use integration_tests::vmm::dmavisor_binary;
+
+/// Bytes each way: enough for hundreds of map/unmap rounds, small enough
+/// for the nested runner (where testpmd's busy-polling shares two
+/// emulated CPUs with the guest).
+const SIZE: u64 = 1 << 20;
+const CASE_TIMEOUT_SECS: u32 = 600;
+const GUEST_SCRIPT_TIMEOUT: u32 = 420;
+const SESSION_TIMEOUT: Duration = Duration::from_secs(3000);
+
+fn net_case(name: &str, mode: &str, bin: &str, kernel: &str, initrd: &str) -> Case {
+    Case::new(
+        name,
+        vec![
+            "env".into(),
+            format!("NET_SIZE={SIZE}"),
+            "sh".into(),
+            path_arg(&guest_script("net-host.sh")),
+            mode.into(),
+            bin.into(),
+            kernel.into(),
+            initrd.into(),
+        ],
+        CASE_TIMEOUT_SECS,
+    )
+}
+
+fn session() -> &'static SharedSession {
+    static RUN: OnceLock<SharedSession> = OnceLock::new();
+    RUN.get_or_init(|| {
+        SharedSession::run("vhost-user", SESSION_TIMEOUT, || {
+            let bin = path_arg(&dmavisor_binary().map_err(|e| e.to_string())?);
+            let initrd_for = |suite: &str, modules: &[&str]| -> Result<String, String> {
+                let mut spec = InitramfsSpec::new(suite, guest_script("net-guest.sh"));
+                spec.modules = modules.iter().map(|m| m.to_string()).collect();
+                if suite == "trixie" {
+                    spec.optional_modules = vec!["virtio_pci".into()];
+                }
+                spec.script_timeout = Some(GUEST_SCRIPT_TIMEOUT);
+                build_initramfs(&spec)
+                    .map(|p| path_arg(&p))
+                    .map_err(|e| e.to_string())
+            };
+            let book = ensure_images("bookworm").map_err(|e| e.to_string())?;
+            let trixie = ensure_images("trixie").map_err(|e| e.to_string())?;
+            let (bk, tk) = (path_arg(&book.vmlinuz), path_arg(&trixie.vmlinuz));
+            let binit = initrd_for("bookworm", &["virtio_pci", "virtio_net"])?;
+            let tinit = initrd_for("trixie", &["virtio_iommu", "virtio_net"])?;
+            let cases = vec![
+                net_case("vu_test_backend", "dmavisor-vhost-user", &bin, &bk, &binit),
+                net_case("vu_testpmd", "dmavisor-testpmd", &bin, &bk, &binit),
+                net_case(
+                    "vu_testpmd_lazy",
+                    "dmavisor-testpmd-lazy",
+                    &bin,
+                    &tk,
+                    &tinit,
+                ),
+                net_case(
+                    "vu_testpmd_strict",
+                    "dmavisor-testpmd-strict",
+                    &bin,
+                    &tk,
+                    &tinit,
+                ),
+                net_case("qemu_vu_testpmd", "qemu-testpmd", "-", &bk, &binit),
+                net_case(
+                    "qemu_vu_testpmd_lazy",
+                    "qemu-testpmd-lazy",
+                    "-",
+                    &tk,
+                    &tinit,
+                ),
+            ];
+            Ok(Plan {
+                cases,
+                vmm_error: None,
+            })
+        })
+    })
+}
+
+fn case(name: &str) -> CaseResult {
+    session()
+        .case(name)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .clone()
+}
+
+/// Checks one case's traffic and returns its throughputs.
+fn transfers(name: &str) -> (f64, f64) {
+    check_transfers(name, &case(name), SIZE, "vhost-user-net")
+}
+
+/// The (misses, invalidations, ranges) dmavisor printed at exit for the
+/// back-end's IOTLB.
+fn iotlb_counts(out: &str) -> Option<(u64, u64, u64)> {
+    let line = out.lines().find(|l| l.contains("IOTLB misses"))?;
+    let num_after = |key: &str| -> Option<u64> {
+        let rest = line.split(key).nth(1)?.trim_start();
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    };
+    Some((
+        num_after("IOTLB misses")?,
+        num_after("invalidations")?,
+        num_after("for")?,
+    ))
+}
+
+/// The project's test back-end: traffic both ways, intact, and again after
+/// a device reset; the back-end's socket was ready before the VMM started.
+#[test]
+fn vhost_user_net_test_backend() {
+    transfers("vu_test_backend");
+    let out = case("vu_test_backend").output;
+    assert!(
+        out.contains("BACKEND-READY socket=1"),
+        "back-end never listened"
+    );
+}
+
+/// DPDK's testpmd, no vIOMMU, with QEMU's vhost-user-net on the same
+/// back-end beside it when that reference completed.
+#[test]
+fn vhost_user_net_testpmd() {
+    let (g2h, h2g) = transfers("vu_testpmd");
+    let out = case("vu_testpmd").output;
+    // testpmd forwarded the frames (its port statistics at exit).
+    assert!(
+        out.contains("BACKEND:") && out.contains("RX-packets"),
+        "no testpmd statistics:\n{}",
+        case("vu_testpmd").tail(40)
+    );
+    let q = case("qemu_vu_testpmd");
+    if q.exit == Some(0) && q.output.contains("GUEST-NET-DONE") {
+        let (qg, qh) = transfers("qemu_vu_testpmd");
+        println!(
+            "{{\"bench\": \"vhost-user-net-ratio\", \"config\": \"no_viommu\", \"dmavisor_over_qemu\": [{:.3}, {:.3}], \"order\": \"[guest_to_host, host_to_guest]\"}}",
+            g2h / qg.max(1e-9),
+            h2g / qh.max(1e-9)
+        );
+    }
+}
+
+/// Behind the vIOMMU: testpmd's every translation came from dmavisor
+/// (IOTLB misses answered), the guest's UNMAPs reached it as acknowledged
+/// invalidations, and the guest saw the NIC in a translating domain.
+fn check_behind_viommu(name: &str) -> (f64, f64) {
+    let rates = transfers(name);
+    let out = case(name).output;
+    let g = marker_line(&out, "GUEST-NET-IOMMU").expect("iommu marker");
+    assert!(g.contains("type=DMA"), "{name}: NIC not translated: {g}");
+    let (misses, invalidations, ranges) = iotlb_counts(&out)
+        .unwrap_or_else(|| panic!("{name}: no IOTLB counters:\n{}", case(name).tail(40)));
+    println!(
+        "{{\"bench\": \"vhost-user-iotlb\", \"case\": \"{name}\", \"misses\": {misses}, \"invalidations\": {invalidations}, \"ranges\": {ranges}}}"
+    );
+    assert!(misses > 0, "{name}: testpmd never asked for a translation");
+    assert!(invalidations > 0, "{name}: no UNMAP reached testpmd");
+    rates
+}
+
+#[test]
+fn vhost_user_net_viommu_lazy() {
+    check_behind_viommu("vu_testpmd_lazy");
+}
+
+#[test]
+fn vhost_user_net_viommu_strict() {
+    check_behind_viommu("vu_testpmd_strict");
+}

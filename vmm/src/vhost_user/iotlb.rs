@@ -1,0 +1,428 @@
+//! A vhost-user back-end behind the vIOMMU: its device IOTLB.
+//!
+//! With VIRTIO_F_ACCESS_PLATFORM the back-end sees only IOVAs (ring
+//! addresses and descriptors). On a miss it asks over the back-end channel
+//! (`VHOST_USER_BACKEND_IOTLB_MSG`, type MISS); the front-end looks the
+//! IOVA up in the endpoint's domain and answers with an UPDATE on the
+//! front-end channel carrying the mapping's reach from the IOVA, its host
+//! address and permissions. The back-end caches it, so it is a DMA
+//! consumer: the UNMAPs of one request-queue kick reach [`BackendIotlb`]
+//! as merged ranges ([`Invalidator`]), each sent as one INVALIDATE that the
+//! back-end must acknowledge (REPLY_ACK) before the requests complete; an
+//! endpoint that changes domain invalidates everything.
+
+use std::io::Read;
+use std::ops::RangeInclusive;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use log::{debug, warn};
+use vhost::vhost_user::message::{FrontendReq, MAX_MSG_SIZE};
+use virtio_iommu::device::EndpointListener;
+use virtio_iommu::mapping::{Invalidator, Perm};
+use virtio_iommu::translate::EndpointDma;
+use vm_memory::{ByteValued, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+
+use super::client::{Client, ClientError};
+use crate::memory::GuestMemoryMmap;
+
+/// `struct vhost_iotlb_msg` (linux/vhost_types.h), the body of
+/// VHOST_USER_IOTLB_MSG in both directions.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IotlbMsg {
+    /// First IOVA.
+    pub iova: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Host (front-end process) address of `iova`, in UPDATE.
+    pub uaddr: u64,
+    /// [`ACCESS_RO`], [`ACCESS_WO`] or [`ACCESS_RW`].
+    pub perm: u8,
+    /// [`MISS`], [`UPDATE`], [`INVALIDATE`] or [`ACCESS_FAIL`].
+    pub kind: u8,
+    _pad: [u8; 6],
+}
+
+// SAFETY: plain integers with explicit padding; every bit pattern is valid.
+unsafe impl ByteValued for IotlbMsg {}
+
+/// Read-only access.
+pub const ACCESS_RO: u8 = 1;
+/// Write-only access.
+pub const ACCESS_WO: u8 = 2;
+/// Read-write access.
+pub const ACCESS_RW: u8 = 3;
+/// Back-end to front-end: translate this IOVA.
+pub const MISS: u8 = 1;
+/// Front-end to back-end: a translation.
+pub const UPDATE: u8 = 2;
+/// Front-end to back-end: forget translations in a range.
+pub const INVALIDATE: u8 = 3;
+/// Back-end to front-end: an access failed.
+pub const ACCESS_FAIL: u8 = 4;
+
+/// `VHOST_USER_BACKEND_IOTLB_MSG` (back-end channel request code).
+const BACKEND_IOTLB_MSG: u32 = 1;
+const FLAG_REPLY: u32 = 0x4;
+const FLAG_NEED_REPLY: u32 = 0x8;
+
+impl IotlbMsg {
+    /// A message of `kind`.
+    pub fn new(kind: u8, iova: u64, size: u64, uaddr: u64, perm: u8) -> Self {
+        Self {
+            iova,
+            size,
+            uaddr,
+            perm,
+            kind,
+            _pad: [0; 6],
+        }
+    }
+}
+
+fn perm_bits(p: Perm) -> u8 {
+    match (p.contains(Perm::READ), p.contains(Perm::WRITE)) {
+        (true, true) => ACCESS_RW,
+        (false, true) => ACCESS_WO,
+        _ => ACCESS_RO,
+    }
+}
+
+fn access_of(perm: u8) -> Perm {
+    match perm {
+        ACCESS_WO => Perm::WRITE,
+        ACCESS_RW => Perm::READ | Perm::WRITE,
+        _ => Perm::READ,
+    }
+}
+
+/// Message counters (printed at exit, kept for the API).
+#[derive(Debug, Default)]
+pub struct IotlbStats {
+    /// MISS requests from the back-end.
+    pub misses: AtomicU64,
+    /// Misses the domain could not translate (a fault was reported).
+    pub refused: AtomicU64,
+    /// INVALIDATE messages sent (each acknowledged).
+    pub invalidations: AtomicU64,
+    /// Merged ranges those messages covered.
+    pub ranges: AtomicU64,
+}
+
+/// The back-end's device IOTLB as a consumer of the vIOMMU.
+pub struct BackendIotlb {
+    client: Arc<Mutex<Client>>,
+    mem: GuestMemoryMmap,
+    dma: OnceLock<EndpointDma>,
+    domain: Mutex<Option<u32>>,
+    /// Counters.
+    pub stats: IotlbStats,
+}
+
+impl BackendIotlb {
+    /// An IOTLB for the back-end behind `client`; it serves misses once
+    /// [`BackendIotlb::set_endpoint`] has named the endpoint.
+    pub fn new(client: Arc<Mutex<Client>>, mem: GuestMemoryMmap) -> Self {
+        Self {
+            client,
+            mem,
+            dma: OnceLock::new(),
+            domain: Mutex::new(None),
+            stats: IotlbStats::default(),
+        }
+    }
+
+    /// The vIOMMU endpoint whose domain the back-end translates through.
+    pub fn set_endpoint(&self, dma: EndpointDma) {
+        if self.dma.set(dma).is_err() {
+            warn!("vhost-user IOTLB: endpoint set twice; keeping the first");
+        }
+    }
+
+    fn endpoint(&self) -> Option<u32> {
+        self.dma.get().map(EndpointDma::endpoint_id)
+    }
+
+    /// Answers one miss: the UPDATE for `iova`, or the reason there is none.
+    pub fn translate_miss(&self, iova: u64, perm: u8) -> Result<IotlbMsg, String> {
+        let dma = self
+            .dma
+            .get()
+            .ok_or("the device has no vIOMMU endpoint yet")?;
+        let t = dma
+            .lookup(iova, access_of(perm))
+            .map_err(|e| e.to_string())?;
+        // The back-end maps the host address linearly: stop at the end of
+        // the guest RAM region holding the start.
+        let region = self
+            .mem
+            .find_region(GuestAddress(t.gpa))
+            .ok_or_else(|| format!("IOVA {iova:#x} maps to {:#x}, outside guest RAM", t.gpa))?;
+        let in_region = region.last_addr().0 - t.gpa + 1;
+        let host = self
+            .mem
+            .get_host_address(GuestAddress(t.gpa))
+            .map_err(|e| e.to_string())?;
+        Ok(IotlbMsg::new(
+            UPDATE,
+            iova,
+            t.len.min(in_region),
+            host as u64,
+            perm_bits(t.perm),
+        ))
+    }
+
+    fn send(&self, msg: &IotlbMsg) -> Result<(), ClientError> {
+        self.client
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .set(FrontendReq::IOTLB_MSG, msg, &[])
+    }
+
+    fn invalidate_ranges(&self, ranges: &[RangeInclusive<u64>]) {
+        self.stats
+            .ranges
+            .fetch_add(ranges.len() as u64, Ordering::Relaxed);
+        for r in ranges {
+            let size = (r.end() - r.start()).saturating_add(1);
+            let msg = IotlbMsg::new(INVALIDATE, *r.start(), size, 0, ACCESS_RW);
+            self.stats.invalidations.fetch_add(1, Ordering::Relaxed);
+            // With REPLY_ACK (required behind the vIOMMU) this returns once
+            // the back-end dropped the translations.
+            if let Err(e) = self.send(&msg) {
+                warn!("vhost-user IOTLB: invalidating {r:#x?}: {e}");
+            }
+        }
+    }
+}
+
+impl Invalidator for BackendIotlb {
+    fn invalidate(&self, domain: u32, ranges: &[RangeInclusive<u64>]) {
+        let ours = *self.domain.lock().unwrap_or_else(PoisonError::into_inner);
+        if ours == Some(domain) {
+            self.invalidate_ranges(ranges);
+        }
+    }
+}
+
+impl EndpointListener for BackendIotlb {
+    fn endpoint_moved(&self, endpoint: u32, from: Option<u32>, to: Option<u32>) {
+        if self.endpoint() != Some(endpoint) {
+            return;
+        }
+        *self.domain.lock().unwrap_or_else(PoisonError::into_inner) = to;
+        if from.is_some() {
+            // Whatever the back-end cached came from the old domain.
+            self.invalidate_ranges(&[0..=u64::MAX]);
+        }
+    }
+}
+
+/// Serves the back-end channel until it closes: answers MISS messages with
+/// UPDATEs on the front-end channel and acknowledges what asks for it.
+pub fn serve_backend_channel(mut sock: UnixStream, iotlb: Arc<BackendIotlb>) {
+    loop {
+        let mut hdr = [0u8; 12];
+        if sock.read_exact(&mut hdr).is_err() {
+            debug!("vhost-user back-end channel closed");
+            return;
+        }
+        let word = |i: usize| {
+            let mut b = [0u8; 4];
+            b.copy_from_slice(hdr.get(i * 4..i * 4 + 4).unwrap_or(&[0; 4]));
+            u32::from_le_bytes(b)
+        };
+        let (code, flags, size) = (word(0), word(1), word(2) as usize);
+        if size > MAX_MSG_SIZE {
+            warn!("vhost-user back-end channel: {size}-byte message; closing it");
+            return;
+        }
+        let mut body = vec![0u8; size];
+        if sock.read_exact(&mut body).is_err() {
+            return;
+        }
+        let status = if code == BACKEND_IOTLB_MSG {
+            handle_iotlb(&iotlb, &body)
+        } else {
+            warn!("vhost-user back-end channel: request {code} not supported");
+            1
+        };
+        if flags & FLAG_NEED_REPLY != 0 {
+            let mut reply = Vec::with_capacity(20);
+            reply.extend_from_slice(&code.to_le_bytes());
+            reply.extend_from_slice(&(0x1 | FLAG_REPLY).to_le_bytes());
+            reply.extend_from_slice(&8u32.to_le_bytes());
+            reply.extend_from_slice(&status.to_le_bytes());
+            if std::io::Write::write_all(&mut sock, &reply).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn handle_iotlb(iotlb: &BackendIotlb, body: &[u8]) -> u64 {
+    let mut msg = IotlbMsg::default();
+    if body.len() < msg.as_slice().len() {
+        warn!("vhost-user IOTLB message of {} bytes", body.len());
+        return 1;
+    }
+    let n = msg.as_slice().len();
+    msg.as_mut_slice()
+        .copy_from_slice(body.get(..n).unwrap_or_default());
+    match msg.kind {
+        MISS => {
+            iotlb.stats.misses.fetch_add(1, Ordering::Relaxed);
+            match iotlb.translate_miss(msg.iova, msg.perm) {
+                Ok(update) => match iotlb.send(&update) {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        warn!("vhost-user IOTLB: update for {:#x}: {e}", msg.iova);
+                        1
+                    }
+                },
+                Err(why) => {
+                    iotlb.stats.refused.fetch_add(1, Ordering::Relaxed);
+                    debug!("vhost-user IOTLB miss at {:#x} refused: {why}", msg.iova);
+                    1
+                }
+            }
+        }
+        ACCESS_FAIL => {
+            warn!("vhost-user back-end: access at IOVA {:#x} failed", msg.iova);
+            0
+        }
+        other => {
+            warn!("vhost-user back-end sent IOTLB message type {other}");
+            1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dma::test_iommu::{TestIommu, RW};
+    use crate::memory::create_guest_memory;
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+
+    const EP: u32 = 8;
+
+    /// A vIOMMU with one endpoint in domain 1 mapping 0x10000..0x12000 to
+    /// 0x200000, and the IOTLB of a back-end whose socket end is returned.
+    fn setup() -> (TestIommu, Arc<BackendIotlb>, UnixStream, GuestMemoryMmap) {
+        let mem = create_guest_memory(64 << 20, false, true).unwrap();
+        let iommu = TestIommu::new(EP);
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let mut client = Client::from_stream(ours).unwrap();
+        client.enable_reply_ack();
+        let iotlb = Arc::new(BackendIotlb::new(Arc::new(Mutex::new(client)), mem.clone()));
+        iotlb.set_endpoint(iommu.dev.endpoint_dma(EP).unwrap());
+        iommu.dev.add_invalidator(iotlb.clone());
+        iommu.dev.add_endpoint_listener(iotlb.clone());
+        iommu.attach(1);
+        iommu.map(1, 0x10000, 0x2000, 0x200000, RW);
+        (iommu, iotlb, theirs, mem)
+    }
+
+    fn read_message(sock: &mut UnixStream) -> (u32, u32, IotlbMsg) {
+        let mut hdr = [0u8; 12];
+        sock.read_exact(&mut hdr).unwrap();
+        let w = |i: usize| u32::from_le_bytes(hdr[i * 4..i * 4 + 4].try_into().unwrap());
+        let mut msg = IotlbMsg::default();
+        assert_eq!(w(2) as usize, msg.as_slice().len());
+        sock.read_exact(msg.as_mut_slice()).unwrap();
+        (w(0), w(1), msg)
+    }
+
+    #[test]
+    fn unmap_completes_only_after_the_back_end_acknowledged() {
+        let (iommu, iotlb, mut backend, mem) = setup();
+        // A miss inside the mapping: the reach to its end, the host address
+        // of the guest page, the mapping's permissions.
+        let update = iotlb.translate_miss(0x11000, ACCESS_RO).unwrap();
+        let host = mem.get_host_address(GuestAddress(0x201000)).unwrap() as u64;
+        assert_eq!(
+            (
+                update.kind,
+                update.iova,
+                update.size,
+                update.uaddr,
+                update.perm
+            ),
+            (UPDATE, 0x11000, 0x1000, host, ACCESS_RW)
+        );
+        let acked_at = Arc::new(Mutex::new(None));
+        let acked = acked_at.clone();
+        let slow_back_end = std::thread::spawn(move || {
+            let (code, flags, msg) = read_message(&mut backend);
+            assert_eq!(code, u32::from(FrontendReq::IOTLB_MSG));
+            assert_eq!(flags & FLAG_NEED_REPLY, FLAG_NEED_REPLY);
+            assert_eq!(
+                (msg.kind, msg.iova, msg.size),
+                (INVALIDATE, 0x10000, 0x2000)
+            );
+            std::thread::sleep(Duration::from_millis(300));
+            *acked.lock().unwrap() = Some(Instant::now());
+            let mut reply = Vec::new();
+            reply.extend_from_slice(&code.to_le_bytes());
+            reply.extend_from_slice(&(1 | FLAG_REPLY).to_le_bytes());
+            reply.extend_from_slice(&8u32.to_le_bytes());
+            reply.extend_from_slice(&0u64.to_le_bytes());
+            backend.write_all(&reply).unwrap();
+            backend
+        });
+        iommu.unmap(1, 0x10000, 0x2000);
+        let completed = Instant::now();
+        let acked = acked_at
+            .lock()
+            .unwrap()
+            .expect("the back-end never acknowledged");
+        assert!(acked <= completed, "the UNMAP completed before the ack");
+        let _backend = slow_back_end.join().unwrap();
+        assert_eq!(iotlb.stats.invalidations.load(Ordering::Relaxed), 1);
+        // The back-end's next access misses, and the miss is refused.
+        assert!(iotlb.translate_miss(0x11000, ACCESS_RO).is_err());
+        assert!(iotlb.translate_miss(0x10000, ACCESS_WO).is_err());
+    }
+
+    #[test]
+    fn a_dead_back_end_does_not_hold_up_unmaps() {
+        let (iommu, iotlb, backend, _mem) = setup();
+        iommu.map(1, 0x40000, 0x1000, 0x300000, RW);
+        drop(backend);
+        let t = Instant::now();
+        iommu.unmap(1, 0x10000, 0x2000);
+        iommu.unmap(1, 0x40000, 0x1000);
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        assert_eq!(iotlb.stats.ranges.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn a_miss_outside_any_mapping_or_beyond_its_permission_is_refused() {
+        let (iommu, iotlb, _backend, _mem) = setup();
+        iommu.map(1, 0x40000, 0x1000, 0x300000, 1); // read-only
+        assert!(iotlb.translate_miss(0x20000, ACCESS_RO).is_err());
+        assert!(iotlb.translate_miss(0x40000, ACCESS_WO).is_err());
+        let ro = iotlb.translate_miss(0x40800, ACCESS_RO).unwrap();
+        assert_eq!((ro.size, ro.perm), (0x800, ACCESS_RO));
+    }
+
+    #[test]
+    fn iotlb_msg_has_the_kernel_layout() {
+        assert_eq!(std::mem::size_of::<IotlbMsg>(), 32);
+        let m = IotlbMsg::new(UPDATE, 1, 2, 3, ACCESS_RW);
+        let b = m.as_slice();
+        assert_eq!(b[24], ACCESS_RW);
+        assert_eq!(b[25], UPDATE);
+    }
+
+    #[test]
+    fn permissions_round_trip() {
+        for p in [ACCESS_RO, ACCESS_WO, ACCESS_RW] {
+            assert_eq!(perm_bits(access_of(p)), p);
+        }
+    }
+}
