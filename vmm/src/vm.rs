@@ -261,7 +261,7 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
         )?),
         None => None,
     };
-    let _net_devices = crate::net::add_net_devices(&resources, &config.net, iommu.as_mut())?;
+    let net_devices = crate::net::add_net_devices(&resources, &config.net, iommu.as_mut())?;
     for d in &config.dma_test {
         crate::devices::dma_test::add_dma_test(d, &resources.pci, &mem, iommu.as_mut())?;
     }
@@ -351,6 +351,9 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
     );
     for m in assigned.iter().filter_map(|a| a.mirror.as_ref()) {
         m.log_stats();
+    }
+    for (name, iotlb) in &net_devices.iotlbs {
+        iotlb.log_stats(name);
     }
     // Other vCPU threads may still be inside KVM_RUN: unmapping guest RAM
     // under them makes KVM fail with EFAULT. The caller ends the process

@@ -8,6 +8,11 @@ n=$(sed -n 's/.*net_size=\([0-9][0-9]*\).*/\1/p' /proc/cmdline)
 [ -n "$n" ] && SIZE=$n
 HOST=192.168.249.1
 ME=192.168.249.2
+# net_heartbeat=1: a line every 3 s for as long as the guest runs (the
+# vhost-user disconnect test checks the guest outlives its back-end).
+if grep -q 'net_heartbeat=1' /proc/cmdline; then
+    (while sleep 3; do echo "GUEST-ALIVE $(cut -d' ' -f1 /proc/uptime)"; done) &
+fi
 # With the project's vIOMMU driver in the initramfs (/opt/vvi), load it
 # before the NIC driver (an endpoint bound first is refused by it), with
 # vvi_policy= and vvi_inval= from the command line.

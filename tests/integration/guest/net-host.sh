@@ -22,6 +22,10 @@
 #   net-host.sh dmavisor-testpmd[-lazy|-strict] BIN KERNEL INITRD   (DPDK's
 #       testpmd as the vhost-user back-end, forwarding to the TAP; -lazy and
 #       -strict put the NIC behind --iommu, testpmd with iommu-support=1)
+#   net-host.sh dmavisor-vhost-user-disconnect BIN KERNEL INITRD   (the
+#       test back-end dies after 300 frames from the guest; the VMM must
+#       stay up and answer its API, the guest keep running, and the VMM end
+#       with 0 on vmm.shutdown; prints DISCONNECT-RESULT)
 #   net-host.sh qemu-testpmd[-lazy|-strict] - KERNEL INITRD   (QEMU's
 #       vhost-user-net on the same testpmd, behind virtio-iommu-pci)
 #   net-host.sh qemu     -   KERNEL INITRD
@@ -145,15 +149,16 @@ dmavisor-vhost-user|dmavisor-testpmd*|qemu-testpmd*)
             --ip 192.168.249.1 --mask 255.255.255.0 > "$be_log" 2>&1 &
         be=$!
     else
-        # testpmd waits for Enter after starting to forward: its stdin stays
-        # an open pipe. One forwarding lcore; it busy-polls.
+        # One forwarding lcore; it busy-polls. A statistics period keeps
+        # testpmd running without a terminal (it would wait for Enter and
+        # end at end of file); SIGINT ends it with its port statistics.
         support=0
         [ "$onoff" = on ] && support=1
-        sleep 100000 | "$TESTPMD" --no-pci --no-huge -m 64 --no-shconf --lcores 0@0,1@1 \
+        "$TESTPMD" --no-pci --no-huge -m 64 --no-shconf --lcores 0@0,1@1 \
             --vdev "net_vhost0,iface=$sock,queues=1,iommu-support=$support" \
             --vdev net_tap0,iface=dmvtap0 \
-            -- --forward-mode=io --auto-start --stats-period 0 \
-            --total-num-mbufs=8192 --disable-link-check > "$be_log" 2>&1 &
+            -- --forward-mode=io --auto-start --stats-period 3600 \
+            --total-num-mbufs=8192 --disable-link-check </dev/null > "$be_log" 2>&1 &
         be=$!
         i=0
         while ! ip link show dmvtap0 >/dev/null 2>&1 && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
@@ -190,6 +195,43 @@ dmavisor-vhost-user|dmavisor-testpmd*|qemu-testpmd*)
     # The back-end's own account (testpmd's port statistics at exit).
     sed 's/^/BACKEND: /' "$be_log" | grep -E "RX-packets|TX-packets|error|Error|fail|VHOST_CONFIG: .*(iotlb|IOTLB)" | head -40
     rm -f "$be_log" "$sock"
+    ;;
+dmavisor-vhost-user-disconnect)
+    sock=/tmp/dmv-vhost-user.sock
+    api=/tmp/dmv-api.sock
+    vmm_log=$(mktemp)
+    rm -f "$sock" "$api"
+    "$(dirname "$bin")/vhost-user-test-net" --socket "$sock" --tap dmvtap0 \
+        --ip 192.168.249.1 --mask 255.255.255.0 --die-after-tx-frames 300 &
+    be=$!
+    i=0
+    while [ ! -S "$sock" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    "$bin" --kernel "$kernel" --initramfs "$initrd" --cmdline "$cmdline net_heartbeat=1" \
+        --cpus boot=2 --memory size=256M,shared=on --serial tty --api-socket "path=$api" \
+        --net "vhost_user=on,socket=$sock,mac=52:54:00:12:34:56" -v > "$vmm_log" 2>&1 &
+    vm=$!
+    i=0
+    while ! grep -q "closed the connection" "$vmm_log" && kill -0 "$vm" 2>/dev/null && [ $i -lt 300 ]; do
+        sleep 1; i=$((i + 1))
+    done
+    wait "$be"
+    be_rc=$?
+    # The guest's heartbeats before and 30 s after the back-end died.
+    before=$(grep -c GUEST-ALIVE "$vmm_log")
+    sleep 30
+    after=$(grep -c GUEST-ALIVE "$vmm_log")
+    alive=0
+    kill -0 "$vm" 2>/dev/null && alive=1
+    ping=$(curl -s -o /dev/null -w '%{http_code}' --unix-socket "$api" http://localhost/api/v1/vmm.ping)
+    down=$(curl -s -o /dev/null -w '%{http_code}' -X PUT --unix-socket "$api" http://localhost/api/v1/vmm.shutdown)
+    i=0
+    while kill -0 "$vm" 2>/dev/null && [ $i -lt 60 ]; do sleep 1; i=$((i + 1)); done
+    kill "$vm" 2>/dev/null
+    wait "$vm"
+    rc=$?
+    cat "$vmm_log"
+    echo "DISCONNECT-RESULT backend_rc=$be_rc vmm_alive=$alive api_ping=$ping shutdown=$down vmm_rc=$rc heartbeats_before=$before heartbeats_after=$after"
+    rm -f "$vmm_log" "$sock" "$api"
     ;;
 qemu)
     ip tuntap add dev qtap0 mode tap

@@ -95,6 +95,10 @@ pub struct NetBackend {
     rx_frame: Vec<u8>,
     /// Holds one frame from the guest on its way to the TAP.
     tx_frame: Vec<u8>,
+    /// Frames forwarded from the guest so far.
+    tx_frames: u64,
+    /// Fault injection: the process exits after this many frames.
+    pub die_after_tx_frames: Option<u64>,
 }
 
 impl NetBackend {
@@ -107,6 +111,8 @@ impl NetBackend {
             tap_listening: false,
             rx_frame: vec![0; vnet_hdr::MAX_FRAME_LEN],
             tx_frame: Vec::with_capacity(vnet_hdr::MAX_FRAME_LEN),
+            tx_frames: 0,
+            die_after_tx_frames: None,
         }
     }
 
@@ -230,7 +236,14 @@ impl NetBackend {
             let head = chain.head_index();
             match read_tx_chain(&mem, chain, hdr_len, &mut self.tx_frame) {
                 Ok(()) => match self.tap.write_frame(&self.tx_frame) {
-                    Ok(_) => {}
+                    Ok(_) => {
+                        self.tx_frames += 1;
+                        if Some(self.tx_frames) == self.die_after_tx_frames {
+                            // Mid-transfer, rings in use, nothing said.
+                            error!("dying after {} frames (fault injection)", self.tx_frames);
+                            std::process::exit(3);
+                        }
+                    }
                     // A full TAP queue drops the frame, as a real link would.
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         debug!("tx: TAP queue full, dropping a frame")

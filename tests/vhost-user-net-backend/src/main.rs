@@ -57,6 +57,12 @@ struct Cli {
     /// Connect to the front-end's socket instead of listening.
     #[arg(long)]
     client: bool,
+
+    /// Fault injection: exit abruptly (status 3, no goodbye to the
+    /// front-end) after forwarding this many frames from the guest, as a
+    /// back-end that crashes mid-transfer.
+    #[arg(long, value_name = "N")]
+    die_after_tx_frames: Option<u64>,
 }
 
 #[derive(Debug, Error)]
@@ -103,7 +109,9 @@ fn run(cli: &Cli) -> Result<(), Error> {
     // Empty until the front-end sends its memory table; the framework swaps
     // the mapped regions into this same atomic.
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-    let backend: SharedBackend = Arc::new(Mutex::new(NetBackend::new(tap, mem.clone())));
+    let mut net = NetBackend::new(tap, mem.clone());
+    net.die_after_tx_frames = cli.die_after_tx_frames;
+    let backend: SharedBackend = Arc::new(Mutex::new(net));
     let mut daemon = VhostUserDaemon::new("vhost-user-test-net".to_owned(), backend.clone(), mem)
         .map_err(Error::Daemon)?;
     // The epoll handler only exists once the daemon does, so the backend

@@ -59,6 +59,8 @@ pub fn config_json(c: &VmConfig) -> Value {
                 "num_queues": n.num_queues,
                 "queue_size": n.queue_size,
                 "iommu": n.iommu,
+                "vhost_user": n.vhost_user_socket.is_some(),
+                "vhost_socket": n.vhost_user_socket.as_deref().map(path),
             })
         })
         .collect();

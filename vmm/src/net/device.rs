@@ -11,8 +11,8 @@ use super::config::NetConfig;
 use super::tap::{Tap, TapError, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6};
 use super::worker::{run_worker, WorkerParts, WorkerQueue};
 use crate::virtio::{
-    feature, ActivateContext, ActivateError, VirtioDevice, VIRTIO_RING_F_EVENT_IDX,
-    VIRTIO_RING_F_INDIRECT_DESC,
+    feature, read_config_window, ActivateContext, ActivateError, VirtioDevice,
+    VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 
 /// Virtio device id of a network card.
@@ -95,14 +95,17 @@ impl Net {
     fn pairs(&self) -> usize {
         self.taps.len()
     }
+}
 
-    fn config_bytes(&self) -> [u8; 10] {
-        let mut c = [0u8; 10];
-        c[..6].copy_from_slice(&self.mac);
-        c[6..8].copy_from_slice(&LINK_UP.to_le_bytes());
-        c[8..10].copy_from_slice(&(self.pairs() as u16).to_le_bytes());
-        c
-    }
+/// The virtio-net configuration space (virtio 1.2, 5.1.4) up to
+/// `max_virtqueue_pairs`: MAC, link up, the queue pairs. Shared by every
+/// virtio-net the VMM serves, whatever its data path.
+pub fn config_space(mac: [u8; 6], pairs: u16) -> [u8; 10] {
+    let mut c = [0u8; 10];
+    c[..6].copy_from_slice(&mac);
+    c[6..8].copy_from_slice(&LINK_UP.to_le_bytes());
+    c[8..10].copy_from_slice(&pairs.to_le_bytes());
+    c
 }
 
 impl VirtioDevice for Net {
@@ -139,14 +142,7 @@ impl VirtioDevice for Net {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        data.fill(0);
-        let cfg = self.config_bytes();
-        let start = offset as usize;
-        for (i, b) in data.iter_mut().enumerate() {
-            if let Some(v) = start.checked_add(i).and_then(|j| cfg.get(j)) {
-                *b = *v;
-            }
-        }
+        read_config_window(&config_space(self.mac, self.pairs() as u16), offset, data);
     }
 
     fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {

@@ -32,14 +32,16 @@ pub fn add_net_devices(
     res: &VmResources,
     configs: &[NetConfig],
     mut iommu: Option<&mut crate::virtio::iommu::IommuPlatform>,
-) -> Result<Vec<Arc<Mutex<VirtioPciDevice>>>, Error> {
-    let mut out = Vec::with_capacity(configs.len());
+) -> Result<NetDevices, Error> {
+    let mut out = NetDevices::default();
     for cfg in configs {
+        let mut iotlb = None;
         let (device, name): (Box<dyn crate::virtio::VirtioDevice>, String) =
             match &cfg.vhost_user_socket {
                 Some(path) => {
                     let net = crate::vhost_user::VhostUserNet::connect(cfg, res.mem.clone())
                         .map_err(|e| Error::Device(format!("--net: {e}")))?;
+                    iotlb = net.iotlb();
                     (Box::new(net), format!("vhost-user {}", path.display()))
                 }
                 None => {
@@ -72,8 +74,32 @@ pub fn add_net_devices(
             dev.lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .set_dma_space(dma);
+            if let Some(iotlb) = iotlb {
+                // The back-end translates through its own IOTLB: it is a
+                // DMA consumer of this endpoint (misses, invalidations).
+                let id = u32::from(crate::acpi::viot::bdf(bdf));
+                let endpoint = platform
+                    .iommu()
+                    .endpoint_dma(id)
+                    .map_err(|e| Error::Device(format!("vIOMMU endpoint {bdf}: {e}")))?;
+                iotlb.set_endpoint(endpoint);
+                platform.iommu().add_invalidator(iotlb.clone());
+                platform.iommu().add_endpoint_listener(iotlb.clone());
+                out.iotlbs.push((name.clone(), iotlb));
+            }
         }
-        out.push(dev);
+        out.devices.push(dev);
     }
     Ok(out)
+}
+
+/// What [`add_net_devices`] made: the PCI functions, and the IOTLBs of
+/// vhost-user back-ends behind the vIOMMU (their counters are reported at
+/// exit).
+#[derive(Default)]
+pub struct NetDevices {
+    /// One per `--net`.
+    pub devices: Vec<Arc<Mutex<VirtioPciDevice>>>,
+    /// (device name, its back-end's IOTLB).
+    pub iotlbs: Vec<(String, Arc<crate::vhost_user::iotlb::BackendIotlb>)>,
 }

@@ -141,6 +141,18 @@ impl BackendIotlb {
         }
     }
 
+    /// Logs the counters (at VM exit).
+    pub fn log_stats(&self, name: &str) {
+        let s = &self.stats;
+        log::info!(
+            "{name}: IOTLB misses {} (refused {}), invalidations {} for {} ranges",
+            s.misses.load(Ordering::Relaxed),
+            s.refused.load(Ordering::Relaxed),
+            s.invalidations.load(Ordering::Relaxed),
+            s.ranges.load(Ordering::Relaxed),
+        );
+    }
+
     fn endpoint(&self) -> Option<u32> {
         self.dma.get().map(EndpointDma::endpoint_id)
     }

@@ -30,11 +30,12 @@ use super::calls::{run_call_forwarder, CallForwarder};
 use super::client::{Client, ClientError};
 use super::iotlb::{serve_backend_channel, BackendIotlb};
 use crate::memory::GuestMemoryMmap;
-use crate::net::device::{features as net_features, VIRTIO_ID_NET};
+use crate::net::device::{config_space, features as net_features, VIRTIO_ID_NET};
 use crate::net::NetConfig;
 use crate::virtio::{
-    feature, ActivateContext, ActivateError, VirtioDevice, VIRTIO_F_ACCESS_PLATFORM,
-    VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+    feature, read_config_window, ActivateContext, ActivateError, VirtioDevice,
+    VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX,
+    VIRTIO_RING_F_INDIRECT_DESC,
 };
 
 /// Most memory regions a vhost-user memory table carries without
@@ -218,14 +219,6 @@ impl VhostUserNet {
         self.iotlb.as_ref().map(|(i, _, _)| i.clone())
     }
 
-    fn config_bytes(&self) -> [u8; 10] {
-        let mut c = [0u8; 10];
-        c[..6].copy_from_slice(&self.mac);
-        c[6..8].copy_from_slice(&1u16.to_le_bytes()); // VIRTIO_NET_S_LINK_UP
-        c[8..10].copy_from_slice(&1u16.to_le_bytes()); // max_virtqueue_pairs
-        c
-    }
-
     fn start(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
         let dev = |e: ClientError| ActivateError::Device(e.to_string());
         let client = self.client.clone();
@@ -382,13 +375,8 @@ impl VirtioDevice for VhostUserNet {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        data.fill(0);
-        let cfg = self.config_bytes();
-        for (i, b) in data.iter_mut().enumerate() {
-            if let Some(v) = (offset as usize).checked_add(i).and_then(|j| cfg.get(j)) {
-                *b = *v;
-            }
-        }
+        // One queue pair: the front-end has no control queue.
+        read_config_window(&config_space(self.mac, 1), offset, data);
     }
 
     fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
@@ -434,21 +422,12 @@ impl VirtioDevice for VhostUserNet {
 impl Drop for VhostUserNet {
     fn drop(&mut self) {
         self.reset();
-        if let Some((iotlb, ours, handle)) = self.iotlb.take() {
+        if let Some((_, ours, handle)) = self.iotlb.take() {
             // Closing our end ends the channel thread's read.
             let _ = ours.shutdown(std::net::Shutdown::Both);
             if handle.join().is_err() {
                 warn!("vhost-user IOTLB thread panicked");
             }
-            let s = &iotlb.stats;
-            info!(
-                "vhost-user-net at {}: IOTLB misses {} (refused {}), invalidations {} for {} ranges",
-                self.socket.display(),
-                s.misses.load(std::sync::atomic::Ordering::Relaxed),
-                s.refused.load(std::sync::atomic::Ordering::Relaxed),
-                s.invalidations.load(std::sync::atomic::Ordering::Relaxed),
-                s.ranges.load(std::sync::atomic::Ordering::Relaxed),
-            );
         }
     }
 }

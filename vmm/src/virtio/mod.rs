@@ -54,6 +54,21 @@ pub const fn feature(n: u32) -> u64 {
     1u64 << n
 }
 
+/// Copies the window `offset..offset + data.len()` of a device's
+/// configuration space `cfg` into `data`; bytes past its end read as 0
+/// (a driver may read any offset).
+pub fn read_config_window(cfg: &[u8], offset: u64, data: &mut [u8]) {
+    data.fill(0);
+    let Ok(start) = usize::try_from(offset) else {
+        return;
+    };
+    for (i, b) in data.iter_mut().enumerate() {
+        if let Some(v) = start.checked_add(i).and_then(|j| cfg.get(j)) {
+            *b = *v;
+        }
+    }
+}
+
 /// Interrupts a device raises, delivered by the transport (MSI-X or ISR).
 pub trait VirtioInterrupt: Send + Sync {
     /// The device put buffers in the used ring of queue `queue`.
@@ -135,4 +150,22 @@ pub trait VirtioDevice: Send {
     /// Serves queue `index` now, in the caller's thread (a vCPU in an MMIO
     /// exit, or the transport after bus mastering was enabled again).
     fn serve_queue(&mut self, _index: u16) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_config_window;
+
+    #[test]
+    fn config_window_reads_zero_past_the_end() {
+        let cfg = [1u8, 2, 3, 4];
+        let mut d = [0xffu8; 3];
+        read_config_window(&cfg, 2, &mut d);
+        assert_eq!(d, [3, 4, 0]);
+        read_config_window(&cfg, u64::MAX, &mut d);
+        assert_eq!(d, [0, 0, 0]);
+        let mut one = [0u8; 1];
+        read_config_window(&cfg, 0, &mut one);
+        assert_eq!(one, [1]);
+    }
 }
