@@ -205,9 +205,20 @@ fn check_behind_viommu(name: &str) -> (f64, f64) {
     rates
 }
 
+/// Lazy, with QEMU's vhost-user-net behind virtio-iommu-pci on the same
+/// testpmd beside it when that reference completed.
 #[test]
 fn vhost_user_net_viommu_lazy() {
-    check_behind_viommu("vu_testpmd_lazy");
+    let (g2h, h2g) = check_behind_viommu("vu_testpmd_lazy");
+    let q = case("qemu_vu_testpmd_lazy");
+    if q.exit == Some(0) && q.output.contains("GUEST-NET-DONE") {
+        let (qg, qh) = transfers("qemu_vu_testpmd_lazy");
+        println!(
+            "{{\"bench\": \"vhost-user-net-ratio\", \"config\": \"viommu_lazy\", \"dmavisor_over_qemu\": [{:.3}, {:.3}], \"order\": \"[guest_to_host, host_to_guest]\"}}",
+            g2h / qg.max(1e-9),
+            h2g / qh.max(1e-9)
+        );
+    }
 }
 
 #[test]
