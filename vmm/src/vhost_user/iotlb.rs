@@ -158,14 +158,32 @@ impl BackendIotlb {
     }
 
     /// Answers one miss: the UPDATE for `iova`, or the reason there is none.
+    ///
+    /// WHY a write-only mapping is granted read-write when the back-end
+    /// asks for both: DPDK (22.11) asks read-write for every receive buffer,
+    /// which Linux maps write-only (DMA_FROM_DEVICE), and a write-only
+    /// answer leaves it unable to deliver a single frame (QEMU answers
+    /// write-only, and its guests behind virtio-iommu-pci receive nothing
+    /// from testpmd). The widening costs no isolation: a vhost-user
+    /// back-end maps all of guest RAM through the memory table, so the
+    /// IOTLB's permissions guard against its mistakes (a stale or foreign
+    /// IOVA, a write into a read-only buffer), not against its reads.
+    /// Unmapped IOVAs and writes into read-only mappings stay refused.
     pub fn translate_miss(&self, iova: u64, perm: u8) -> Result<IotlbMsg, String> {
         let dma = self
             .dma
             .get()
             .ok_or("the device has no vIOMMU endpoint yet")?;
-        let t = dma
-            .lookup(iova, access_of(perm))
-            .map_err(|e| e.to_string())?;
+        let wanted = access_of(perm);
+        let needed = if wanted.contains(Perm::WRITE) {
+            Perm::WRITE
+        } else {
+            Perm::READ
+        };
+        let mut t = dma.lookup(iova, needed).map_err(|e| e.to_string())?;
+        if t.perm.contains(Perm::WRITE) {
+            t.perm = t.perm | wanted;
+        }
         // The back-end maps the host address linearly: stop at the end of
         // the guest RAM region holding the start.
         let region = self
@@ -418,8 +436,25 @@ mod tests {
         iommu.map(1, 0x40000, 0x1000, 0x300000, 1); // read-only
         assert!(iotlb.translate_miss(0x20000, ACCESS_RO).is_err());
         assert!(iotlb.translate_miss(0x40000, ACCESS_WO).is_err());
+        assert!(iotlb.translate_miss(0x40000, ACCESS_RW).is_err());
         let ro = iotlb.translate_miss(0x40800, ACCESS_RO).unwrap();
         assert_eq!((ro.size, ro.perm), (0x800, ACCESS_RO));
+    }
+
+    #[test]
+    fn a_write_only_receive_buffer_is_granted_what_the_back_end_asked() {
+        let (iommu, iotlb, _backend, _mem) = setup();
+        iommu.map(1, 0x50000, 0x1000, 0x310000, 2); // write-only
+        assert_eq!(
+            iotlb.translate_miss(0x50000, ACCESS_WO).unwrap().perm,
+            ACCESS_WO
+        );
+        assert_eq!(
+            iotlb.translate_miss(0x50000, ACCESS_RW).unwrap().perm,
+            ACCESS_RW
+        );
+        // Read alone is not what the guest allowed.
+        assert!(iotlb.translate_miss(0x50000, ACCESS_RO).is_err());
     }
 
     #[test]
