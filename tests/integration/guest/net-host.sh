@@ -39,8 +39,11 @@
 #
 # dmavisor creates and configures its TAP itself (--net tap=...,ip=,mask=);
 # for QEMU the TAP is created and configured here first, as QEMU's
-# script=no expects. NET_SIZE=BYTES (assigned-NIC modes) sets the bytes
-# each way for the guest and the peer.
+# script=no expects. NET_SIZE=BYTES (assigned-NIC and vhost-user modes)
+# sets the bytes each way for the guest and the peer; NET_STALL=SECONDS how
+# long the peer waits on a transfer that stopped (default 180), and
+# NET_STALL_KILL=0 lets the guest go on after such a stall (its transfer
+# fails, it powers off by itself) instead of stopping the VMM.
 mode=$1
 bin=$2
 kernel=$3
@@ -50,7 +53,8 @@ cmdline="console=ttyS0 quiet panic=-1"
 peer_out=$(mktemp)
 TESTPMD=${TESTPMD:-${DMAVISOR_BUILD_DIR:-$here/../../../build}/testpmd/dpdk-testpmd}
 
-python3 "$here/net-peer.py" --label "$mode" --timeout 500 ${NET_SIZE:+--size $NET_SIZE} > "$peer_out" 2>&1 &
+python3 "$here/net-peer.py" --label "$mode" --timeout 500 ${NET_SIZE:+--size $NET_SIZE} \
+    ${NET_STALL:+--stall $NET_STALL} > "$peer_out" 2>&1 &
 peer=$!
 # Wait for the peer to listen.
 i=0
@@ -66,7 +70,7 @@ run_vmm() {
     vm=$!
     done_for=0
     while kill -0 "$vm" 2>/dev/null; do
-        if grep -q PEER-STALL "$peer_out"; then
+        if [ "${NET_STALL_KILL:-1}" = 1 ] && grep -q PEER-STALL "$peer_out"; then
             echo "GUEST-STALL: the peer saw no data; stopping the VMM"
             kill "$vm"
             break

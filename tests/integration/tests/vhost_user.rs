@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use integration_tests::images::{build_initramfs, ensure_images, InitramfsSpec};
-use integration_tests::markers::{marker_line, token_value};
+use integration_tests::markers::{json_field, marker_line, peer_result, token_value};
 use integration_tests::net_checks::check_transfers;
 use integration_tests::paths::{guest_script, path_arg};
 use integration_tests::session::{Case, CaseResult, Plan, SharedSession};
@@ -41,6 +41,12 @@ fn net_case(name: &str, mode: &str, bin: &str, kernel: &str, initrd: &str) -> Ca
         vec![
             "env".into(),
             format!("NET_SIZE={SIZE}"),
+            // Host-to-guest through testpmd behind a vIOMMU stops (see
+            // check_behind_viommu): give up on it after 30 s, not 180, and
+            // let the guest power off by itself so dmavisor's exit report
+            // (the IOTLB counters) is printed.
+            "NET_STALL=30".into(),
+            "NET_STALL_KILL=0".into(),
             "sh".into(),
             path_arg(&guest_script("net-host.sh")),
             mode.into(),
@@ -187,36 +193,95 @@ fn vhost_user_net_testpmd() {
     }
 }
 
-/// Behind the vIOMMU: testpmd's every translation came from dmavisor
-/// (IOTLB misses answered), the guest's UNMAPs reached it as acknowledged
-/// invalidations, and the guest saw the NIC in a translating domain.
-fn check_behind_viommu(name: &str) -> (f64, f64) {
-    let rates = transfers(name);
-    let out = case(name).output;
-    let g = marker_line(&out, "GUEST-NET-IOMMU").expect("iommu marker");
+/// Behind the vIOMMU: the guest's ping and its 1 MiB to the host arrive
+/// intact through testpmd; testpmd's every translation came from dmavisor
+/// (IOTLB misses answered) and the guest's UNMAPs reached it as
+/// acknowledged invalidations; the guest saw the NIC in a translating
+/// domain. Host to guest is reported, not required: DPDK 22.11 delivers
+/// about 500 frames to such a guest and then drops the rest (806 of 1315
+/// in the runs of 2026-11-25), and so it does under QEMU's vhost-user-net
+/// behind virtio-iommu-pci (831 of 1326), so the limit is the back-end's;
+/// when the transfer completes its checksum is checked. Returns the
+/// guest-to-host rate.
+fn check_behind_viommu(name: &str) -> f64 {
+    let r = case(name);
+    eprintln!("{}", r.summary(name));
+    let out = &r.output;
+    let context = r.tail(60);
+    assert_eq!(r.exit, Some(0), "{name} script failed:\n{context}");
+    assert!(
+        out.contains("VMM-EXIT rc=0"),
+        "{name}: the guest did not power off:\n{context}"
+    );
+    let g = marker_line(out, "GUEST-NET-IOMMU").expect("iommu marker");
     assert!(g.contains("type=DMA"), "{name}: NIC not translated: {g}");
-    let (misses, invalidations, ranges) = iotlb_counts(&out)
-        .unwrap_or_else(|| panic!("{name}: no IOTLB counters:\n{}", case(name).tail(40)));
+    let ping = marker_line(out, "GUEST-PING").unwrap_or_else(|| panic!("{context}"));
+    assert_ne!(token_value(ping, "received"), Some("0"), "{name}: {ping}");
+    let tx = marker_line(out, "GUEST-TX").unwrap_or_else(|| panic!("{context}"));
+    let host_rx = peer_result(out, "guest_to_host").unwrap_or_else(|| panic!("{context}"));
+    assert_eq!(
+        token_value(tx, "bytes"),
+        Some(SIZE.to_string().as_str()),
+        "{tx}"
+    );
+    assert_eq!(
+        json_field(host_rx, "bytes"),
+        Some(SIZE.to_string().as_str())
+    );
+    assert_eq!(
+        json_field(host_rx, "md5"),
+        token_value(tx, "md5"),
+        "{name}: guest->host data corrupted"
+    );
+    let secs: f64 = json_field(host_rx, "secs")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0.0);
+    let g2h = if secs > 0.0 {
+        SIZE as f64 / 1e6 / secs
+    } else {
+        0.0
+    };
+    let h2g_done = match (
+        marker_line(out, "GUEST-RX"),
+        peer_result(out, "host_to_guest"),
+    ) {
+        (Some(rx), Some(host_tx))
+            if token_value(rx, "bytes") == Some(SIZE.to_string().as_str()) =>
+        {
+            assert_eq!(
+                token_value(rx, "md5"),
+                json_field(host_tx, "md5"),
+                "{name}: host->guest data corrupted"
+            );
+            true
+        }
+        _ => false,
+    };
+    let (misses, invalidations, ranges) =
+        iotlb_counts(out).unwrap_or_else(|| panic!("{name}: no IOTLB counters:\n{context}"));
     println!(
-        "{{\"bench\": \"vhost-user-iotlb\", \"case\": \"{name}\", \"misses\": {misses}, \"invalidations\": {invalidations}, \"ranges\": {ranges}}}"
+        "{{\"bench\": \"vhost-user-iotlb\", \"case\": \"{name}\", \"guest_to_host_MBps\": {g2h:.3}, \"host_to_guest_completed\": {h2g_done}, \"misses\": {misses}, \"invalidations\": {invalidations}, \"ranges\": {ranges}}}"
     );
     assert!(misses > 0, "{name}: testpmd never asked for a translation");
     assert!(invalidations > 0, "{name}: no UNMAP reached testpmd");
-    rates
+    g2h
 }
 
 /// Lazy, with QEMU's vhost-user-net behind virtio-iommu-pci on the same
-/// testpmd beside it when that reference completed.
+/// testpmd beside it when its guest-to-host transfer completed.
 #[test]
 fn vhost_user_net_viommu_lazy() {
-    let (g2h, h2g) = check_behind_viommu("vu_testpmd_lazy");
+    let g2h = check_behind_viommu("vu_testpmd_lazy");
     let q = case("qemu_vu_testpmd_lazy");
-    if q.exit == Some(0) && q.output.contains("GUEST-NET-DONE") {
-        let (qg, qh) = transfers("qemu_vu_testpmd_lazy");
+    let qemu = peer_result(&q.output, "guest_to_host")
+        .and_then(|l| json_field(l, "secs"))
+        .and_then(|t| t.parse::<f64>().ok())
+        .filter(|s| *s > 0.0);
+    if let Some(secs) = qemu {
+        let qg2h = SIZE as f64 / 1e6 / secs;
         println!(
-            "{{\"bench\": \"vhost-user-net-ratio\", \"config\": \"viommu_lazy\", \"dmavisor_over_qemu\": [{:.3}, {:.3}], \"order\": \"[guest_to_host, host_to_guest]\"}}",
-            g2h / qg.max(1e-9),
-            h2g / qh.max(1e-9)
+            "{{\"bench\": \"vhost-user-net-ratio\", \"config\": \"viommu_lazy\", \"dmavisor_over_qemu_guest_to_host\": {:.3}}}",
+            g2h / qg2h.max(1e-9)
         );
     }
 }
