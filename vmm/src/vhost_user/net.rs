@@ -164,32 +164,23 @@ impl VhostUserNet {
             protocol_features.bits()
         );
         let client = Arc::new(Mutex::new(client));
+        let os = |source: std::io::Error| {
+            VhostUserNetError::Client(ClientError::Connect {
+                path: socket.clone(),
+                source,
+            })
+        };
         let iotlb = if cfg.iommu {
             let iotlb = Arc::new(BackendIotlb::new(client.clone(), mem.clone()));
-            let (ours, theirs) = UnixStream::pair().map_err(|e| {
-                VhostUserNetError::Client(ClientError::Connect {
-                    path: socket.clone(),
-                    source: e,
-                })
-            })?;
+            let (ours, theirs) = UnixStream::pair().map_err(os)?;
             lock(&client).set_bytes(FrontendReq::SET_BACKEND_REQ_FD, &[], &[theirs.as_raw_fd()])?;
             drop(theirs);
-            let reader = ours.try_clone().map_err(|e| {
-                VhostUserNetError::Client(ClientError::Connect {
-                    path: socket.clone(),
-                    source: e,
-                })
-            })?;
+            let reader = ours.try_clone().map_err(os)?;
             let served = iotlb.clone();
             let handle = thread::Builder::new()
                 .name("vhost-user-iotlb".into())
                 .spawn(move || serve_backend_channel(reader, served))
-                .map_err(|e| {
-                    VhostUserNetError::Client(ClientError::Connect {
-                        path: socket.clone(),
-                        source: e,
-                    })
-                })?;
+                .map_err(os)?;
             Some((iotlb, ours, handle))
         } else {
             None
