@@ -40,13 +40,34 @@ fn reply_timeout(request: FrontendReq) -> Duration {
 }
 
 /// Header flag: protocol version 1 (vhost-user spec, "Message Specification").
-const FLAG_VERSION_1: u32 = 0x1;
+pub(super) const FLAG_VERSION_1: u32 = 0x1;
 /// Header flag: this message is a reply.
-const FLAG_REPLY: u32 = 0x4;
+pub(super) const FLAG_REPLY: u32 = 0x4;
 /// Header flag: the sender asks for a REPLY_ACK.
-const FLAG_NEED_REPLY: u32 = 0x8;
+pub(super) const FLAG_NEED_REPLY: u32 = 0x8;
 /// Bytes in a message header: request, flags, size (three `u32`).
-const HEADER_LEN: usize = 12;
+pub(super) const HEADER_LEN: usize = 12;
+
+/// One message on either channel: the header (request code, `flags`, the
+/// body's size) followed by `body`, little-endian as the spec has it.
+pub(super) fn encode_message(code: u32, flags: u32, body: &[u8]) -> Vec<u8> {
+    let mut msg = Vec::with_capacity(HEADER_LEN + body.len());
+    msg.extend_from_slice(&code.to_le_bytes());
+    msg.extend_from_slice(&flags.to_le_bytes());
+    msg.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    msg.extend_from_slice(body);
+    msg
+}
+
+/// A header's (request code, flags, body size).
+pub(super) fn decode_header(hdr: &[u8; HEADER_LEN]) -> (u32, u32, u32) {
+    let word = |i: usize| {
+        let mut b = [0u8; 4];
+        b.copy_from_slice(hdr.get(i * 4..i * 4 + 4).unwrap_or(&[0; 4]));
+        u32::from_le_bytes(b)
+    };
+    (word(0), word(1), word(2))
+}
 
 /// Why talking to the back-end failed.
 #[derive(Debug, Error)]
@@ -223,19 +244,14 @@ impl Client {
         need_reply: bool,
     ) -> Result<(), ClientError> {
         let io = |source| ClientError::Io { request, source };
-        let size = u32::try_from(body.len())
-            .ok()
-            .filter(|s| (*s as usize) <= MAX_MSG_SIZE)
-            .ok_or_else(|| io(std::io::Error::from(ErrorKind::InvalidInput)))?;
+        if body.len() > MAX_MSG_SIZE {
+            return Err(io(std::io::Error::from(ErrorKind::InvalidInput)));
+        }
         let mut flags = FLAG_VERSION_1;
         if need_reply {
             flags |= FLAG_NEED_REPLY;
         }
-        let mut msg = Vec::with_capacity(HEADER_LEN + body.len());
-        msg.extend_from_slice(&u32::from(request).to_le_bytes());
-        msg.extend_from_slice(&flags.to_le_bytes());
-        msg.extend_from_slice(&size.to_le_bytes());
-        msg.extend_from_slice(body);
+        let msg = encode_message(u32::from(request), flags, body);
         // The descriptors travel with the first byte; the rest follows with
         // plain writes if the kernel took only part of the message.
         let sent = self
@@ -264,12 +280,7 @@ impl Client {
     fn read_reply(&mut self, request: FrontendReq) -> Result<Vec<u8>, ClientError> {
         let mut hdr = [0u8; HEADER_LEN];
         self.read_exact(request, &mut hdr)?;
-        let word = |i: usize| {
-            let mut b = [0u8; 4];
-            b.copy_from_slice(hdr.get(i * 4..i * 4 + 4).unwrap_or(&[0; 4]));
-            u32::from_le_bytes(b)
-        };
-        let (code, flags, size) = (word(0), word(1), word(2));
+        let (code, flags, size) = decode_header(&hdr);
         let bad = |reason: String| ClientError::BadReply { request, reason };
         if code != u32::from(request) {
             return Err(bad(format!("reply to request {code}")));

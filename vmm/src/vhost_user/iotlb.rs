@@ -18,13 +18,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use log::{debug, warn};
-use vhost::vhost_user::message::{FrontendReq, MAX_MSG_SIZE};
+use vhost::vhost_user::message::{BackendReq, FrontendReq, MAX_MSG_SIZE};
 use virtio_iommu::device::EndpointListener;
 use virtio_iommu::mapping::{Invalidator, Perm};
 use virtio_iommu::translate::EndpointDma;
 use vm_memory::{ByteValued, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
-use super::client::{Client, ClientError};
+use super::client::{
+    decode_header, encode_message, Client, ClientError, FLAG_NEED_REPLY, FLAG_REPLY,
+    FLAG_VERSION_1, HEADER_LEN,
+};
 use crate::memory::GuestMemoryMmap;
 
 /// `struct vhost_iotlb_msg` (linux/vhost_types.h), the body of
@@ -62,11 +65,6 @@ pub const UPDATE: u8 = 2;
 pub const INVALIDATE: u8 = 3;
 /// Back-end to front-end: an access failed.
 pub const ACCESS_FAIL: u8 = 4;
-
-/// `VHOST_USER_BACKEND_IOTLB_MSG` (back-end channel request code).
-const BACKEND_IOTLB_MSG: u32 = 1;
-const FLAG_REPLY: u32 = 0x4;
-const FLAG_NEED_REPLY: u32 = 0x8;
 
 impl IotlbMsg {
     /// A message of `kind`.
@@ -254,17 +252,13 @@ impl EndpointListener for BackendIotlb {
 /// UPDATEs on the front-end channel and acknowledges what asks for it.
 pub fn serve_backend_channel(mut sock: UnixStream, iotlb: Arc<BackendIotlb>) {
     loop {
-        let mut hdr = [0u8; 12];
+        let mut hdr = [0u8; HEADER_LEN];
         if sock.read_exact(&mut hdr).is_err() {
             debug!("vhost-user back-end channel closed");
             return;
         }
-        let word = |i: usize| {
-            let mut b = [0u8; 4];
-            b.copy_from_slice(hdr.get(i * 4..i * 4 + 4).unwrap_or(&[0; 4]));
-            u32::from_le_bytes(b)
-        };
-        let (code, flags, size) = (word(0), word(1), word(2) as usize);
+        let (code, flags, size) = decode_header(&hdr);
+        let size = size as usize;
         if size > MAX_MSG_SIZE {
             warn!("vhost-user back-end channel: {size}-byte message; closing it");
             return;
@@ -273,18 +267,14 @@ pub fn serve_backend_channel(mut sock: UnixStream, iotlb: Arc<BackendIotlb>) {
         if sock.read_exact(&mut body).is_err() {
             return;
         }
-        let status = if code == BACKEND_IOTLB_MSG {
+        let status = if code == u32::from(BackendReq::IOTLB_MSG) {
             handle_iotlb(&iotlb, &body)
         } else {
             warn!("vhost-user back-end channel: request {code} not supported");
             1
         };
         if flags & FLAG_NEED_REPLY != 0 {
-            let mut reply = Vec::with_capacity(20);
-            reply.extend_from_slice(&code.to_le_bytes());
-            reply.extend_from_slice(&(0x1 | FLAG_REPLY).to_le_bytes());
-            reply.extend_from_slice(&8u32.to_le_bytes());
-            reply.extend_from_slice(&status.to_le_bytes());
+            let reply = encode_message(code, FLAG_VERSION_1 | FLAG_REPLY, &status.to_le_bytes());
             if std::io::Write::write_all(&mut sock, &reply).is_err() {
                 return;
             }
@@ -396,11 +386,7 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(300));
             *acked.lock().unwrap() = Some(Instant::now());
-            let mut reply = Vec::new();
-            reply.extend_from_slice(&code.to_le_bytes());
-            reply.extend_from_slice(&(1 | FLAG_REPLY).to_le_bytes());
-            reply.extend_from_slice(&8u32.to_le_bytes());
-            reply.extend_from_slice(&0u64.to_le_bytes());
+            let reply = encode_message(code, FLAG_VERSION_1 | FLAG_REPLY, &0u64.to_le_bytes());
             backend.write_all(&reply).unwrap();
             backend
         });
