@@ -43,8 +43,10 @@ guest-driver:
 fuzz:
 	fuzz/run.sh $(FUZZ_SECONDS)
 
+# One runner session per test group; in the nested runner the groups run in
+# parallel lanes, one per host CPU (resources/test-lanes).
 integration: build
-	$(CARGO) test --release --no-fail-fast -p integration-tests -- --test-threads=1 --nocapture
+	CARGO=$(CARGO) resources/test-lanes
 
 test: deps lint unit loom guest-driver fuzz integration
 

@@ -48,7 +48,9 @@ matrix)
 	modules="virtio_pci failover net_failover"
 	extra_files="--file $NETKO:/opt/vvi/virtio_net.ko"
 	PORT=8089
-	vvi_blob "$OUT" "${VVI_BLOB_BYTES:-524288}"
+	# Its own www directory: the QEMU matrix (run-qemu-matrix.sh) may run at
+	# the same time in another test lane and writes $OUT/www/blob.
+	vvi_blob "$OUT/own-vmm" "${VVI_BLOB_BYTES:-524288}"
 	md5_arg="vvi_port=$PORT vvi_md5=$MD5"
 	net_args="--net tap=vvinet0,mac=52:54:00:12:34:57,ip=10.0.2.2,mask=255.255.255.0,iommu=on"
 	;;
@@ -75,7 +77,7 @@ inner=$OUT/dmavisor-$MODE-inner.sh
 	echo "#!/bin/sh"
 	if [ "$MODE" = matrix ]; then
 		cat <<INNER
-python3 - "$OUT/www" $PORT <<'PY' >"$OUT/http-dmavisor.log" 2>&1 &
+python3 - "$OUT/own-vmm/www" $PORT <<'PY' >"$OUT/http-dmavisor.log" 2>&1 &
 import functools, http.server, sys, time
 handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[1])
 for _ in range(600):

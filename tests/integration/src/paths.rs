@@ -64,17 +64,23 @@ fn gcc(name: &str, out_name: &str, mode: &[&str], libs: &[&str]) -> Result<PathB
     std::fs::create_dir_all(scratch_dir())
         .map_err(|e| format!("{}: {e}", scratch_dir().display()))?;
     let out = scratch_dir().join(out_name);
+    // Test groups run in parallel lanes (resources/test-lanes) and may build
+    // the same tool: compile to a private name and rename it into place, so
+    // nobody runs or loads a half-written file.
+    let tmp = scratch_dir().join(format!("{out_name}.tmp{}", std::process::id()));
     let src = guest_script(&format!("{name}.c"));
     let st = std::process::Command::new("gcc")
         .args(mode)
         .args(["-O2", "-Wall", "-Werror", "-Wno-unused-function", "-o"])
-        .arg(&out)
+        .arg(&tmp)
         .arg(&src)
         .args(libs)
         .status()
         .map_err(|e| format!("gcc: {e}"))?;
     if !st.success() {
+        let _ = std::fs::remove_file(&tmp);
         return Err(format!("gcc {} failed: {st}", src.display()));
     }
+    std::fs::rename(&tmp, &out).map_err(|e| format!("{}: {e}", out.display()))?;
     Ok(out)
 }
