@@ -1,6 +1,7 @@
 //! virtio-iommu device library.
 
 pub mod baseline;
+pub mod counters;
 pub mod device;
 pub mod events;
 pub mod invalidation;

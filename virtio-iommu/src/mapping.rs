@@ -18,6 +18,7 @@ use std::fmt;
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 
+use crate::counters::CounterBlock;
 use crate::invalidation::Batch;
 use crate::magazine::NodeCache;
 pub use crate::magazine::{Depot, DepotStats};
@@ -296,6 +297,9 @@ pub struct Worker {
     pub(crate) nodes: NodeCache,
     pub(crate) batch: Batch,
     pub(crate) table: WorkerTableState,
+    /// This worker's request counters (a device's workers share a
+    /// registry; a bare worker keeps its own).
+    pub(crate) counters: Arc<CounterBlock>,
 }
 
 impl Worker {
@@ -307,6 +311,7 @@ impl Worker {
             nodes: NodeCache::new(),
             batch: Batch::new(),
             table: WorkerTableState::new(id),
+            counters: Arc::default(),
         }
     }
 

@@ -1380,3 +1380,44 @@ fn mirrors_follow_attachments_and_maps_and_can_refuse_a_map() {
         vec![(EP, Some(1), false), (EP, Some(2), true), (EP, None, false)]
     );
 }
+
+/// `request_counts` (the API's `vm.counters`) counts every request of every
+/// worker by type, the failed ones, and one invalidation batch per kick
+/// that unmapped something, with the consumer calls it made.
+#[test]
+fn request_counts_follow_requests_and_batches() {
+    let d = device();
+    let rec = Arc::new(Recorder::default());
+    d.add_invalidator(rec.clone());
+    let mut w1 = d.new_worker();
+    let mut w2 = d.new_worker();
+    assert_eq!(send(&d, &mut w1, &attach(1, EP, 0)), Status::Ok);
+    assert_eq!(send(&d, &mut w1, &map(1, 0, PG - 1, 0, 3)), Status::Ok);
+    assert_eq!(
+        send(&d, &mut w2, &map(1, PG, 2 * PG - 1, PG, 3)),
+        Status::Ok
+    );
+    // Overlaps an existing mapping: an error status, still a MAP.
+    assert_ne!(send(&d, &mut w2, &map(1, 0, PG - 1, 0, 3)), Status::Ok);
+    d.complete_kick(&mut w2);
+    assert_eq!(send(&d, &mut w1, &unmap(1, 0, 2 * PG - 1)), Status::Ok);
+    d.complete_kick(&mut w1);
+    // A kick without UNMAP is no batch.
+    d.complete_kick(&mut w1);
+    let mut bad = attach(1, EP, 0);
+    bad[0] = 0x7f;
+    let mut out = [0u8; 4];
+    assert_eq!(d.handle_request(&mut w1, &bad, &mut out), 0);
+    let c = d.request_counts();
+    assert_eq!(
+        (c.attach, c.map, c.unmap, c.detach, c.probe),
+        (1, 3, 1, 0, 0)
+    );
+    assert_eq!(c.failed, 2, "the overlapping MAP and the unknown type");
+    assert_eq!(c.invalidation_batches, 1);
+    assert_eq!(c.invalidator_calls, 1, "one consumer, one domain");
+    // A worker's counts outlive it.
+    drop(w1);
+    drop(w2);
+    assert_eq!(d.request_counts(), c);
+}

@@ -286,13 +286,17 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
     }
 
     if let Some(socket) = &config.api_socket {
-        let mirrors = config
-            .devices
-            .iter()
-            .zip(&assigned)
-            .filter_map(|(d, a)| a.mirror.clone().map(|m| (d.name(), m)))
-            .collect();
-        let state = crate::api::vm_state::VmState::new(config, mirrors, exit_tx.clone());
+        let counters = crate::api::vm_state::CounterSources {
+            iommu: iommu.as_ref().map(|p| p.device()),
+            vfio: config
+                .devices
+                .iter()
+                .zip(&assigned)
+                .filter_map(|(d, a)| a.mirror.clone().map(|m| (d.name(), m)))
+                .collect(),
+            vhost_user: net_devices.iotlbs.clone(),
+        };
+        let state = crate::api::vm_state::VmState::new(config, counters, exit_tx.clone());
         crate::api::spawn(socket, Arc::new(state))?;
     }
 
@@ -354,6 +358,21 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
     }
     for (name, iotlb) in &net_devices.iotlbs {
         iotlb.log_stats(name);
+    }
+    if let Some(p) = &iommu {
+        let c = p.device().request_counts();
+        info!(
+            "virtio-iommu: {} MAP, {} UNMAP, {} ATTACH, {} DETACH, {} PROBE requests \
+             ({} failed); {} invalidation batches, {} consumer calls",
+            c.map,
+            c.unmap,
+            c.attach,
+            c.detach,
+            c.probe,
+            c.failed,
+            c.invalidation_batches,
+            c.invalidator_calls
+        );
     }
     // Other vCPU threads may still be inside KVM_RUN: unmapping guest RAM
     // under them makes KVM fail with EFAULT. The caller ends the process

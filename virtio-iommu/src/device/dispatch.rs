@@ -16,6 +16,7 @@
 
 use super::probe::fill_properties;
 use super::IommuDevice;
+use crate::counters::Counted;
 use crate::mapping::Worker;
 use crate::wire::{
     encode_tail, feature, parse_request, req_type, request_type, ProbeReq, Request, Status,
@@ -49,22 +50,31 @@ impl IommuDevice {
         }
         let ty = match request_type(readable) {
             Ok(t) => t,
-            Err(_) => return put_tail(writable, 0, Status::Inval),
+            Err(_) => {
+                w.counters.malformed();
+                return put_tail(writable, 0, Status::Inval);
+            }
         };
         if !matches!(
             ty,
             req_type::ATTACH | req_type::DETACH | req_type::MAP | req_type::UNMAP | req_type::PROBE
         ) {
             log::debug!("virtio-iommu: unknown request type {ty}");
+            w.counters.malformed();
             return 0;
         }
         if ty == req_type::PROBE && !self.features.is_offered(feature::PROBE) {
+            w.counters.malformed();
             return 0;
         }
         let req = match parse_request(readable) {
             Ok(r) => r,
-            Err(WireError::UnknownType(_)) => return 0,
+            Err(WireError::UnknownType(_)) => {
+                w.counters.malformed();
+                return 0;
+            }
             Err(WireError::TooShort { .. }) => {
+                w.counters.malformed();
                 let off = if ty == req_type::PROBE {
                     // Tail follows the properties; with an unknown layout the
                     // safest place is the end of the writable part.
@@ -75,13 +85,19 @@ impl IommuDevice {
                 return put_tail(writable, off, Status::Inval);
             }
         };
-        match req {
-            Request::Attach(a) => put_tail(writable, 0, self.attach(w, &a)),
-            Request::Detach(d) => put_tail(writable, 0, self.detach(w, &d)),
-            Request::Map(m) => put_tail(writable, 0, self.map(w, &m)),
-            Request::Unmap(u) => put_tail(writable, 0, self.unmap(w, &u)),
-            Request::Probe(p) => self.probe(&p, writable),
-        }
+        let (kind, status) = match req {
+            Request::Attach(a) => (Counted::Attach, self.attach(w, &a)),
+            Request::Detach(d) => (Counted::Detach, self.detach(w, &d)),
+            Request::Map(m) => (Counted::Map, self.map(w, &m)),
+            Request::Unmap(u) => (Counted::Unmap, self.unmap(w, &u)),
+            Request::Probe(p) => {
+                let (used, status) = self.probe(&p, writable);
+                w.counters.request(Counted::Probe, status == Status::Ok);
+                return used;
+            }
+        };
+        w.counters.request(kind, status == Status::Ok);
+        put_tail(writable, 0, status)
     }
 
     /// Where the tail of a PROBE goes: after probe_size bytes of properties
@@ -94,25 +110,30 @@ impl IommuDevice {
         }
     }
 
-    fn probe(&self, req: &ProbeReq, writable: &mut [u8]) -> usize {
+    /// Answers a PROBE; returns the used length and the status written.
+    fn probe(&self, req: &ProbeReq, writable: &mut [u8]) -> (usize, Status) {
         let ps = self.cfg.probe_size as usize;
         let tail_off = self.probe_tail_offset(writable.len());
-        if tail_off < ps {
+        let status = if tail_off < ps {
             // Properties list smaller than probe_size: write no property.
-            return put_tail(writable, tail_off, Status::Inval);
-        }
-        let Some(props) = writable.get_mut(..ps) else {
-            return put_tail(writable, tail_off, Status::DevErr);
+            Status::Inval
+        } else if let Some(props) = writable.get_mut(..ps) {
+            match self.endpoints.get(req.endpoint) {
+                Some(ep) => {
+                    let mut regions = self.global_resv.clone();
+                    regions.extend_from_slice(ep.resv());
+                    fill_properties(props, &regions)
+                }
+                None => {
+                    // The used length covers the properties too, so make
+                    // them a well-defined empty list.
+                    props.fill(0);
+                    Status::NoEnt
+                }
+            }
+        } else {
+            Status::DevErr
         };
-        let Some(ep) = self.endpoints.get(req.endpoint) else {
-            // The used length covers the properties too, so make them a
-            // well-defined empty list.
-            props.fill(0);
-            return put_tail(writable, tail_off, Status::NoEnt);
-        };
-        let mut regions = self.global_resv.clone();
-        regions.extend_from_slice(ep.resv());
-        let status = fill_properties(props, &regions);
-        put_tail(writable, tail_off, status)
+        (put_tail(writable, tail_off, status), status)
     }
 }

@@ -58,6 +58,7 @@ pub use features::MULTIQUEUE;
 pub use listener::EndpointListener;
 pub use mirror::{MapMirror, MirrorError};
 
+use crate::counters::{CounterRegistry, RequestCounts};
 use crate::events::FaultQueue;
 use crate::mapping::{Depot, Invalidator, SpaceStats, Worker};
 use crate::translate::EndpointDma;
@@ -106,6 +107,8 @@ pub struct IommuDevice {
     /// cache line for every request queue) when there is none.
     has_mirrors: AtomicBool,
     faults: Arc<FaultQueue>,
+    /// Every worker's request counters.
+    counters: CounterRegistry,
 }
 
 impl IommuDevice {
@@ -128,6 +131,7 @@ impl IommuDevice {
                 cfg.fault_queue_capacity,
                 cfg.fault_logs_per_sec,
             )),
+            counters: CounterRegistry::default(),
             cfg,
         })
     }
@@ -242,9 +246,18 @@ impl IommuDevice {
         self.bypass.load(Ordering::Acquire)
     }
 
-    /// A worker context for one request-queue thread.
+    /// A worker context for one request-queue thread, counting its
+    /// requests in this device's totals ([`IommuDevice::request_counts`]).
     pub fn new_worker(&self) -> Worker {
-        Worker::new(&self.depot)
+        let mut w = Worker::new(&self.depot);
+        w.counters = self.counters.register();
+        w
+    }
+
+    /// Requests handled and invalidation batches flushed so far, summed
+    /// over every worker this device handed out.
+    pub fn request_counts(&self) -> RequestCounts {
+        self.counters.totals()
     }
 
     /// Ends a kick: one invalidation per consumer covering every UNMAP (and
@@ -252,7 +265,13 @@ impl IommuDevice {
     /// publish the kick's used-ring entries.
     pub fn complete_kick(&self, w: &mut Worker) {
         let consumers = read(&self.invalidators).clone();
+        let pending = w.has_pending();
+        let calls_before = w.invalidation_calls();
         w.flush(&consumers);
+        if pending {
+            let calls = w.invalidation_calls().wrapping_sub(calls_before);
+            w.counters.batch(calls);
+        }
     }
 
     /// Registers a DMA consumer that caches translations.

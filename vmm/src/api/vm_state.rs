@@ -7,31 +7,43 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
+use virtio_iommu::device::IommuDevice;
+
 use super::routes::VmApi;
 use crate::config::{SerialConfig, VmConfig};
 use crate::exit::{ExitEvent, ExitSender};
 use crate::vfio::VfioMirror;
+use crate::vhost_user::iotlb::BackendIotlb;
+
+/// Name of the vIOMMU's entry in `vm.counters`.
+pub const IOMMU_COUNTERS: &str = "iommu";
+
+/// The devices that count their DMA work, as `vm.counters` reports them.
+#[derive(Default)]
+pub struct CounterSources {
+    /// The vIOMMU's device model (requests and invalidation batches).
+    pub iommu: Option<Arc<IommuDevice>>,
+    /// Assigned functions behind the vIOMMU, by name.
+    pub vfio: Vec<(String, Arc<VfioMirror>)>,
+    /// vhost-user back-ends behind the vIOMMU (their IOTLBs), by name.
+    pub vhost_user: Vec<(String, Arc<BackendIotlb>)>,
+}
 
 /// What the API reads of a running VM.
 pub struct VmState {
     config: Value,
     memory: u64,
-    /// Assigned functions behind the vIOMMU, by name.
-    mirrors: Vec<(String, Arc<VfioMirror>)>,
+    counters: CounterSources,
     exit: ExitSender,
 }
 
 impl VmState {
     /// The state of the VM built from `config`.
-    pub fn new(
-        config: &VmConfig,
-        mirrors: Vec<(String, Arc<VfioMirror>)>,
-        exit: ExitSender,
-    ) -> Self {
+    pub fn new(config: &VmConfig, counters: CounterSources, exit: ExitSender) -> Self {
         Self {
             config: config_json(config),
             memory: config.memory.size,
-            mirrors,
+            counters,
             exit,
         }
     }
@@ -93,9 +105,26 @@ impl VmApi for VmState {
         self.memory
     }
 
+    /// cloud-hypervisor's shape: `{ device: { counter: value } }`.
     fn counters(&self) -> Value {
         let mut out = Map::new();
-        for (name, m) in &self.mirrors {
+        if let Some(iommu) = &self.counters.iommu {
+            let c = iommu.request_counts();
+            out.insert(
+                IOMMU_COUNTERS.into(),
+                json!({
+                    "attach_requests": c.attach,
+                    "detach_requests": c.detach,
+                    "map_requests": c.map,
+                    "unmap_requests": c.unmap,
+                    "probe_requests": c.probe,
+                    "failed_requests": c.failed,
+                    "invalidation_batches": c.invalidation_batches,
+                    "invalidator_calls": c.invalidator_calls,
+                }),
+            );
+        }
+        for (name, m) in &self.counters.vfio {
             let s = &m.stats;
             out.insert(
                 name.clone(),
@@ -103,6 +132,18 @@ impl VmApi for VmState {
                     "vfio_map_calls": s.map_calls.load(Ordering::Relaxed),
                     "vfio_unmap_calls": s.unmap_calls.load(Ordering::Relaxed),
                     "vfio_pages_mapped": s.pages_mapped.load(Ordering::Relaxed),
+                    "invalidated_ranges": s.ranges.load(Ordering::Relaxed),
+                }),
+            );
+        }
+        for (name, iotlb) in &self.counters.vhost_user {
+            let s = &iotlb.stats;
+            out.insert(
+                name.clone(),
+                json!({
+                    "iotlb_misses": s.misses.load(Ordering::Relaxed),
+                    "iotlb_misses_refused": s.refused.load(Ordering::Relaxed),
+                    "iotlb_invalidations": s.invalidations.load(Ordering::Relaxed),
                     "invalidated_ranges": s.ranges.load(Ordering::Relaxed),
                 }),
             );
@@ -152,10 +193,47 @@ mod tests {
     }
 
     #[test]
+    fn counters_report_the_viommu_requests() {
+        use virtio_iommu::device::IommuConfig;
+        use virtio_iommu::wire::{AttachReq, Request};
+        let iommu = Arc::new(IommuDevice::new(IommuConfig::default()).expect("device"));
+        iommu.add_endpoint(8).expect("endpoint");
+        iommu.ack_features(iommu.device_features());
+        let mut w = iommu.new_worker();
+        let attach = Request::Attach(AttachReq {
+            domain: 1,
+            endpoint: 8,
+            flags: 0,
+            reserved: [0; 4],
+        })
+        .encode();
+        let mut tail = [0u8; 4];
+        for _ in 0..2 {
+            iommu.handle_request(&mut w, &attach, &mut tail);
+        }
+        iommu.complete_kick(&mut w);
+        let (tx, _rx) = std::sync::mpsc::channel();
+        let cli = Cli::try_parse_from(["dmavisor", "--kernel", "/k"]).expect("command line");
+        let sources = CounterSources {
+            iommu: Some(iommu),
+            ..CounterSources::default()
+        };
+        let s = VmState::new(&cli.to_config().expect("config"), sources, tx);
+        let c = s.counters();
+        assert_eq!(c[IOMMU_COUNTERS]["attach_requests"], json!(2));
+        assert_eq!(c[IOMMU_COUNTERS]["map_requests"], json!(0));
+        assert_eq!(c[IOMMU_COUNTERS]["invalidation_batches"], json!(0));
+    }
+
+    #[test]
     fn shutdown_sends_the_api_exit_event() {
         let (tx, rx) = std::sync::mpsc::channel();
         let cli = Cli::try_parse_from(["dmavisor", "--kernel", "/k"]).expect("command line");
-        let s = VmState::new(&cli.to_config().expect("config"), Vec::new(), tx);
+        let s = VmState::new(
+            &cli.to_config().expect("config"),
+            CounterSources::default(),
+            tx,
+        );
         assert_eq!(s.counters(), json!({}));
         s.shutdown();
         assert_eq!(rx.try_recv(), Ok(ExitEvent::ApiShutdown));

@@ -123,6 +123,11 @@ impl IommuPlatform {
     }
 
     /// Where the virtio-iommu function sits.
+    /// The device model, for its request counters (`vm.counters`).
+    pub fn device(&self) -> Arc<IommuDevice> {
+        self.iommu.clone()
+    }
+
     pub fn address(&self) -> PciAddress {
         self.address
     }
