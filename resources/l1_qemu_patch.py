@@ -43,6 +43,8 @@ exit status: 0 patched (or already patched), 1 shapes not found, 2 usage
 """
 
 import json
+import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -141,9 +143,14 @@ def patch(binary, check=False):
     with open(binary + SIDECAR, "w", encoding="utf-8") as f:
         json.dump({"file_offset": start + offset,
                    "original": code[offset:offset + 6].hex()}, f)
-    with open(binary, "r+b") as f:
+    # Patch a copy and rename it over the binary: an emulator running from
+    # the old file (another runner) keeps executing unchanged code.
+    tmp = f"{binary}.tmp{os.getpid()}"
+    shutil.copy2(binary, tmp)
+    with open(tmp, "r+b") as f:
         f.seek(start + offset)
         f.write(NOP6)
+    os.replace(tmp, binary)
     return f"exception_index store at {where} removed"
 
 

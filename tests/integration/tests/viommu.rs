@@ -318,7 +318,15 @@ fn dma_after_unmap_never_lands_under_race() {
 /// and through one in bypass (the gate sits before any translation).
 /// Rounds of `guest/net-rx-unmap.c`: each posts 64 receive buffers under a
 /// flood of frames and unmaps those the device has not completed.
-const NET_UNMAP_ROUNDS: i64 = 20;
+const NET_UNMAP_ROUNDS: i64 = 50;
+
+/// Rounds that must have raced (left buffers the device had not reached
+/// when they were unmapped) for the test to prove anything. A round can
+/// lose the race entirely; how often depends on the runner's timing (about
+/// 60% of rounds raced under multi-threaded TCG, 40% under single-threaded
+/// TCG), so the bound is a count, not a share: 50 rounds at 40% give 20 on
+/// average, and fewer than 10 happen about once in 500 runs.
+const NET_UNMAP_MIN_RACED: i64 = 10;
 
 /// Issue 9: a guest that unmaps receive buffers it posted to virtio-net
 /// while frames arrive. Once an UNMAP returned, the device must neither
@@ -358,10 +366,10 @@ fn virtio_net_rx_buffer_unmapped_by_guest() {
         get("frames") >= NET_UNMAP_ROUNDS,
         "frames must land while mapped: {line}"
     );
-    // Most rounds leave buffers the device had not reached when they were
-    // unmapped (a round can lose the race entirely), and the flood makes
-    // the device reach them: every such round must end with it stopped.
-    assert!(get("raced_rounds") * 2 >= NET_UNMAP_ROUNDS, "{line}");
+    // Enough rounds leave buffers the device had not reached when they
+    // were unmapped, and the flood makes the device reach them: every such
+    // round must end with it stopped.
+    assert!(get("raced_rounds") >= NET_UNMAP_MIN_RACED, "{line}");
     assert_eq!(get("needs_reset"), get("raced_rounds"), "{line}");
     assert!(out.contains("FAULT-LOG"), "no fault reported: {ctx}");
 }
