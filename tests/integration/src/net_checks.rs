@@ -43,15 +43,7 @@ pub fn check_transfers(name: &str, r: &CaseResult, size: u64, bench: &str) -> (f
     let received: u32 = field(ping, "received").parse().unwrap_or(0);
     assert!(received >= 1, "{name}: no ping reply: {ping}");
 
-    let tx = marker_line(out, "GUEST-TX").unwrap_or_else(|| panic!("{context}"));
-    let host_rx = peer(out, "guest_to_host");
-    assert_eq!(field(tx, "bytes"), size.to_string(), "{tx}");
-    assert_eq!(json(host_rx, "bytes"), size.to_string(), "{host_rx}");
-    assert_eq!(
-        json(host_rx, "md5"),
-        field(tx, "md5"),
-        "{name}: guest->host data corrupted"
-    );
+    let g2h = check_guest_to_host(name, out, size, &context);
 
     let rx = marker_line(out, "GUEST-RX").unwrap_or_else(|| panic!("{context}"));
     let host_tx = peer(out, "host_to_guest");
@@ -72,15 +64,44 @@ pub fn check_transfers(name: &str, r: &CaseResult, size: u64, bench: &str) -> (f
     );
 
     let mb = size as f64 / 1e6;
-    let g2h_secs: f64 = json(host_rx, "secs").parse().unwrap_or(0.0);
     let t0: f64 = field(rx, "t0").parse().unwrap_or(0.0);
     let t1: f64 = field(rx, "t1").parse().unwrap_or(0.0);
     let h2g_secs = t1 - t0;
-    let g2h = if g2h_secs > 0.0 { mb / g2h_secs } else { 0.0 };
     let h2g = if h2g_secs > 0.0 { mb / h2g_secs } else { 0.0 };
     println!(
         "{{\"bench\": \"{bench}\", \"vmm\": \"{}\", \"guest_to_host_MBps\": {g2h:.3}, \"host_to_guest_MBps\": {h2g:.3}, \"bytes\": {size}}}",
         name.trim_start_matches("net_")
     );
     (g2h, h2g)
+}
+
+/// The guest's transfer to the host in case `name`: `size` bytes sent
+/// (`GUEST-TX`) and received by the peer with the same MD5. Returns the
+/// throughput the peer measured, in MB/s (0 when it gave no duration).
+pub fn check_guest_to_host(name: &str, out: &str, size: u64, context: &str) -> f64 {
+    let tx = marker_line(out, "GUEST-TX").unwrap_or_else(|| panic!("{context}"));
+    let host_rx = peer(out, "guest_to_host");
+    assert_eq!(field(tx, "bytes"), size.to_string(), "{tx}");
+    assert_eq!(json(host_rx, "bytes"), size.to_string(), "{host_rx}");
+    assert_eq!(
+        json(host_rx, "md5"),
+        field(tx, "md5"),
+        "{name}: guest->host data corrupted"
+    );
+    let secs: f64 = json(host_rx, "secs").parse().unwrap_or(0.0);
+    if secs > 0.0 {
+        size as f64 / 1e6 / secs
+    } else {
+        0.0
+    }
+}
+
+/// MB/s of the peer's `size`-byte transfer in direction `dir`
+/// (`guest_to_host` or `host_to_guest`), when it reported a duration.
+pub fn peer_mbps(out: &str, dir: &str, size: u64) -> Option<f64> {
+    peer_result(out, dir)
+        .and_then(|j| json_field(j, "secs"))
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .map(|secs| size as f64 / 1e6 / secs)
 }

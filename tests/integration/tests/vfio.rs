@@ -26,6 +26,7 @@ use integration_tests::images::{build_initramfs, ensure_images, InitramfsSpec};
 use integration_tests::markers::{
     guest_script_exit, json_field, marker_line, peer_result, token_value,
 };
+use integration_tests::net_checks::peer_mbps;
 use integration_tests::paths::{
     build_guest_tool, build_preload_lib, guest_script, path_arg, repo_root,
 };
@@ -331,16 +332,9 @@ fn qemu_rates(name: &str, group: Option<&str>) -> Option<(f64, f64)> {
 
 /// Throughput (MB/s guest to host, host to guest) of a checked case.
 fn rates(name: &str, group: Option<&str>) -> (f64, f64) {
-    let mb = SIZE as f64 / 1e6;
     let out = check_nic(name, group);
-    let secs = |dir: &str| {
-        peer_result(&out, dir)
-            .and_then(|j| json_field(j, "secs"))
-            .and_then(|s| s.parse::<f64>().ok())
-            .filter(|s| *s > 0.0)
-            .unwrap_or(f64::INFINITY)
-    };
-    (mb / secs("guest_to_host"), mb / secs("host_to_guest"))
+    let rate = |dir: &str| peer_mbps(&out, dir, SIZE).unwrap_or(0.0);
+    (rate("guest_to_host"), rate("host_to_guest"))
 }
 
 /// Each configuration's throughput as a ratio to the same VMM without a

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use integration_tests::images::{build_initramfs, ensure_images, InitramfsSpec};
 use integration_tests::markers::{json_field, marker_line, peer_result, token_value};
-use integration_tests::net_checks::check_transfers;
+use integration_tests::net_checks::{check_guest_to_host, check_transfers, peer_mbps};
 use integration_tests::paths::{guest_script, path_arg};
 use integration_tests::session::{Case, CaseResult, Plan, SharedSession};
 use integration_tests::vmm::dmavisor_binary;
@@ -221,30 +221,7 @@ fn check_behind_viommu(name: &str) -> f64 {
     assert!(g.contains("type=DMA"), "{name}: NIC not translated: {g}");
     let ping = marker_line(out, "GUEST-PING").unwrap_or_else(|| panic!("{context}"));
     assert_ne!(token_value(ping, "received"), Some("0"), "{name}: {ping}");
-    let tx = marker_line(out, "GUEST-TX").unwrap_or_else(|| panic!("{context}"));
-    let host_rx = peer_result(out, "guest_to_host").unwrap_or_else(|| panic!("{context}"));
-    assert_eq!(
-        token_value(tx, "bytes"),
-        Some(SIZE.to_string().as_str()),
-        "{tx}"
-    );
-    assert_eq!(
-        json_field(host_rx, "bytes"),
-        Some(SIZE.to_string().as_str())
-    );
-    assert_eq!(
-        json_field(host_rx, "md5"),
-        token_value(tx, "md5"),
-        "{name}: guest->host data corrupted"
-    );
-    let secs: f64 = json_field(host_rx, "secs")
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(0.0);
-    let g2h = if secs > 0.0 {
-        SIZE as f64 / 1e6 / secs
-    } else {
-        0.0
-    };
+    let g2h = check_guest_to_host(name, out, SIZE, &context);
     let h2g_done = match (
         marker_line(out, "GUEST-RX"),
         peer_result(out, "host_to_guest"),
@@ -276,15 +253,11 @@ fn check_behind_viommu(name: &str) -> f64 {
 #[test]
 fn vhost_user_net_viommu_lazy() {
     let g2h = check_behind_viommu("vu_testpmd_lazy");
-    let reference = session().case("qemu_vu_testpmd_lazy").ok().cloned();
-    let qemu = reference
-        .as_ref()
-        .and_then(|q| peer_result(&q.output, "guest_to_host"))
-        .and_then(|l| json_field(l, "secs"))
-        .and_then(|t| t.parse::<f64>().ok())
-        .filter(|s| *s > 0.0);
-    if let Some(secs) = qemu {
-        let qg2h = SIZE as f64 / 1e6 / secs;
+    let qemu = session()
+        .case("qemu_vu_testpmd_lazy")
+        .ok()
+        .and_then(|q| peer_mbps(&q.output, "guest_to_host", SIZE));
+    if let Some(qg2h) = qemu {
         println!(
             "{{\"bench\": \"vhost-user-net-ratio\", \"config\": \"viommu_lazy\", \"dmavisor_over_qemu_guest_to_host\": {:.3}}}",
             g2h / qg2h.max(1e-9)
