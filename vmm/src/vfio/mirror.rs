@@ -50,7 +50,9 @@ pub struct MirrorStats {
     pub unmap_calls: AtomicU64,
     /// 4 KiB pages mapped.
     pub pages_mapped: AtomicU64,
-    /// Ranges the vIOMMU asked to invalidate (already merged per kick).
+    /// Ranges the vIOMMU asked to invalidate (already merged per kick),
+    /// counting the whole space dropped when the endpoint leaves its
+    /// domain as one: every unmap call answers at least one range.
     pub ranges: AtomicU64,
 }
 
@@ -245,6 +247,7 @@ impl MapMirror for VfioMirror {
         }
         let mut f = self.lock();
         if f.domain.is_some() {
+            self.stats.ranges.fetch_add(1, Ordering::Relaxed);
             self.unmap(&(0..=u64::MAX));
         }
         *f = Following {
