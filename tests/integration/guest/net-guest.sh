@@ -83,6 +83,13 @@ else
     echo "GUEST-PING received=0"
     exit 2
 fi
+# With two transmit queues, pings sent from CPU 1 leave on the second
+# queue (the driver maps queue i to CPU i): the second pair carries traffic.
+ntx=$(ls -d /sys/class/net/$iface/queues/tx-* | wc -l)
+if [ "$ntx" -gt 1 ] && command -v taskset >/dev/null 2>&1; then
+    recv=$(taskset 2 ping -c 5 -W 2 $HOST 2>&1 | sed -n 's/.* \([0-9]*\) packets received.*/\1/p')
+    echo "GUEST-PING-CPU1 received=$recv"
+fi
 
 up() { cut -d' ' -f1 /proc/uptime; }
 
@@ -102,6 +109,10 @@ wget -q -O /tmp/rx "http://$HOST:5002/data"
 rc=$?
 t1=$(up)
 echo "GUEST-RX bytes=$(wc -c < /tmp/rx) md5=$(md5sum /tmp/rx | cut -d' ' -f1) rc=$rc t0=$t0 t1=$t1"
+# The frames of both transfers (the base of per-frame figures such as
+# device-IOTLB messages per 1000 frames).
+st=/sys/class/net/$iface/statistics
+echo "GUEST-NET-STATS rx_packets=$(cat $st/rx_packets) tx_packets=$(cat $st/tx_packets)"
 
 
 # Bus mastering off (net_nomaster=1 on the command line): the device may do

@@ -19,15 +19,19 @@
 #       lazy-percpu; the initramfs carries the modules in /opt/vvi)
 #   net-host.sh dmavisor-vhost-user BIN KERNEL INITRD   (--net vhost_user=on
 #       on the project's test back-end, vhost-user-test-net, next to BIN)
-#   net-host.sh dmavisor-testpmd[-lazy|-strict] BIN KERNEL INITRD   (DPDK's
+#   net-host.sh dmavisor-testpmd[-lazy|-strict|-mq] BIN KERNEL INITRD   (DPDK's
 #       testpmd as the vhost-user back-end, forwarding to the TAP; -lazy and
-#       -strict put the NIC behind --iommu, testpmd with iommu-support=1)
+#       -strict put the NIC behind --iommu, testpmd with iommu-support=1;
+#       -mq: two queue pairs on both sides, num_queues=4, and dmavisor
+#       listening on the socket, vhost_mode=server, testpmd with client=1)
 #   net-host.sh dmavisor-vhost-user-disconnect BIN KERNEL INITRD   (the
 #       test back-end dies after 300 frames from the guest; the VMM must
 #       stay up and answer its API, the guest keep running, and the VMM end
 #       with 0 on vmm.shutdown; prints DISCONNECT-RESULT)
 #   net-host.sh qemu-testpmd[-lazy|-strict] - KERNEL INITRD   (QEMU's
 #       vhost-user-net on the same testpmd, behind virtio-iommu-pci)
+#       Behind a vIOMMU (-lazy, -strict), either VMM talks to testpmd
+#       through guest/vhost-user-count.py, which prints VU-COUNT {json}.
 #   net-host.sh qemu     -   KERNEL INITRD
 #   net-host.sh qemu-vfio-lazy|qemu-vfio-strict - KERNEL INITRD   (QEMU's
 #       vfio-pci with the runner's assigned NIC behind virtio-iommu-pci)
@@ -144,9 +148,15 @@ dmavisor-vhost-user|dmavisor-testpmd*|qemu-testpmd*)
     viommu=""
     onoff=off
     extra=""
+    vu_queues=1
+    # Who listens on the socket: the back-end (vhost_mode=client, the
+    # default), or dmavisor (vhost_mode=server; testpmd with client=1).
+    vu_mode=client
+    vu_client=0
     case "$mode" in
     *-lazy) viommu="--iommu"; onoff=on ;;
     *-strict) viommu="--iommu"; onoff=on; extra="iommu.strict=1" ;;
+    *-mq) vu_queues=2; vu_mode=server; vu_client=1 ;;
     esac
     if [ "$mode" = dmavisor-vhost-user ]; then
         "$(dirname "$bin")/vhost-user-test-net" --socket "$sock" --tap dmvtap0 \
@@ -159,9 +169,9 @@ dmavisor-vhost-user|dmavisor-testpmd*|qemu-testpmd*)
         support=0
         [ "$onoff" = on ] && support=1
         "$TESTPMD" --no-pci --no-huge -m 64 --no-shconf --lcores 0@0,1@1 \
-            --vdev "net_vhost0,iface=$sock,queues=1,iommu-support=$support" \
+            --vdev "net_vhost0,iface=$sock,queues=$vu_queues,iommu-support=$support,client=$vu_client" \
             --vdev net_tap0,iface=dmvtap0 \
-            -- --forward-mode=io --auto-start --stats-period 3600 \
+            -- --forward-mode=io --auto-start --stats-period 3600 --rxq=$vu_queues --txq=$vu_queues \
             --total-num-mbufs=8192 --disable-link-check </dev/null > "$be_log" 2>&1 &
         be=$!
         i=0
@@ -170,8 +180,20 @@ dmavisor-vhost-user|dmavisor-testpmd*|qemu-testpmd*)
         ip link set dmvtap0 up
     fi
     i=0
-    while [ ! -S "$sock" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
-    echo "BACKEND-READY socket=$([ -S "$sock" ] && echo 1 || echo 0)"
+    while [ $vu_mode = client ] && [ ! -S "$sock" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    echo "BACKEND-READY socket=$([ -S "$sock" ] && echo 1 || echo 0) mode=$vu_mode"
+    # Behind a vIOMMU, both VMMs reach testpmd through the counting relay,
+    # which tallies the device-IOTLB messages the same way for each.
+    vmm_sock=$sock
+    count_log=""
+    if [ "$onoff" = on ] && [ "$mode" != dmavisor-vhost-user ]; then
+        vmm_sock=$sock.count
+        count_log=$(mktemp)
+        python3 "$here/vhost-user-count.py" --once --listen "$vmm_sock" --backend "$sock" > "$count_log" 2>&1 &
+        counter=$!
+        i=0
+        while [ ! -S "$vmm_sock" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    fi
     case "$mode" in
     qemu-*)
         qviommu=""
@@ -181,23 +203,31 @@ dmavisor-vhost-user|dmavisor-testpmd*|qemu-testpmd*)
             -object memory-backend-memfd,id=mem,size=256M,share=on \
             -nographic -nodefaults -no-reboot -serial stdio \
             -kernel "$kernel" -initrd "$initrd" -append "$cmdline ${NET_SIZE:+net_size=$NET_SIZE} $extra" $qviommu \
-            -chardev socket,id=vu0,path="$sock" -netdev vhost-user,id=n0,chardev=vu0 \
+            -chardev socket,id=vu0,path="$vmm_sock" -netdev vhost-user,id=n0,chardev=vu0 \
             -device "virtio-net-pci,netdev=n0,mac=52:54:00:12:34:56,disable-legacy=on$qplatform" </dev/null
         ;;
     *)
         run_vmm "$bin" --kernel "$kernel" --initramfs "$initrd" \
             --cmdline "$cmdline ${NET_SIZE:+net_size=$NET_SIZE} $extra" \
             --cpus boot=2 --memory size=256M,shared=on --serial tty $viommu \
-            --net "vhost_user=on,socket=$sock,mac=52:54:00:12:34:56,iommu=$onoff" -v
+            --net "vhost_user=on,socket=$vmm_sock,mac=52:54:00:12:34:56,iommu=$onoff,num_queues=$((2 * vu_queues)),vhost_mode=$vu_mode" -v
         ;;
     esac
+    if [ -n "$count_log" ]; then
+        i=0
+        while kill -0 "$counter" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+        kill "$counter" 2>/dev/null
+        wait "$counter" 2>/dev/null
+        cat "$count_log"
+        rm -f "$count_log" "$vmm_sock"
+    fi
     kill -INT "$be" 2>/dev/null
     i=0
     while kill -0 "$be" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
     kill -9 "$be" 2>/dev/null
     wait "$be" 2>/dev/null
     # The back-end's own account (testpmd's port statistics at exit).
-    sed 's/^/BACKEND: /' "$be_log" | grep -E "RX-packets|TX-packets|error|Error|fail|VHOST_CONFIG: .*(iotlb|IOTLB)" | head -40
+    sed 's/^/BACKEND: /' "$be_log" | grep -E "Forward Stats for RX Port|RX-packets|TX-packets|error|Error|fail|VHOST_CONFIG: .*(iotlb|IOTLB)" | head -60
     rm -f "$be_log" "$sock"
     ;;
 dmavisor-vhost-user-disconnect)

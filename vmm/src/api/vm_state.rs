@@ -73,6 +73,7 @@ pub fn config_json(c: &VmConfig) -> Value {
                 "iommu": n.iommu,
                 "vhost_user": n.vhost_user_socket.is_some(),
                 "vhost_socket": n.vhost_user_socket.as_deref().map(path),
+                "vhost_mode": if n.vhost_server { "Server" } else { "Client" },
             })
         })
         .collect();

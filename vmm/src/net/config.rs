@@ -1,6 +1,7 @@
 //! `--net tap=NAME,mac=..,ip=..,mask=..,num_queues=..,queue_size=..,iommu=on|off`
-//! and `--net vhost_user=on,socket=PATH,mac=..,queue_size=..` (cloud-hypervisor's
-//! syntax for the supported subset).
+//! and `--net vhost_user=on,socket=PATH,vhost_mode=client|server,mac=..,
+//! num_queues=..,queue_size=..,iommu=on|off` (cloud-hypervisor's syntax for
+//! the supported subset).
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -31,6 +32,9 @@ pub struct NetConfig {
     /// `vhost_user=on,socket=PATH`: the data path is a vhost-user back-end
     /// listening on PATH instead of a TAP served by the VMM.
     pub vhost_user_socket: Option<PathBuf>,
+    /// `vhost_mode=server`: dmavisor listens on the socket and the
+    /// back-end connects (DPDK's `client=1`); by default dmavisor connects.
+    pub vhost_server: bool,
 }
 
 fn parse_mac(text: &str) -> Option<[u8; 6]> {
@@ -126,6 +130,7 @@ impl NetConfig {
             Some("on") | Some("true") => true,
             Some(o) => return Err(bad(format!("vhost_user must be on or off, not '{o}'"))),
         };
+        let mut vhost_server = false;
         let vhost_user_socket = if vhost_user {
             let socket = opts
                 .get("socket")
@@ -137,19 +142,15 @@ impl NetConfig {
             {
                 return Err(bad(format!("{k}= belongs to a TAP, not to vhost_user=on")));
             }
-            match opts.get("vhost_mode").map(String::as_str) {
-                None | Some("client") => {}
+            vhost_server = match opts.get("vhost_mode").map(String::as_str) {
+                None | Some("client") => false,
+                Some("server") => true,
                 Some(m) => {
                     return Err(bad(format!(
-                    "vhost_mode={m}: only client (dmavisor connects to the back-end) is supported"
-                )))
+                        "vhost_mode must be client or server, not '{m}'"
+                    )))
                 }
-            }
-            if num_queues != 2 {
-                return Err(bad(
-                    "vhost_user=on supports one queue pair (num_queues=2) for now".into(),
-                ));
-            }
+            };
             Some(PathBuf::from(socket))
         } else {
             if let Some(k) = ["socket", "vhost_mode"]
@@ -169,6 +170,7 @@ impl NetConfig {
             queue_size,
             iommu,
             vhost_user_socket,
+            vhost_server,
         })
     }
 }
@@ -211,8 +213,8 @@ mod tests {
             "vhost_user=on",
             "vhost_user=on,socket=",
             "vhost_user=on,socket=/s,tap=t",
-            "vhost_user=on,socket=/s,vhost_mode=server",
-            "vhost_user=on,socket=/s,num_queues=4",
+            "vhost_user=on,socket=/s,vhost_mode=listen",
+            "vhost_user=on,socket=/s,num_queues=5",
             "vhost_user=maybe,socket=/s",
             "socket=/s",
         ] {
@@ -234,6 +236,11 @@ mod tests {
             );
             assert_eq!(c.num_queues, 2);
         }
+        let mq = NetConfig::parse("vhost_user=on,socket=/s,num_queues=4").unwrap();
+        assert_eq!(mq.num_queues, 4);
+        assert!(!mq.vhost_server);
+        let server = NetConfig::parse("vhost_user=on,socket=/s,vhost_mode=server").unwrap();
+        assert!(server.vhost_server);
         assert_eq!(NetConfig::parse("tap=t").unwrap().vhost_user_socket, None);
     }
 }

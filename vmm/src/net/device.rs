@@ -8,8 +8,9 @@ use thiserror::Error;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::config::NetConfig;
+use super::queue::WorkerQueue;
 use super::tap::{Tap, TapError, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6};
-use super::worker::{run_worker, WorkerParts, WorkerQueue};
+use super::worker::{run_worker, WorkerParts};
 use crate::virtio::{
     feature, read_config_window, ActivateContext, ActivateError, VirtioDevice,
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,

@@ -6,9 +6,13 @@
 //! - [`device`]: the [`VirtioDevice`](crate::virtio::VirtioDevice) (features,
 //!   config space, one worker per queue pair).
 //! - [`worker`]: the receive/transmit loop of one queue pair.
+//! - [`queue`]: a queue as a thread owns it, and the ring steps they share.
+//! - [`ctrl`]: the control queue, served by the VMM for both kinds of device.
 
 pub mod config;
+pub mod ctrl;
 pub mod device;
+pub mod queue;
 pub mod tap;
 pub mod worker;
 

@@ -19,15 +19,17 @@ use std::sync::Arc;
 
 use log::{debug, warn};
 use virtio_iommu::quiesce::ReaderSlot;
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
+use super::ctrl::{serve_ctrl_queue, CtrlCommand};
+use super::queue::{break_queue, pop_head, signal_used, WorkerQueue};
 use super::tap::{Tap, VNET_HDR_LEN};
 use crate::dma::DmaSpace;
 use crate::virtio::chain::{walk_into, Chain, MAX_CHAIN_DESCRIPTORS};
-use crate::virtio::{ActiveQueue, VirtioInterrupt};
+use crate::virtio::VirtioInterrupt;
 
 const TOKEN_STOP: u64 = 0;
 const TOKEN_RX: u64 = 1;
@@ -37,32 +39,6 @@ const TOKEN_CTRL: u64 = 4;
 
 /// Largest frame the TAP hands us: a 64 KiB GSO frame plus headers.
 pub const MAX_FRAME: usize = 65536 + 256;
-/// Control queue: class MQ, command VQ_PAIRS_SET.
-const CTRL_CLASS_MQ: u8 = 4;
-const CTRL_MQ_VQ_PAIRS_SET: u8 = 0;
-const CTRL_OK: u8 = 0;
-const CTRL_ERR: u8 = 1;
-/// Control commands are tiny; anything longer is refused.
-const CTRL_MAX_LEN: u64 = 4096;
-
-/// A queue owned by the worker.
-pub struct WorkerQueue {
-    index: u16,
-    queue: Queue,
-    pub(crate) kick: EventFd,
-    broken: bool,
-}
-
-impl From<ActiveQueue> for WorkerQueue {
-    fn from(q: ActiveQueue) -> Self {
-        Self {
-            index: q.index,
-            queue: q.queue,
-            kick: q.kick,
-            broken: false,
-        }
-    }
-}
 
 /// What the worker is given (all `Send`; the worker itself holds raw
 /// iovec pointers and is built on its thread).
@@ -113,30 +89,6 @@ struct Worker {
     /// This thread's quiescence slot (behind a vIOMMU): every chain is
     /// translated and used inside one section.
     reader: Option<Arc<ReaderSlot>>,
-}
-
-/// Pops the next available chain head, if any.
-fn pop_head(q: &mut Queue, mem: &DmaSpace) -> Result<Option<u16>, String> {
-    let mut it = q.iter(mem).map_err(|e| e.to_string())?;
-    Ok(it.next().map(|c| c.head_index()))
-}
-
-fn break_queue(q: &mut WorkerQueue, interrupt: &dyn VirtioInterrupt, why: &str) {
-    if !q.broken {
-        q.broken = true;
-        warn!(
-            "virtio-net queue {}: {why}; queue stopped until the driver resets the device",
-            q.index
-        );
-        interrupt.set_needs_reset();
-    }
-}
-
-fn signal_used(q: &mut WorkerQueue, mem: &DmaSpace, interrupt: &dyn VirtioInterrupt) {
-    // On a ring error, notify anyway: a spurious interrupt is harmless.
-    if q.queue.needs_notification(mem).unwrap_or(true) {
-        interrupt.notify_queue(q.index);
-    }
 }
 
 /// After a receive ran out of buffers: asks the driver to kick on the next
@@ -561,107 +513,39 @@ impl Worker {
         let Some(mut c) = self.p.ctrl.take() else {
             return;
         };
-        let mut used_any = false;
-        let reader = self.reader.clone();
-        'outer: while !c.broken {
-            if let Err(e) = c.queue.disable_notification(&self.p.mem) {
-                break_queue(&mut c, &*self.p.interrupt, &format!("ring: {e}"));
-                break;
-            }
-            loop {
-                let _section = reader.as_deref().map(ReaderSlot::enter);
-                let head = match pop_head(&mut c.queue, &self.p.mem) {
-                    Ok(Some(h)) => h,
-                    Ok(None) => break,
-                    Err(e) => {
-                        break_queue(&mut c, &*self.p.interrupt, &format!("avail ring: {e}"));
-                        break 'outer;
-                    }
-                };
-                let q = &c.queue;
-                if let Err(e) =
-                    walk_into(&self.p.mem, q.desc_table(), q.size(), head, &mut self.chain)
-                {
-                    let why = format!("control chain {head}: {e}");
-                    break_queue(&mut c, &*self.p.interrupt, &why);
-                    break 'outer;
-                }
-                let ack = self.control_command();
-                let Some(status) = self.chain.writable.first().copied() else {
-                    break_queue(
-                        &mut c,
-                        &*self.p.interrupt,
-                        "control chain without status byte",
-                    );
-                    break 'outer;
-                };
-                if self
-                    .p
-                    .mem
-                    .write_obj(ack, GuestAddress(status.addr))
-                    .is_err()
-                    || c.queue.add_used(&self.p.mem, head, 1).is_err()
-                {
-                    break_queue(&mut c, &*self.p.interrupt, "control status not writable");
-                    break 'outer;
-                }
-                used_any = true;
-            }
-            // Ask for the next kick (EVENT_IDX: moves avail_event); loop if
-            // commands arrived meanwhile.
-            match c.queue.enable_notification(&self.p.mem) {
-                Ok(true) => continue,
-                Ok(false) => break,
-                Err(e) => {
-                    break_queue(&mut c, &*self.p.interrupt, &format!("ring: {e}"));
-                    break;
-                }
-            }
-        }
-        if used_any {
-            signal_used(&mut c, &self.p.mem, &*self.p.interrupt);
-        }
+        let (taps, kicks) = (&self.p.all_taps, &self.p.all_rx_kicks);
+        serve_ctrl_queue(
+            &mut c,
+            &self.p.mem,
+            &*self.p.interrupt,
+            self.reader.as_deref(),
+            &mut self.chain,
+            &mut |cmd| set_queue_pairs(taps, kicks, cmd),
+        );
         self.p.ctrl = Some(c);
     }
+}
 
-    /// Executes the command in `self.chain`'s readable part; returns the ack.
-    fn control_command(&self) -> u8 {
-        let len = self.chain.readable_len();
-        if !(2..=CTRL_MAX_LEN).contains(&len) {
-            return CTRL_ERR;
-        }
-        let mut cmd = Vec::with_capacity(len as usize);
-        for b in &self.chain.readable {
-            let start = cmd.len();
-            cmd.resize(start + b.len as usize, 0);
-            let Some(dst) = cmd.get_mut(start..) else {
-                return CTRL_ERR;
-            };
-            if self.p.mem.read_slice(dst, GuestAddress(b.addr)).is_err() {
-                return CTRL_ERR;
-            }
-        }
-        match (cmd.first(), cmd.get(1), cmd.get(2..4)) {
-            (Some(&CTRL_CLASS_MQ), Some(&CTRL_MQ_VQ_PAIRS_SET), Some(p)) => {
-                let pairs = usize::from(u16::from_le_bytes([p[0], p[1]]));
-                if !(1..=self.p.all_taps.len()).contains(&pairs) {
-                    return CTRL_ERR;
-                }
-                for (i, tap) in self.p.all_taps.iter().enumerate() {
-                    if let Err(e) = tap.set_queue_enabled(i < pairs) {
-                        warn!("virtio-net: VQ_PAIRS_SET {pairs}: {e}");
-                        return CTRL_ERR;
-                    }
-                }
-                for k in self.p.all_rx_kicks.iter().take(pairs).skip(1) {
-                    let _ = k.write(1);
-                }
-                debug!("virtio-net: driver uses {pairs} queue pair(s)");
-                CTRL_OK
-            }
-            _ => CTRL_ERR,
+/// Carries out a control command for the TAP device: the first `pairs`
+/// TAP queues are attached, the rest detached, and the newly attached
+/// pairs' workers woken to pick up frames already queued.
+fn set_queue_pairs(taps: &[Arc<Tap>], rx_kicks: &[EventFd], cmd: CtrlCommand) -> bool {
+    let CtrlCommand::SetQueuePairs(pairs) = cmd;
+    let pairs = usize::from(pairs);
+    if !(1..=taps.len()).contains(&pairs) {
+        return false;
+    }
+    for (i, tap) in taps.iter().enumerate() {
+        if let Err(e) = tap.set_queue_enabled(i < pairs) {
+            warn!("virtio-net: VQ_PAIRS_SET {pairs}: {e}");
+            return false;
         }
     }
+    for k in rx_kicks.iter().take(pairs).skip(1) {
+        let _ = k.write(1);
+    }
+    debug!("virtio-net: driver uses {pairs} queue pair(s)");
+    true
 }
 
 /// Runs a worker on the current thread until its stop eventfd is written.

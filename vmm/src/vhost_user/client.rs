@@ -13,9 +13,12 @@
 
 use std::io::{ErrorKind, Read};
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::net::UnixStream;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use log::info;
 
 use thiserror::Error;
 use vhost::vhost_user::message::{FrontendReq, VhostUserU64, MAX_MSG_SIZE};
@@ -25,6 +28,11 @@ use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 /// How long a reply may take. Generous: a back-end in the nested runner
 /// shares two emulated CPUs with the guest.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long server mode waits for the back-end to connect: long enough for
+/// a back-end started after the VMM (as a management stack may), short
+/// enough that a missing one is an error rather than a VMM that hangs.
+pub const ACCEPT_TIMEOUT: Duration = Duration::from_secs(120);
+const ACCEPT_POLL: Duration = Duration::from_millis(50);
 
 /// How long SET_MEM_TABLE may take: the back-end maps all of guest RAM
 /// and may populate it (DPDK 22.11's testpmd took 1.15 s for 512 MiB on
@@ -79,6 +87,12 @@ pub enum ClientError {
         path: PathBuf,
         /// OS error.
         source: std::io::Error,
+    },
+    /// In server mode, no back-end connected in time ([`ACCEPT_TIMEOUT`]).
+    #[error("no vhost-user back-end connected to {path} in time")]
+    NoBackend {
+        /// Socket path.
+        path: PathBuf,
     },
     /// The socket failed or the back-end closed it.
     #[error("vhost-user {request:?}: {source}")]
@@ -136,6 +150,49 @@ impl Client {
             path: path.to_path_buf(),
             source,
         })
+    }
+
+    /// Server mode (`vhost_mode=server`): listens at `path` and waits up to
+    /// [`ACCEPT_TIMEOUT`] for the back-end to connect. A socket file left
+    /// at `path` by an earlier run is replaced; the file is removed once
+    /// the back-end is connected, so nothing else can connect to it.
+    pub fn accept(path: &Path) -> Result<Self, ClientError> {
+        Self::accept_within(path, ACCEPT_TIMEOUT)
+    }
+
+    fn accept_within(path: &Path, timeout: Duration) -> Result<Self, ClientError> {
+        let os = |source: std::io::Error| ClientError::Connect {
+            path: path.to_path_buf(),
+            source,
+        };
+        if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+            std::fs::remove_file(path).map_err(os)?;
+        }
+        let listener = UnixListener::bind(path).map_err(os)?;
+        listener.set_nonblocking(true).map_err(os)?;
+        info!(
+            "waiting for a vhost-user back-end to connect to {}",
+            path.display()
+        );
+        let deadline = Instant::now() + timeout;
+        let accepted = loop {
+            match listener.accept() {
+                Ok((sock, _)) => break Ok(sock),
+                Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < deadline => {
+                    std::thread::sleep(ACCEPT_POLL);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    break Err(ClientError::NoBackend {
+                        path: path.to_path_buf(),
+                    })
+                }
+                Err(e) => break Err(os(e)),
+            }
+        };
+        let _ = std::fs::remove_file(path);
+        let sock = accepted?;
+        sock.set_nonblocking(false).map_err(os)?;
+        Self::from_stream(sock).map_err(os)
     }
 
     /// Wraps an already connected socket (a back-end that connected to us).
@@ -428,5 +485,41 @@ mod tests {
         assert!(c.is_broken());
         let again = c.get_u64(FrontendReq::GET_FEATURES).unwrap_err();
         assert!(matches!(again, ClientError::Broken(_)), "{again}");
+    }
+
+    #[test]
+    fn server_mode_replaces_a_stale_socket_accepts_and_removes_the_file() {
+        let dir = std::env::temp_dir().join(format!("dmv-vu-accept-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("vu.sock");
+        // A socket file from an earlier run, nobody listening.
+        drop(UnixListener::bind(&path).unwrap());
+        let p = path.clone();
+        let backend = std::thread::spawn(move || {
+            for _ in 0..100 {
+                std::thread::sleep(Duration::from_millis(20));
+                if let Ok(s) = UnixStream::connect(&p) {
+                    return s;
+                }
+            }
+            panic!("never connected");
+        });
+        let mut c = Client::accept_within(&path, Duration::from_secs(10)).unwrap();
+        let mut b = backend.join().unwrap();
+        assert!(!path.exists(), "the socket file stays after the accept");
+        // The connection works: a request reaches the back-end.
+        let t = std::thread::spawn(move || {
+            let (code, _, _) = read_request(&mut b);
+            reply(&mut b, code, &7u64.to_le_bytes());
+        });
+        assert_eq!(c.get_u64(FrontendReq::GET_FEATURES).unwrap(), 7);
+        t.join().unwrap();
+        // Nobody connects: an error in time, not a hang.
+        let started = Instant::now();
+        let e = Client::accept_within(&path, Duration::from_millis(200)).err();
+        assert!(matches!(e, Some(ClientError::NoBackend { .. })), "{e:?}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -5,9 +5,11 @@
 //! - [`iotlb`]: the back-end's device IOTLB behind the vIOMMU.
 //! - [`calls`]: the thread that turns the back-end's calls into the
 //!   transport's interrupts and notices a back-end that went away.
+//! - [`ctrl`]: the control queue of a multi-queue device, served here.
 
 pub mod calls;
 pub mod client;
+pub mod ctrl;
 pub mod iotlb;
 pub mod net;
 

@@ -28,9 +28,11 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::calls::{run_call_forwarder, CallForwarder};
 use super::client::{Client, ClientError};
+use super::ctrl::{run_ctrl_queue, CtrlQueueServer};
 use super::iotlb::{serve_backend_channel, BackendIotlb};
 use crate::memory::GuestMemoryMmap;
 use crate::net::device::{config_space, features as net_features, VIRTIO_ID_NET};
+use crate::net::queue::WorkerQueue;
 use crate::net::NetConfig;
 use crate::virtio::{
     feature, read_config_window, ActivateContext, ActivateError, VirtioDevice,
@@ -103,9 +105,14 @@ pub struct VhostUserNet {
     mem: GuestMemoryMmap,
     mac: [u8; 6],
     queue_size: u16,
+    /// Queue pairs offered (`num_queues / 2`); with more than one the
+    /// device has a control queue, served by the VMM.
+    pairs: usize,
     backend_features: u64,
     protocol_features: VhostUserProtocolFeatures,
     forwarder: Option<(EventFd, JoinHandle<()>)>,
+    /// The control queue's thread (multi-queue only).
+    ctrl: Option<(EventFd, JoinHandle<()>)>,
     /// Queue indices handed to the back-end by the current activation.
     started: Vec<u16>,
 }
@@ -116,7 +123,11 @@ impl VhostUserNet {
     pub fn connect(cfg: &NetConfig, mem: GuestMemoryMmap) -> Result<Self, VhostUserNetError> {
         let socket = cfg.vhost_user_socket.clone().unwrap_or_default();
         memory_table(&mem)?;
-        let mut client = Client::connect(&socket)?;
+        let mut client = if cfg.vhost_server {
+            Client::accept(&socket)?
+        } else {
+            Client::connect(&socket)?
+        };
         let missing = |what: &str| VhostUserNetError::Backend {
             path: socket.clone(),
             what: what.to_string(),
@@ -141,10 +152,19 @@ impl VhostUserNet {
             }
             if protocol_features.contains(VhostUserProtocolFeatures::MQ) {
                 let queues = client.get_u64(FrontendReq::GET_QUEUE_NUM)?;
-                if queues < 2 {
-                    return Err(missing(&format!("serves {queues} queue(s), 2 are needed")));
+                if queues < cfg.num_queues as u64 {
+                    return Err(missing(&format!(
+                        "serves {queues} queue(s), num_queues={} are needed",
+                        cfg.num_queues
+                    )));
                 }
             }
+        }
+        if cfg.num_queues > 2 && !protocol_features.contains(VhostUserProtocolFeatures::MQ) {
+            return Err(missing(&format!(
+                "lacks the MQ protocol feature num_queues={} needs",
+                cfg.num_queues
+            )));
         }
         if cfg.iommu {
             if backend_features & feature(VIRTIO_F_ACCESS_PLATFORM) == 0 {
@@ -192,9 +212,11 @@ impl VhostUserNet {
             mem,
             mac: cfg.mac,
             queue_size: cfg.queue_size,
+            pairs: cfg.num_queues / 2,
             backend_features,
             protocol_features,
             forwarder: None,
+            ctrl: None,
             started: Vec::new(),
         })
     }
@@ -240,7 +262,12 @@ impl VhostUserNet {
             }
         };
         let mut calls = Vec::new();
-        for q in &ctx.queues {
+        let ctrl_index = (self.pairs > 1).then_some(self.pairs as u16 * 2);
+        let (ctrl_queue, data): (Vec<_>, Vec<_>) = ctx
+            .queues
+            .into_iter()
+            .partition(|q| Some(q.index) == ctrl_index);
+        for q in &data {
             let index = u32::from(q.index);
             let queue = &q.queue;
             let addr = VhostUserVringAddr::new(
@@ -284,8 +311,9 @@ impl VhostUserNet {
                 client.set_bytes(req, &body, &fds).map_err(dev)?;
             }
             // With protocol features the rings start disabled (vhost-user
-            // spec, "Ring states").
-            if !self.protocol_features.is_empty() {
+            // spec, "Ring states"). Until the driver picks a number of
+            // pairs it uses the first one only (virtio 1.2, 5.1.6.5.5).
+            if !self.protocol_features.is_empty() && q.index < 2 {
                 client
                     .set(
                         FrontendReq::SET_VRING_ENABLE,
@@ -297,10 +325,27 @@ impl VhostUserNet {
             self.started.push(q.index);
             calls.push((q.index, call));
         }
+        drop(client);
+        if let Some(q) = ctrl_queue.into_iter().next() {
+            let stop = EventFd::new(libc::EFD_NONBLOCK)?;
+            let server = CtrlQueueServer {
+                queue: WorkerQueue::from(q),
+                mem: ctx.mem.clone(),
+                interrupt: ctx.interrupt.clone(),
+                client: self.client.clone(),
+                rings: self.started.clone(),
+                pairs: self.pairs,
+                stop: stop.try_clone()?,
+            };
+            let handle = thread::Builder::new()
+                .name("vhost-user-ctrl".into())
+                .spawn(move || run_ctrl_queue(server))?;
+            self.ctrl = Some((stop, handle));
+        }
         let stop = EventFd::new(libc::EFD_NONBLOCK)?;
         let forwarder = CallForwarder {
             calls,
-            socket_fd: client.raw_fd(),
+            socket_fd: lock(&self.client).raw_fd(),
             stop: stop.try_clone()?,
             interrupt: ctx.interrupt.clone(),
             socket: self.socket.clone(),
@@ -353,28 +398,43 @@ impl VirtioDevice for VhostUserNet {
     }
 
     fn queue_max_sizes(&self) -> Vec<u16> {
-        vec![self.queue_size; 2]
+        let ctrl = usize::from(self.pairs > 1);
+        vec![self.queue_size; self.pairs * 2 + ctrl]
     }
 
     fn features(&self) -> u64 {
         let passthrough = PASSTHROUGH_FEATURES
             .iter()
             .fold(0u64, |acc, b| acc | feature(*b));
-        (self.backend_features & passthrough)
+        let mut f = (self.backend_features & passthrough)
             | feature(net_features::MAC)
-            | feature(net_features::STATUS)
+            | feature(net_features::STATUS);
+        if self.pairs > 1 {
+            f |= feature(net_features::CTRL_VQ) | feature(net_features::MQ);
+        }
+        f
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        // One queue pair: the front-end has no control queue.
-        read_config_window(&config_space(self.mac, 1), offset, data);
+        read_config_window(&config_space(self.mac, self.pairs as u16), offset, data);
     }
 
     fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
-        if ctx.queues.len() != 2 {
+        let has = |i: u16| ctx.queues.iter().any(|q| q.index == i);
+        if !has(0) || !has(1) {
+            return Err(ActivateError::Queues(
+                "vhost-user-net needs the first receive and transmit queues enabled".into(),
+            ));
+        }
+        // A pair is handed over whole or not at all.
+        if let Some(q) = ctx
+            .queues
+            .iter()
+            .find(|q| usize::from(q.index) < self.pairs * 2 && !has(q.index ^ 1))
+        {
             return Err(ActivateError::Queues(format!(
-                "{} queue(s) enabled, vhost-user-net needs receive and transmit",
-                ctx.queues.len()
+                "queue {} enabled without its pair",
+                q.index
             )));
         }
         let result = self.start(ctx);
@@ -386,6 +446,11 @@ impl VirtioDevice for VhostUserNet {
     }
 
     fn reset(&mut self) {
+        if let Some((stop, handle)) = self.ctrl.take() {
+            if stop.write(1).is_err() || handle.join().is_err() {
+                warn!("vhost-user-net: the control queue thread did not stop cleanly");
+            }
+        }
         // GET_VRING_BASE stops a ring: when it returns, the back-end no
         // longer touches it (vhost-user spec, "Ring states").
         for index in std::mem::take(&mut self.started) {
