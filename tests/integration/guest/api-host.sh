@@ -31,7 +31,12 @@ log=$dir/vmm.log
     --memory size=512M --serial "file=$serial" -v 2>"$log" &
 vm=$!
 
-count() { grep -c "$1" "$serial" 2>/dev/null || echo 0; }
+# Lines of the serial log with PATTERN (grep -c prints 0 and fails when
+# none match, and prints nothing when the file is not there yet).
+count() {
+    n=$(grep -c "$1" "$serial" 2>/dev/null)
+    echo "${n:-0}"
+}
 # wait_for PATTERN N SECONDS: until PATTERN is on N lines of the serial log.
 wait_for() {
     i=0
