@@ -310,10 +310,22 @@ mod tests {
             "{err:?}"
         );
         assert!(!ctl.is_paused());
-        // The parked one was let go.
+        // The parked one was let go: nothing parked, no pause pending, and
+        // the count goes on (deadlines only bound a failure's wait).
+        let parker_runs = |ctl: &VcpuControl| {
+            let st = ctl.lock();
+            (st.parked, st.pause)
+        };
+        let t0 = Instant::now();
+        while parker_runs(&ctl) != (0, false) {
+            assert!(t0.elapsed() < Duration::from_secs(5), "still parked");
+            thread::sleep(Duration::from_millis(1));
+        }
         let before = count.load(Ordering::Relaxed);
-        thread::sleep(Duration::from_millis(50));
-        assert!(count.load(Ordering::Relaxed) > before + 10);
+        while count.load(Ordering::Relaxed) < before + 10 {
+            assert!(t0.elapsed() < Duration::from_secs(5), "no progress");
+            thread::sleep(Duration::from_millis(1));
+        }
         assert_eq!(ctl.resume(), Err(PauseError::NotPaused));
         stop.store(true, Ordering::Relaxed);
     }
@@ -346,13 +358,16 @@ mod tests {
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
         let (rd, wr) = (fds[0], fds[1]);
         let interrupted = Arc::new(AtomicU64::new(0));
+        let reading = Arc::new(AtomicBool::new(false));
         let c = ctl.clone();
         let i = interrupted.clone();
+        let r = reading.clone();
         install_kick_handler().unwrap();
         let h = thread::spawn(move || {
             let _running = c.running_guard();
             loop {
                 c.checkpoint();
+                r.store(true, Ordering::SeqCst);
                 let mut b = [0u8; 1];
                 // SAFETY: reads at most one byte into `b`.
                 let n = unsafe { libc::read(rd, b.as_mut_ptr().cast(), 1) };
@@ -364,6 +379,10 @@ mod tests {
             }
         });
         ctl.add_thread(h);
+        // Past its checkpoint: only an interrupted read lets it park.
+        while !reading.load(Ordering::SeqCst) {
+            thread::sleep(Duration::from_millis(1));
+        }
         ctl.pause(Duration::from_secs(5)).unwrap();
         assert!(interrupted.load(Ordering::Relaxed) >= 1);
         ctl.resume().unwrap();
