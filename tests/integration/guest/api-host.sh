@@ -39,13 +39,12 @@ count() {
 }
 # wait_for PATTERN N SECONDS: until PATTERN is on N lines of the serial log.
 wait_for() {
-    i=0
-    while [ "$(count "$1")" -lt "$2" ] && [ $i -lt $(($3 * 10)) ]; do
+    t0=$(date +%s)
+    while [ "$(count "$1")" -lt "$2" ] && [ $(($(date +%s) - t0)) -lt "$3" ]; do
         kill -0 "$vm" 2>/dev/null || break
         sleep 0.1
-        i=$((i + 1))
     done
-    echo "API-OBS wait_for pattern=$1 want=$2 have=$(count "$1") waited_s=$((i / 10))"
+    echo "API-OBS wait_for pattern=$1 want=$2 have=$(count "$1") waited_s=$(($(date +%s) - t0))"
 }
 api() {
     name=$1 method=$2 path=$3 body=$4
@@ -65,8 +64,8 @@ alive() {
 }
 # The VMM must end on its own, promptly.
 wait_exit() {
-    i=0
-    while kill -0 "$vm" 2>/dev/null && [ $i -lt $(($1 * 10)) ]; do sleep 0.1; i=$((i + 1)); done
+    t0=$(date +%s)
+    while kill -0 "$vm" 2>/dev/null && [ $(($(date +%s) - t0)) -lt "$1" ]; do sleep 0.1; done
     if kill -0 "$vm" 2>/dev/null; then
         echo "API-EXIT-TIMEOUT the VMM still runs $1 s after $2"
         kill "$vm"

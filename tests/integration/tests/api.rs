@@ -72,10 +72,19 @@ fn case(name: &str) -> CaseResult {
     r.clone()
 }
 
-/// The transcript of one case: its request, reply and observation lines.
+/// The transcript of one case: its request, reply and observation lines,
+/// the guest's markers, the VMM's lifecycle log lines and its exit status.
 fn print_transcript(name: &str, out: &str) {
     println!("--- API transcript of {name} ---");
-    for l in out.lines().filter(|l| l.starts_with("API-")) {
+    let guest_markers = ["GUEST-UP", "GUEST-POWER-BUTTON", "GUEST-BUTTON-OPEN"];
+    let vmm_lines = ["through the API", "rebooting", "guest powered off"];
+    for l in out.lines().filter(|l| {
+        l.starts_with("API-")
+            || l.starts_with("VMM-EXIT")
+            || (l.starts_with("SERIAL: ") && guest_markers.iter().any(|m| l.contains(m)))
+            || l.contains("GUEST-SCRIPT-EXIT")
+            || (l.starts_with("VMM: ") && vmm_lines.iter().any(|m| l.contains(m)))
+    }) {
         println!("{l}");
     }
     println!("--- end of transcript ---");
