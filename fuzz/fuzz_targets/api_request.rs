@@ -1,13 +1,19 @@
 //! Fuzzes the REST API's routing with arbitrary methods, URLs and bodies:
 //! every answer is one of the documented status codes with a JSON body
-//! (or none for 204), and only the shutdown endpoints ask for a shutdown.
+//! (or none for 204), only the shutdown and reboot endpoints ask for a
+//! shutdown or reboot, and only with a 204; the fake VM keeps the pause
+//! state machine, so sequences of pauses and resumes are covered too.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use serde_json::{json, Value};
-use vmm::api::routes::{handle, VmApi};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-struct Vm;
+use serde_json::{json, Value};
+use vmm::api::routes::{handle, After, ApiError, RunState, VmApi};
+
+struct Vm {
+    paused: AtomicBool,
+}
 
 impl VmApi for Vm {
     fn config(&self) -> Value {
@@ -19,8 +25,38 @@ impl VmApi for Vm {
     fn counters(&self) -> Value {
         json!({})
     }
+    fn state(&self) -> RunState {
+        if self.paused.load(Ordering::Relaxed) {
+            RunState::Paused
+        } else {
+            RunState::Running
+        }
+    }
+    fn pause(&self) -> Result<(), ApiError> {
+        if self.paused.swap(true, Ordering::Relaxed) {
+            return Err(ApiError::WrongState("paused".into()));
+        }
+        Ok(())
+    }
+    fn resume(&self) -> Result<(), ApiError> {
+        if !self.paused.swap(false, Ordering::Relaxed) {
+            return Err(ApiError::WrongState("running".into()));
+        }
+        Ok(())
+    }
+    fn power_button(&self) -> Result<(), ApiError> {
+        Ok(())
+    }
+    fn can_reboot(&self) -> Result<(), ApiError> {
+        Ok(())
+    }
     fn shutdown(&self) {}
+    fn reboot(&self) {}
 }
+
+static VM: Vm = Vm {
+    paused: AtomicBool::new(false),
+};
 
 const METHODS: [&str; 5] = ["GET", "PUT", "POST", "DELETE", "PATCH"];
 
@@ -34,13 +70,19 @@ fuzz_target!(|data: &[u8]| {
         None => (rest, &[][..]),
     };
     let url = String::from_utf8_lossy(url);
-    let r = handle(method, &url, body, &Vm);
+    let r = handle(method, &url, body, &VM);
     assert!(
         [200, 204, 400, 404, 405, 501].contains(&r.status),
         "{method} {url}: {}",
         r.status
     );
-    assert_eq!(r.shutdown, r.status == 204);
+    let path = url.split('?').next().unwrap_or_default();
+    let want = match path {
+        "/api/v1/vmm.shutdown" | "/api/v1/vm.shutdown" if r.status == 204 => After::Shutdown,
+        "/api/v1/vm.reboot" if r.status == 204 => After::Reboot,
+        _ => After::Nothing,
+    };
+    assert_eq!(r.after, want, "{method} {url}");
     match &r.body {
         Some(b) => assert!(serde_json::from_str::<Value>(b).is_ok(), "{b}"),
         None => assert_eq!(r.status, 204),

@@ -17,6 +17,9 @@ pub enum ExitEvent {
     },
     /// `vmm.shutdown` or `vm.shutdown` through the REST API.
     ApiShutdown,
+    /// `vm.reboot` through the REST API: the caller boots the VM again
+    /// (see `crate::reboot`) instead of ending the process.
+    ApiReboot,
     /// An unrecoverable KVM or VMM error.
     Error(String),
 }
@@ -26,7 +29,10 @@ impl ExitEvent {
     /// reboot, 1 for failures.
     pub fn exit_code(&self) -> i32 {
         match self {
-            ExitEvent::PowerOff | ExitEvent::Reset | ExitEvent::ApiShutdown => 0,
+            ExitEvent::PowerOff
+            | ExitEvent::Reset
+            | ExitEvent::ApiShutdown
+            | ExitEvent::ApiReboot => 0,
             ExitEvent::TripleFault { .. } | ExitEvent::Error(_) => 1,
         }
     }
@@ -40,6 +46,7 @@ impl ExitEvent {
                 "guest triple fault on vCPU {vcpu} (KVM_EXIT_SHUTDOWN): the guest kernel crashed or did not boot"
             ),
             ExitEvent::ApiShutdown => "shut down through the API".into(),
+            ExitEvent::ApiReboot => "reboot requested through the API".into(),
             ExitEvent::Error(msg) => msg.clone(),
         }
     }
@@ -57,6 +64,7 @@ mod tests {
         assert_eq!(ExitEvent::PowerOff.exit_code(), 0);
         assert_eq!(ExitEvent::Reset.exit_code(), 0);
         assert_eq!(ExitEvent::ApiShutdown.exit_code(), 0);
+        assert_eq!(ExitEvent::ApiReboot.exit_code(), 0);
         assert_eq!(ExitEvent::TripleFault { vcpu: 1 }.exit_code(), 1);
         assert_eq!(ExitEvent::Error("x".into()).exit_code(), 1);
         assert!(ExitEvent::TripleFault { vcpu: 1 }

@@ -16,6 +16,7 @@ use crate::devices::bus::Bus;
 use crate::error::{kvm_err, Error};
 use crate::exit::{ExitEvent, ExitSender};
 use crate::memory::GuestMemoryMmap;
+use crate::vcpu_control::VcpuControl;
 
 /// Local APIC register offsets and delivery modes for the LINT pins.
 const APIC_LVT0: usize = 0x350;
@@ -47,6 +48,7 @@ pub struct Vcpu {
     pio: Arc<Bus>,
     mmio: Arc<Bus>,
     exit: ExitSender,
+    control: Arc<VcpuControl>,
 }
 
 fn lapic_reg(regs: &[libc::c_char], offset: usize) -> u32 {
@@ -109,13 +111,15 @@ fn set_delivery_mode(reg: u32, mode: u32) -> u32 {
 }
 
 impl Vcpu {
-    /// Creates vCPU `index` (its APIC id is the same number).
+    /// Creates vCPU `index` (its APIC id is the same number); it parks
+    /// whenever `control` pauses the VM.
     pub fn new(
         vm: &VmFd,
         index: u8,
         pio: Arc<Bus>,
         mmio: Arc<Bus>,
         exit: ExitSender,
+        control: Arc<VcpuControl>,
     ) -> Result<Self, Error> {
         let fd = vm
             .create_vcpu(u64::from(index))
@@ -126,6 +130,7 @@ impl Vcpu {
             pio,
             mmio,
             exit,
+            control,
         })
     }
 
@@ -246,7 +251,12 @@ impl Vcpu {
     /// is sent to the exit channel.
     pub fn run(mut self) {
         let index = self.index;
+        // Held until the thread ends, however it ends: a pause must not
+        // wait for a vCPU that will never park.
+        let _running = self.control.running_guard();
         loop {
+            // A pause kicks the thread out of KVM_RUN (EINTR); it parks here.
+            self.control.checkpoint();
             match self.fd.run() {
                 Ok(VcpuExit::IoIn(..)) => {
                     let (port, size, data) = io_exit_data(&mut self.fd);

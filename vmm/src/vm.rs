@@ -24,6 +24,7 @@ use crate::boot::regs::EntryMode;
 use crate::boot::{load_kernel, BootProtocol};
 use crate::config::{SerialConfig, VmConfig};
 use crate::devices::bus::Bus;
+use crate::devices::ged::{ged, GedTrigger, GED_IRQ, GED_PORT};
 use crate::devices::power::{
     I8042Reset, PowerDevice, I8042_COMMAND_PORT, POWER_PORT_BASE, POWER_PORT_COUNT,
 };
@@ -41,6 +42,7 @@ use crate::pci::config_access::{
 };
 use crate::pci::{PciRoot, PciWindows};
 use crate::vcpu::{BootEntry, Vcpu};
+use crate::vcpu_control::VcpuControl;
 
 /// Shared handles devices need to plug in (PCI devices, interrupts, DMA).
 pub struct VmResources {
@@ -78,6 +80,21 @@ fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), Error> {
             .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
     }
     Ok(())
+}
+
+/// The power button's event register on the port bus, its interrupt on
+/// [`GED_IRQ`], and the trigger the API presses it with.
+fn add_power_button(vm: &VmFd, pio: &Bus) -> Result<GedTrigger, Error> {
+    let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|source| Error::Os {
+        what: "eventfd",
+        source,
+    })?;
+    vm.register_irqfd(&irq, GED_IRQ)
+        .map_err(kvm_err("KVM_IRQFD"))?;
+    let (dev, trigger) = ged(irq);
+    pio.insert(u64::from(GED_PORT), 1, Arc::new(Mutex::new(dev)))
+        .map_err(|e| Error::Device(e.to_string()))?;
+    Ok(trigger)
 }
 
 fn serial_output(cfg: &SerialConfig) -> Result<Option<Box<dyn Write + Send>>, Error> {
@@ -226,6 +243,7 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
         Arc::new(Mutex::new(I8042Reset::new(exit_tx.clone()))),
     )
     .map_err(device_err)?;
+    let power_button = add_power_button(&vm, &pio)?;
     let pci = Arc::new(PciRoot::new(mmio.clone(), pio.clone(), windows));
     pio.insert(
         PCI_CONFIG_IO_PORT,
@@ -285,6 +303,7 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
         }
     }
 
+    let vcpu_control = VcpuControl::new(usize::from(config.cpus.boot));
     if let Some(socket) = &config.api_socket {
         let counters = crate::api::vm_state::CounterSources {
             iommu: iommu.as_ref().map(|p| p.device()),
@@ -296,7 +315,13 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
                 .collect(),
             vhost_user: net_devices.iotlbs.clone(),
         };
-        let state = crate::api::vm_state::VmState::new(config, counters, exit_tx.clone());
+        let lifecycle = crate::api::vm_state::Lifecycle {
+            control: vcpu_control.clone(),
+            clock: Some(vm.clone()),
+            power_button: Some(power_button),
+        };
+        let state =
+            crate::api::vm_state::VmState::new(config, counters, exit_tx.clone(), lifecycle);
         crate::api::spawn(socket, Arc::new(state))?;
     }
 
@@ -307,7 +332,14 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
     let tsc_deadline = kvm.check_extension(Cap::TscDeadlineTimer);
     let mut vcpus = Vec::new();
     for index in 0..config.cpus.boot {
-        let vcpu = Vcpu::new(&vm, index, pio.clone(), mmio.clone(), exit_tx.clone())?;
+        let vcpu = Vcpu::new(
+            &vm,
+            index,
+            pio.clone(),
+            mmio.clone(),
+            exit_tx.clone(),
+            vcpu_control.clone(),
+        )?;
         let boot = (index == 0).then_some(BootEntry {
             mem: &mem,
             mode: boot_mode,
@@ -332,13 +364,14 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
         })?;
     }
     for vcpu in vcpus {
-        thread::Builder::new()
+        let handle = thread::Builder::new()
             .name(format!("vcpu{}", vcpu.index()))
             .spawn(move || vcpu.run())
             .map_err(|source| Error::Os {
                 what: "vCPU thread",
                 source,
             })?;
+        vcpu_control.add_thread(handle);
     }
     drop(exit_tx);
 

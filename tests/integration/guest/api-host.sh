@@ -1,40 +1,59 @@
 #!/bin/sh
-# Runner side of api_socket_endpoints (tests/boot.rs): boots a guest that
-# idles, drives dmavisor's REST API with curl --unix-socket as a
-# management stack would, and ends the VMM through the API.
+# Runner side of the api group (tests/api.rs): boots a guest
+# (guest/api-guest.sh) under dmavisor with --api-socket and drives the
+# REST API with curl --unix-socket as a management stack would.
 #
-#   api-host.sh BIN KERNEL INITRD
+#   api-host.sh lifecycle|shutdown BIN KERNEL INITRD
+#
+# lifecycle: ping, info, counters; bad requests (404, 405, 400, 501) with
+#   the VM still running; pause (heartbeats stop, info says Paused, a
+#   second pause and a resume-while-running are refused); resume
+#   (heartbeats go on); reboot (the guest boots again, the same socket and
+#   PID answer); power button (the guest sees the press and powers off,
+#   the VMM exits 0).
+# shutdown: pause, then vmm.shutdown of the paused VM (exit 0).
 #
 # Prints one "API-REQ name method path body" and one "API-REP name
-# HTTP=code body" line per request, "API-ALIVE name 1|0" where the VMM
-# must still run, the guest's serial output, and "VMM-EXIT rc=N".
-bin=$1
-kernel=$2
-initrd=$3
+# HTTP=code body" line per request, "API-OBS name key=value..." for what
+# it observed of the guest, the guest's serial output (SERIAL: lines),
+# the VMM's log (VMM: lines) and "VMM-EXIT rc=N".
+mode=$1
+bin=$2
+kernel=$3
+initrd=$4
 dir=$(mktemp -d)
 sock=$dir/api.sock
 serial=$dir/serial.log
+log=$dir/vmm.log
 
 "$bin" --api-socket "path=$sock" --kernel "$kernel" --initramfs "$initrd" \
     --cmdline "console=ttyS0 quiet panic=-1" --cpus boot=2,max=4 \
-    --memory size=512M --serial "file=$serial" -v &
+    --memory size=512M --serial "file=$serial" -v 2>"$log" &
 vm=$!
 
-# The guest in userspace: the VM is really running when the API is used.
-i=0
-while ! grep -q GUEST-IDLE "$serial" 2>/dev/null && [ $i -lt 1200 ]; do
-    sleep 0.1
-    i=$((i + 1))
-done
-
+# Lines of the serial log with PATTERN (grep -c prints 0 and fails when
+# none match, and prints nothing when the file is not there yet).
+count() {
+    n=$(grep -c "$1" "$serial" 2>/dev/null)
+    echo "${n:-0}"
+}
+# wait_for PATTERN N SECONDS: until PATTERN is on N lines of the serial log.
+wait_for() {
+    t0=$(date +%s)
+    while [ "$(count "$1")" -lt "$2" ] && [ $(($(date +%s) - t0)) -lt "$3" ]; do
+        kill -0 "$vm" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "API-OBS wait_for pattern=$1 want=$2 have=$(count "$1") waited_s=$(($(date +%s) - t0))"
+}
 api() {
     name=$1 method=$2 path=$3 body=$4
     echo "API-REQ $name $method /api/v1/$path $body"
     if [ -n "$body" ]; then
-        out=$(curl -sS -m 10 -X "$method" --unix-socket "$sock" -w ' HTTP=%{http_code}' \
+        out=$(curl -sS -m 20 -X "$method" --unix-socket "$sock" -w ' HTTP=%{http_code}' \
             -H 'Content-Type: application/json' -d "$body" "http://localhost/api/v1/$path" 2>&1)
     else
-        out=$(curl -sS -m 10 -X "$method" --unix-socket "$sock" -w ' HTTP=%{http_code}' \
+        out=$(curl -sS -m 20 -X "$method" --unix-socket "$sock" -w ' HTTP=%{http_code}' \
             "http://localhost/api/v1/$path" 2>&1)
     fi
     # HTTP=code first, then the body.
@@ -43,26 +62,65 @@ api() {
 alive() {
     if kill -0 "$vm" 2>/dev/null; then echo "API-ALIVE $1 1"; else echo "API-ALIVE $1 0"; fi
 }
-
-api ping GET vmm.ping
-api info GET vm.info
-api counters GET vm.counters
-api unknown GET vm.nonexistent
-api wrong_method PUT vmm.ping
-api bad_json PUT vm.add-device '{"path": '
-api not_implemented PUT vm.pause
-alive after_bad_requests
-api ping_again GET vmm.ping
-api shutdown PUT vmm.shutdown
-
 # The VMM must end on its own, promptly.
-i=0
-while kill -0 "$vm" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-if kill -0 "$vm" 2>/dev/null; then
-    echo "API-SHUTDOWN-TIMEOUT the VMM still runs 10 s after vmm.shutdown"
-    kill "$vm"
-fi
-wait "$vm"
-echo "VMM-EXIT rc=$?"
+wait_exit() {
+    t0=$(date +%s)
+    while kill -0 "$vm" 2>/dev/null && [ $(($(date +%s) - t0)) -lt "$1" ]; do sleep 0.1; done
+    if kill -0 "$vm" 2>/dev/null; then
+        echo "API-EXIT-TIMEOUT the VMM still runs $1 s after $2"
+        kill "$vm"
+    fi
+    wait "$vm"
+    echo "VMM-EXIT rc=$?"
+}
+
+# The guest in userspace: the VM is really running when the API is used.
+wait_for GUEST-UP 1 180
+
+case "$mode" in
+lifecycle)
+    api ping GET vmm.ping
+    api info GET vm.info
+    api counters GET vm.counters
+    api unknown GET vm.nonexistent
+    api wrong_method PUT vmm.ping
+    api bad_json PUT vm.add-device '{"path": '
+    api not_implemented PUT vm.boot
+    alive after_bad_requests
+
+    api resume_running PUT vm.resume
+    wait_for GUEST-BEAT 3 60
+    api pause PUT vm.pause
+    api info_paused GET vm.info
+    api pause_again PUT vm.pause
+    sleep 0.5
+    before=$(count GUEST-BEAT)
+    sleep 5
+    echo "API-OBS paused_beats before=$before after=$(count GUEST-BEAT)"
+    alive while_paused
+    api resume PUT vm.resume
+    api info_resumed GET vm.info
+    api resume_again PUT vm.resume
+    wait_for GUEST-BEAT $((before + 3)) 30
+    echo "API-OBS resumed_beats before=$before after=$(count GUEST-BEAT)"
+
+    api reboot PUT vm.reboot
+    wait_for GUEST-UP 2 180
+    api ping_after_reboot GET vmm.ping
+    api info_after_reboot GET vm.info
+    wait_for GUEST-BUTTON-OPEN 2 30
+
+    api power_button PUT vm.power-button
+    wait_exit 120 vm.power-button
+    ;;
+shutdown)
+    api ping GET vmm.ping
+    api pause PUT vm.pause
+    api shutdown PUT vmm.shutdown
+    wait_exit 10 vmm.shutdown
+    ;;
+esac
+echo "API-OBS boots=$(count GUEST-UP)"
 sed 's/^/SERIAL: /' "$serial"
+sed 's/^/VMM: /' "$log"
 rm -rf "$dir"

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use integration_tests::images::{build_initramfs, ensure_images, InitramfsSpec};
 use integration_tests::markers::{guest_script_exit, marker_int};
-use integration_tests::paths::{guest_script, path_arg};
+use integration_tests::paths::guest_script;
 use integration_tests::qemu::QemuCommand;
 use integration_tests::session::{Case, CaseResult, Plan, SharedSession};
 use integration_tests::vmm::{dmavisor_binary, GuestBoot, DEFAULT_CMDLINE};
@@ -45,11 +45,6 @@ fn boots() -> &'static SharedSession {
                 .map_err(|e| e.to_string())?;
             let tx_initrd = build_initramfs(&InitramfsSpec::new("trixie", &script))
                 .map_err(|e| e.to_string())?;
-            let api_initrd = build_initramfs(&InitramfsSpec::new(
-                "bookworm",
-                guest_script("api-guest.sh"),
-            ))
-            .map_err(|e| e.to_string())?;
             let mut cases = vec![qemu_case("qemu_bookworm", &bookworm.vmlinuz, &bw_initrd)];
             let vmm_error = match dmavisor_binary() {
                 Ok(bin) => {
@@ -79,17 +74,6 @@ fn boots() -> &'static SharedSession {
                         boot.memory_mib = mib;
                         cases.push(Case::new(name, boot.argv(&bin), CASE_TIMEOUT_SECS));
                     }
-                    cases.push(Case::new(
-                        "dmavisor_api",
-                        vec![
-                            "sh".into(),
-                            path_arg(&guest_script("api-host.sh")),
-                            path_arg(&bin),
-                            path_arg(&bookworm.vmlinuz),
-                            path_arg(&api_initrd),
-                        ],
-                        CASE_TIMEOUT_SECS,
-                    ));
                     if let Some(vmlinux) = &trixie.vmlinux {
                         cases.push(dmavisor_case(
                             "dmavisor_trixie_pvh",
@@ -182,68 +166,6 @@ fn boot_4g_4vcpus() {
         let info = out.lines().find(|l| l.contains("GUEST-INFO"));
         println!("{name}: {}", info.unwrap_or_default().trim());
     }
-}
-
-/// Issue 12: cloud-hypervisor's REST API on `--api-socket`, driven with
-/// `curl --unix-socket` while the guest runs: ping, info and counters
-/// answer 200 with cloud-hypervisor's JSON fields; an unknown path, a wrong
-/// method, a bad JSON body and an endpoint dmavisor lacks get 404, 405, 400
-/// and 501 and leave the VM running; `vmm.shutdown` answers 204 and the
-/// VMM ends with status 0. The session is printed as a transcript.
-#[test]
-fn api_socket_endpoints() {
-    let r = case("dmavisor_api");
-    let out = &r.output;
-    for l in out.lines().filter(|l| l.starts_with("API-")) {
-        println!("{l}");
-    }
-    assert!(
-        out.contains("SERIAL: GUEST-IDLE cpus=2"),
-        "guest not up:\n{out}"
-    );
-    let reply = |name: &str| -> (u16, serde_json::Value) {
-        let line = out
-            .lines()
-            .find(|l| l.starts_with(&format!("API-REP {name} ")))
-            .unwrap_or_else(|| panic!("no reply to {name}:\n{out}"));
-        let rest = line.splitn(3, ' ').nth(2).unwrap_or_default();
-        let (code, body) = rest.split_once(' ').unwrap_or((rest, ""));
-        let code = code.trim_start_matches("HTTP=").parse().unwrap_or(0);
-        (
-            code,
-            serde_json::from_str(body.trim()).unwrap_or(serde_json::Value::Null),
-        )
-    };
-    let (code, ping) = reply("ping");
-    assert_eq!(code, 200, "{out}");
-    assert!(ping["pid"].as_u64().is_some_and(|p| p > 0), "{ping}");
-    assert!(ping["version"].is_string(), "{ping}");
-    let (code, info) = reply("info");
-    assert_eq!(code, 200, "{out}");
-    assert_eq!(info["state"], "Running", "{info}");
-    assert_eq!(info["config"]["cpus"]["boot_vcpus"], 2, "{info}");
-    assert_eq!(info["config"]["cpus"]["max_vcpus"], 4, "{info}");
-    assert_eq!(info["config"]["memory"]["size"], 512u64 << 20, "{info}");
-    assert_eq!(info["memory_actual_size"], 512u64 << 20, "{info}");
-    let (code, counters) = reply("counters");
-    assert_eq!(code, 200, "{out}");
-    assert!(counters.is_object(), "{counters}");
-    for (name, want) in [
-        ("unknown", 404),
-        ("wrong_method", 405),
-        ("bad_json", 400),
-        ("not_implemented", 501),
-    ] {
-        let (code, body) = reply(name);
-        assert_eq!(code, want, "{name}: {out}");
-        assert!(body["error"].is_string(), "{name}: {body}");
-    }
-    assert!(out.contains("API-ALIVE after_bad_requests 1"), "{out}");
-    assert_eq!(reply("ping_again").0, 200, "{out}");
-    assert_eq!(reply("shutdown").0, 204, "{out}");
-    assert!(!out.contains("API-SHUTDOWN-TIMEOUT"), "{out}");
-    assert!(out.contains("VMM-EXIT rc=0"), "{out}");
-    assert!(out.contains("shut down through the API"), "{out}");
 }
 
 #[test]

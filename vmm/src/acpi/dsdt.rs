@@ -1,5 +1,6 @@
-//! The DSDT: PCI host bridge with its resource windows, COM1 and the S5
-//! sleep state that makes `poweroff` reach the sleep control register.
+//! The DSDT: PCI host bridge with its resource windows, COM1, the power
+//! button behind a Generic Event Device (`acpi::ged`) and the S5 sleep
+//! state that makes `poweroff` reach the sleep control register.
 
 use acpi_tables::aml::{
     self, AddressSpace, AddressSpaceCacheable, Device, EISAName, Interrupt, Name, Package, Path,
@@ -27,6 +28,8 @@ pub fn build_dsdt(windows: &PciWindows) -> Sdt {
     let mut body = Vec::new();
     body.extend(pci_host_bridge(windows));
     body.extend(com1());
+    body.extend(super::ged::power_button());
+    body.extend(super::ged::generic_event_device());
     body.extend(s5());
     sdt.append_slice(&body);
     sdt
@@ -133,6 +136,8 @@ mod tests {
         assert!(contains(bytes, b"PCI0"));
         assert!(contains(bytes, b"COM1"));
         assert!(contains(bytes, b"_S5_"));
+        assert!(contains(bytes, b"PWRB"));
+        assert!(contains(bytes, b"ACPI0013"));
         assert!(contains(bytes, b"_CRS"));
         // EISA id of PNP0A08 encoded as a dword.
         assert!(contains(bytes, &[0x41, 0xd0, 0x0a, 0x08]));

@@ -1,7 +1,8 @@
 //! ACPI tables: how the guest discovers CPUs, the interrupt controllers, the
-//! PCI host bridge and how to power off or reset.
+//! PCI host bridge, the power button and how to power off or reset.
 
 pub mod dsdt;
+pub mod ged;
 pub mod tables;
 pub mod viot;
 

@@ -5,16 +5,19 @@
 //!
 //! One thread serves the socket with `tiny_http`, one request at a time;
 //! answers come from [`routes`], which reads configuration snapshots and
-//! atomic counters only, so the API never waits for a vCPU.
+//! atomic counters; only `vm.pause` waits for the vCPUs, for a bounded
+//! time (`vm_state::PAUSE_TIMEOUT`).
 
+pub mod error;
 pub mod routes;
 pub mod vm_state;
 
 use std::io::Read;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::thread;
 
@@ -27,6 +30,16 @@ pub use routes::VmApi;
 
 /// Largest request body read; a larger one is refused with 413.
 const MAX_BODY: usize = 64 << 10;
+
+/// The listening socket's descriptor once the API serves (-1 before): a
+/// reboot hands it to the next process image (`crate::reboot`), so the
+/// socket keeps its path, its backlog and its clients.
+static LISTENER_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// The API's listening socket, if it serves.
+pub fn listener_fd() -> Option<RawFd> {
+    Some(LISTENER_FD.load(Ordering::SeqCst)).filter(|fd| *fd >= 0)
+}
 
 /// Where the API listens (`--api-socket path=..` or `fd=..`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,6 +117,7 @@ impl ApiSocket {
 /// Starts serving the API on `socket` for `vm`.
 pub fn spawn(socket: &ApiSocket, vm: Arc<dyn VmApi>) -> Result<(), Error> {
     let listener = socket.listen()?;
+    LISTENER_FD.store(listener.as_raw_fd(), Ordering::SeqCst);
     let server = Server::from_listener(listener, None)
         .map_err(|e| Error::Device(format!("API socket: {e}")))?;
     info!("API listening on {socket:?}");
@@ -147,9 +161,16 @@ fn serve(server: &Server, vm: &dyn VmApi) {
         if let Err(e) = sent {
             warn!("API {method} {url}: sending the reply: {e}");
         }
-        if reply.shutdown {
-            info!("API {method} {url}: shutting down");
-            vm.shutdown();
+        match reply.after {
+            routes::After::Nothing => {}
+            routes::After::Shutdown => {
+                info!("API {method} {url}: shutting down");
+                vm.shutdown();
+            }
+            routes::After::Reboot => {
+                info!("API {method} {url}: rebooting");
+                vm.reboot();
+            }
         }
     }
 }

@@ -1,17 +1,25 @@
 //! The running VM as the REST API sees it: a configuration snapshot in
-//! cloud-hypervisor's `VmConfig` shape, the devices' counters, and the
-//! exit channel that `shutdown` uses.
+//! cloud-hypervisor's `VmConfig` shape, the devices' counters, the vCPUs'
+//! pause control, the power button, and the exit channel that `shutdown`
+//! and `reboot` use.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use kvm_bindings::kvm_clock_data;
+use kvm_ioctls::VmFd;
+use log::{info, warn};
 use serde_json::{json, Map, Value};
 
 use virtio_iommu::device::IommuDevice;
 
-use super::routes::VmApi;
+use super::error::ApiError;
+use super::routes::{RunState, VmApi};
 use crate::config::{SerialConfig, VmConfig};
+use crate::devices::ged::GedTrigger;
 use crate::exit::{ExitEvent, ExitSender};
+use crate::vcpu_control::VcpuControl;
 use crate::vfio::VfioMirror;
 use crate::vhost_user::iotlb::BackendIotlb;
 
@@ -29,24 +37,70 @@ pub struct CounterSources {
     pub vhost_user: Vec<(String, Arc<BackendIotlb>)>,
 }
 
+/// How long `vm.pause` waits for every vCPU to park before it gives up
+/// and lets the VM run on (a vCPU handles one exit in far less; nested
+/// TCG runners are slow, hence the margin).
+pub const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the API controls of a running VM.
+pub struct Lifecycle {
+    /// The vCPUs' pause state.
+    pub control: Arc<VcpuControl>,
+    /// The VM, whose kvmclock is held still while paused (so the guest
+    /// sees no time pass, and no soft-lockup or RCU-stall warnings after
+    /// a long pause). `None` in tests without KVM.
+    pub clock: Option<Arc<VmFd>>,
+    /// The power button's event register.
+    pub power_button: Option<GedTrigger>,
+}
+
 /// What the API reads of a running VM.
 pub struct VmState {
     config: Value,
     memory: u64,
     counters: CounterSources,
     exit: ExitSender,
+    lifecycle: Lifecycle,
+    /// The guest's clock when it was paused.
+    frozen_clock: Mutex<Option<kvm_clock_data>>,
+    /// Why `vm.reboot` cannot rebuild this VM, if it cannot.
+    no_reboot: Option<String>,
 }
 
 impl VmState {
     /// The state of the VM built from `config`.
-    pub fn new(config: &VmConfig, counters: CounterSources, exit: ExitSender) -> Self {
+    pub fn new(
+        config: &VmConfig,
+        counters: CounterSources,
+        exit: ExitSender,
+        lifecycle: Lifecycle,
+    ) -> Self {
         Self {
             config: config_json(config),
             memory: config.memory.size,
             counters,
             exit,
+            lifecycle,
+            frozen_clock: Mutex::new(None),
+            no_reboot: reboot_obstacle(config),
         }
     }
+}
+
+/// Why a reboot (a fresh process image, see `crate::reboot`) cannot
+/// rebuild this VM: a vhost-user back-end serves one connection, so the
+/// rebuilt VM could not reconnect to it.
+pub fn reboot_obstacle(c: &VmConfig) -> Option<String> {
+    c.net
+        .iter()
+        .find_map(|n| n.vhost_user_socket.as_ref())
+        .map(|sock| {
+            format!(
+                "vm.reboot is not implemented for VMs with vhost-user devices ({}): \
+                 the back-end would have to accept a second connection; the VM is unchanged",
+                sock.display()
+            )
+        })
 }
 
 /// `config` in the shape of cloud-hypervisor's `VmConfig` (the fields
@@ -152,9 +206,76 @@ impl VmApi for VmState {
         Value::Object(out)
     }
 
+    fn state(&self) -> RunState {
+        if self.lifecycle.control.is_paused() {
+            RunState::Paused
+        } else {
+            RunState::Running
+        }
+    }
+
+    fn pause(&self) -> Result<(), ApiError> {
+        self.lifecycle.control.pause(PAUSE_TIMEOUT)?;
+        if let Some(vm) = &self.lifecycle.clock {
+            match vm.get_clock() {
+                Ok(c) => {
+                    *self.frozen_clock.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+                }
+                Err(e) => warn!("vm.pause: KVM_GET_CLOCK: {e}; the guest will see the pause"),
+            }
+        }
+        info!("VM paused through the API");
+        Ok(())
+    }
+
+    fn resume(&self) -> Result<(), ApiError> {
+        if !self.lifecycle.control.is_paused() {
+            return Err(crate::vcpu_control::PauseError::NotPaused.into());
+        }
+        let frozen = self
+            .frozen_clock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let (Some(vm), Some(c)) = (&self.lifecycle.clock, frozen) {
+            let at = kvm_clock_data {
+                clock: c.clock,
+                ..Default::default()
+            };
+            if let Err(e) = vm.set_clock(&at) {
+                warn!("vm.resume: KVM_SET_CLOCK: {e}; the guest will see the pause");
+            }
+        }
+        self.lifecycle.control.resume()?;
+        info!("VM resumed through the API");
+        Ok(())
+    }
+
+    fn power_button(&self) -> Result<(), ApiError> {
+        let Some(button) = &self.lifecycle.power_button else {
+            return Err(ApiError::Unsupported("this VM has no power button".into()));
+        };
+        button
+            .power_button()
+            .map_err(|e| ApiError::Failed(format!("raising the power button interrupt: {e}")))?;
+        info!("power button pressed through the API");
+        Ok(())
+    }
+
+    fn can_reboot(&self) -> Result<(), ApiError> {
+        match &self.no_reboot {
+            Some(why) => Err(ApiError::Unsupported(why.clone())),
+            None => Ok(()),
+        }
+    }
+
     fn shutdown(&self) {
         // The main thread may already be gone with another reason.
         let _ = self.exit.send(ExitEvent::ApiShutdown);
+    }
+
+    fn reboot(&self) {
+        let _ = self.exit.send(ExitEvent::ApiReboot);
     }
 }
 
@@ -219,7 +340,7 @@ mod tests {
             iommu: Some(iommu),
             ..CounterSources::default()
         };
-        let s = VmState::new(&cli.to_config().expect("config"), sources, tx);
+        let s = VmState::new(&cli.to_config().expect("config"), sources, tx, lifecycle(1));
         let c = s.counters();
         assert_eq!(c[IOMMU_COUNTERS]["attach_requests"], json!(2));
         assert_eq!(c[IOMMU_COUNTERS]["map_requests"], json!(0));
@@ -234,9 +355,88 @@ mod tests {
             &cli.to_config().expect("config"),
             CounterSources::default(),
             tx,
+            lifecycle(1),
         );
         assert_eq!(s.counters(), json!({}));
         s.shutdown();
         assert_eq!(rx.try_recv(), Ok(ExitEvent::ApiShutdown));
+        assert_eq!(s.can_reboot(), Ok(()));
+        s.reboot();
+        assert_eq!(rx.try_recv(), Ok(ExitEvent::ApiReboot));
+    }
+
+    fn lifecycle(vcpus: usize) -> Lifecycle {
+        Lifecycle {
+            control: VcpuControl::new(vcpus),
+            clock: None,
+            power_button: None,
+        }
+    }
+
+    fn state_of(config: &[&str], lc: Lifecycle) -> VmState {
+        let mut argv = vec!["dmavisor", "--kernel", "/k"];
+        argv.extend_from_slice(config);
+        let cli = Cli::try_parse_from(argv).expect("command line");
+        let (tx, _rx) = std::sync::mpsc::channel();
+        VmState::new(
+            &cli.to_config().expect("config"),
+            CounterSources::default(),
+            tx,
+            lc,
+        )
+    }
+
+    #[test]
+    fn pause_resume_drive_the_vcpu_control() {
+        // No vCPU threads: every one of the 0 vCPUs parks at once.
+        let s = state_of(&[], lifecycle(0));
+        assert_eq!(s.state(), RunState::Running);
+        assert_eq!(s.resume().map_err(|e| e.status()), Err(405));
+        s.pause().unwrap();
+        assert_eq!(s.state(), RunState::Paused);
+        assert_eq!(s.pause().map_err(|e| e.status()), Err(405));
+        s.resume().unwrap();
+        assert_eq!(s.state(), RunState::Running);
+    }
+
+    #[test]
+    fn a_vcpu_that_never_parks_fails_the_pause() {
+        // One vCPU that never reaches a checkpoint.
+        let s = state_of(&[], lifecycle(1));
+        let t0 = std::time::Instant::now();
+        let err = s.pause().unwrap_err();
+        assert_eq!(err.status(), 500, "{err}");
+        assert!(t0.elapsed() < PAUSE_TIMEOUT + Duration::from_secs(2));
+        assert_eq!(s.state(), RunState::Running);
+    }
+
+    #[test]
+    fn power_button_raises_the_ged_interrupt() {
+        let irq = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let probe = irq.try_clone().unwrap();
+        let (_dev, trigger) = crate::devices::ged::ged(irq);
+        let mut lc = lifecycle(0);
+        lc.power_button = Some(trigger);
+        let s = state_of(&[], lc);
+        s.power_button().unwrap();
+        assert_eq!(probe.read().unwrap(), 1);
+        let without = state_of(&[], lifecycle(0));
+        assert_eq!(without.power_button().map_err(|e| e.status()), Err(501));
+    }
+
+    #[test]
+    fn vhost_user_vms_refuse_reboot_with_a_reason() {
+        let s = state_of(
+            &[
+                "--net",
+                "vhost_user=on,socket=/tmp/vu.sock",
+                "--memory",
+                "size=1G,shared=on",
+            ],
+            lifecycle(0),
+        );
+        let err = s.can_reboot().unwrap_err();
+        assert_eq!(err.status(), 501);
+        assert!(err.to_string().contains("/tmp/vu.sock"), "{err}");
     }
 }

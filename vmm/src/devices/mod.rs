@@ -3,5 +3,6 @@
 pub mod bus;
 pub mod dma_stream;
 pub mod dma_test;
+pub mod ged;
 pub mod power;
 pub mod serial;

@@ -1,0 +1,236 @@
+//! Issue 12: cloud-hypervisor's REST API on `--api-socket`, driven with
+//! `curl --unix-socket` from the runner while a guest runs
+//! (`guest/api-host.sh`, `guest/api-guest.sh`): the read-only endpoints,
+//! bad requests, pause and resume (the guest's one-per-second heartbeats
+//! stop and go on), reboot (the guest boots a second time behind the same
+//! socket and PID), the ACPI power button (the guest sees the press and
+//! powers off, the VMM exits 0) and `vmm.shutdown` of a paused VM.
+//!
+//! Both cases run in ONE KVM-environment session; the requests and
+//! answers are printed as a transcript.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use integration_tests::images::{build_initramfs, ensure_images, InitramfsSpec};
+use integration_tests::markers::token_value;
+use integration_tests::paths::{guest_script, path_arg};
+use integration_tests::session::{Case, CaseResult, Plan, SharedSession};
+use integration_tests::vmm::dmavisor_binary;
+use serde_json::Value;
+
+/// Two boots, about 20 s of waiting on heartbeats, and slack for slow
+/// nested runners.
+const LIFECYCLE_TIMEOUT_SECS: u32 = 600;
+const SHUTDOWN_TIMEOUT_SECS: u32 = 300;
+const SESSION_TIMEOUT: Duration = Duration::from_secs(1500);
+
+fn session() -> &'static SharedSession {
+    static SESSION: OnceLock<SharedSession> = OnceLock::new();
+    SESSION.get_or_init(|| {
+        SharedSession::run("api", SESSION_TIMEOUT, || {
+            let bookworm = ensure_images("bookworm").map_err(|e| e.to_string())?;
+            let mut spec = InitramfsSpec::new("bookworm", guest_script("api-guest.sh"));
+            // The power button's driver and its /dev/input/eventN.
+            spec.modules = vec!["button".into(), "evdev".into()];
+            let initrd = build_initramfs(&spec).map_err(|e| e.to_string())?;
+            let (cases, vmm_error) = match dmavisor_binary() {
+                Ok(bin) => {
+                    let case = |mode: &str, timeout| {
+                        Case::new(
+                            &format!("api_{mode}"),
+                            vec![
+                                "sh".into(),
+                                path_arg(&guest_script("api-host.sh")),
+                                mode.into(),
+                                path_arg(&bin),
+                                path_arg(&bookworm.vmlinuz),
+                                path_arg(&initrd),
+                            ],
+                            timeout,
+                        )
+                    };
+                    (
+                        vec![
+                            case("lifecycle", LIFECYCLE_TIMEOUT_SECS),
+                            case("shutdown", SHUTDOWN_TIMEOUT_SECS),
+                        ],
+                        None,
+                    )
+                }
+                Err(e) => (Vec::new(), Some(e.to_string())),
+            };
+            Ok(Plan { cases, vmm_error })
+        })
+    })
+}
+
+fn case(name: &str) -> CaseResult {
+    let s = session();
+    let r = s.case(name).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("{}", r.summary(name));
+    r.clone()
+}
+
+/// The transcript of one case: its request, reply and observation lines,
+/// the guest's markers, the VMM's lifecycle log lines and its exit status.
+fn print_transcript(name: &str, out: &str) {
+    println!("--- API transcript of {name} ---");
+    let guest_markers = ["GUEST-UP", "GUEST-POWER-BUTTON", "GUEST-BUTTON-OPEN"];
+    let vmm_lines = ["through the API", "rebooting", "guest powered off"];
+    for l in out.lines().filter(|l| {
+        l.starts_with("API-")
+            || l.starts_with("VMM-EXIT")
+            || (l.starts_with("SERIAL: ") && guest_markers.iter().any(|m| l.contains(m)))
+            || l.contains("GUEST-SCRIPT-EXIT")
+            || (l.starts_with("VMM: ") && vmm_lines.iter().any(|m| l.contains(m)))
+    }) {
+        println!("{l}");
+    }
+    println!("--- end of transcript ---");
+}
+
+/// The status and JSON body of the reply to request `name`.
+fn reply(out: &str, name: &str) -> (u16, Value) {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&format!("API-REP {name} ")))
+        .unwrap_or_else(|| panic!("no reply to {name}:\n{out}"));
+    let rest = line.splitn(3, ' ').nth(2).unwrap_or_default();
+    let (code, body) = rest.split_once(' ').unwrap_or((rest, ""));
+    let code = code.trim_start_matches("HTTP=").parse().unwrap_or(0);
+    (
+        code,
+        serde_json::from_str(body.trim()).unwrap_or(Value::Null),
+    )
+}
+
+/// `key=` of the `API-OBS name ...` line.
+fn observed(out: &str, name: &str, key: &str) -> i64 {
+    out.lines()
+        .find(|l| l.starts_with(&format!("API-OBS {name} ")))
+        .and_then(|l| token_value(l, key))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key}= observed for {name}:\n{out}"))
+}
+
+fn serial_count(out: &str, marker: &str) -> usize {
+    out.lines()
+        .filter(|l| l.starts_with("SERIAL: ") && l.contains(marker))
+        .count()
+}
+
+/// The whole lifecycle through the API, in one VMM process.
+#[test]
+fn api_socket_endpoints() {
+    let r = case("api_lifecycle");
+    let out = &r.output;
+    print_transcript("api_lifecycle", out);
+    assert!(
+        out.contains("SERIAL: GUEST-UP cpus=2"),
+        "guest not up:\n{out}"
+    );
+
+    // Read-only endpoints, cloud-hypervisor's fields.
+    let (code, ping) = reply(out, "ping");
+    assert_eq!(code, 200, "{out}");
+    let pid = ping["pid"].as_u64().unwrap_or(0);
+    assert!(pid > 0, "{ping}");
+    assert!(ping["version"].is_string(), "{ping}");
+    let (code, info) = reply(out, "info");
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(info["state"], "Running", "{info}");
+    assert_eq!(info["config"]["cpus"]["boot_vcpus"], 2, "{info}");
+    assert_eq!(info["config"]["cpus"]["max_vcpus"], 4, "{info}");
+    assert_eq!(info["config"]["memory"]["size"], 512u64 << 20, "{info}");
+    assert_eq!(info["memory_actual_size"], 512u64 << 20, "{info}");
+    let (code, counters) = reply(out, "counters");
+    assert_eq!(code, 200, "{out}");
+    assert!(counters.is_object(), "{counters}");
+
+    // Bad requests: 4xx (501 for what dmavisor lacks), the VM runs on.
+    for (name, want) in [
+        ("unknown", 404),
+        ("wrong_method", 405),
+        ("bad_json", 400),
+        ("not_implemented", 501),
+        ("resume_running", 405),
+    ] {
+        let (code, body) = reply(out, name);
+        assert_eq!(code, want, "{name}: {out}");
+        assert!(body["error"].is_string(), "{name}: {body}");
+    }
+    assert!(out.contains("API-ALIVE after_bad_requests 1"), "{out}");
+
+    // Pause: heartbeats stop; a second pause is refused.
+    assert_eq!(reply(out, "pause").0, 204, "{out}");
+    assert_eq!(reply(out, "info_paused").1["state"], "Paused", "{out}");
+    let (code, body) = reply(out, "pause_again");
+    assert_eq!(code, 405, "{out}");
+    assert!(body["error"].is_string(), "{body}");
+    let before = observed(out, "paused_beats", "before");
+    assert!(before >= 3, "heartbeats before the pause: {before}\n{out}");
+    assert_eq!(
+        observed(out, "paused_beats", "after"),
+        before,
+        "the guest ran while paused:\n{out}"
+    );
+    assert!(out.contains("API-ALIVE while_paused 1"), "{out}");
+
+    // Resume: heartbeats go on; a second resume is refused.
+    assert_eq!(reply(out, "resume").0, 204, "{out}");
+    assert_eq!(reply(out, "info_resumed").1["state"], "Running", "{out}");
+    assert_eq!(reply(out, "resume_again").0, 405, "{out}");
+    let after = observed(out, "resumed_beats", "after");
+    assert!(
+        after >= before + 3,
+        "heartbeats after resume: {before} -> {after}\n{out}"
+    );
+
+    // Reboot: the guest boots again behind the same socket and process.
+    assert_eq!(reply(out, "reboot").0, 204, "{out}");
+    assert_eq!(serial_count(out, "GUEST-UP cpus=2"), 2, "boots:\n{out}");
+    let (code, ping2) = reply(out, "ping_after_reboot");
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(ping2["pid"].as_u64(), Some(pid), "same process: {ping2}");
+    let (code, info2) = reply(out, "info_after_reboot");
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(info2["state"], "Running", "{info2}");
+    assert_eq!(info2["config"], info["config"], "same configuration");
+
+    // Power button: the guest sees the press and powers off cleanly.
+    assert_eq!(reply(out, "power_button").0, 204, "{out}");
+    assert_eq!(
+        serial_count(out, "GUEST-POWER-BUTTON-DEVICE /dev/input/event"),
+        2,
+        "no power button device in the guest:\n{out}"
+    );
+    assert_eq!(
+        serial_count(out, "GUEST-POWER-BUTTON pressed"),
+        1,
+        "press not seen:\n{out}"
+    );
+    assert_eq!(serial_count(out, "GUEST-SCRIPT-EXIT=0"), 1, "{out}");
+    assert!(!out.contains("API-EXIT-TIMEOUT"), "{out}");
+    assert!(out.contains("VMM-EXIT rc=0"), "{out}");
+    assert!(out.contains("guest powered off"), "{out}");
+    assert!(!out.contains("Kernel panic"), "{out}");
+}
+
+/// `vmm.shutdown` ends a paused VM's VMM with status 0.
+#[test]
+fn api_shutdown_of_a_paused_vm() {
+    let r = case("api_shutdown");
+    let out = &r.output;
+    print_transcript("api_shutdown", out);
+    assert!(
+        out.contains("SERIAL: GUEST-UP cpus=2"),
+        "guest not up:\n{out}"
+    );
+    assert_eq!(reply(out, "ping").0, 200, "{out}");
+    assert_eq!(reply(out, "pause").0, 204, "{out}");
+    assert_eq!(reply(out, "shutdown").0, 204, "{out}");
+    assert!(!out.contains("API-EXIT-TIMEOUT"), "{out}");
+    assert!(out.contains("VMM-EXIT rc=0"), "{out}");
+    assert!(out.contains("shut down through the API"), "{out}");
+}
