@@ -148,7 +148,11 @@ fn check_read_write(name: &str) -> ReadWrite {
         "{name}: I/O errors:\n{ctx}"
     );
     println!("{name}: {w}\n{name}: {rd}");
-    if let Some(c) = out.lines().find(|l| l.contains("virtio-iommu: ")) {
+    // dmavisor -v prints the vIOMMU's request counts at exit.
+    if let Some(c) = out
+        .lines()
+        .find(|l| l.contains(" MAP, ") && l.contains(" UNMAP, "))
+    {
         println!("{name}: {}", c.trim());
     }
     let secs = |l: &str| {
