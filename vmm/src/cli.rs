@@ -57,6 +57,11 @@ pub struct Cli {
     #[arg(long, value_name = "tap=NAME,...")]
     pub net: Vec<String>,
 
+    /// virtio-blk on a raw image (repeatable): path=PATH[,readonly=on|off]
+    /// [,iommu=on|off][,num_queues=N][,queue_size=N][,id=NAME].
+    #[arg(long, value_name = "path=PATH,...")]
+    pub disk: Vec<String>,
+
     /// A virtio-iommu (with a VIOT table): [impl=scalable|baseline][,bypass=on|off][,queues=N].
     /// Devices opt in with iommu=on.
     #[arg(long, value_name = "impl=..,bypass=..", num_args = 0..=1, default_missing_value = "")]
@@ -96,6 +101,11 @@ impl Cli {
                 .net
                 .iter()
                 .map(|n| crate::net::NetConfig::parse(n))
+                .collect::<Result<_, _>>()?,
+            disks: self
+                .disk
+                .iter()
+                .map(|d| crate::block::DiskConfig::parse(d))
                 .collect::<Result<_, _>>()?,
             iommu: self
                 .iommu
@@ -194,6 +204,31 @@ mod tests {
             .to_config()
             .unwrap();
         assert!(none.iommu.is_none() && none.dma_test.is_empty());
+    }
+
+    #[test]
+    fn disks_repeat() {
+        let c = Cli::try_parse_from([
+            "dmavisor",
+            "--kernel",
+            "/k",
+            "--disk",
+            "path=/a.raw,readonly=on",
+            "--disk",
+            "path=/b.raw,iommu=on,num_queues=2,id=data",
+        ])
+        .unwrap()
+        .to_config()
+        .unwrap();
+        assert_eq!(c.disks.len(), 2);
+        assert!(c.disks[0].readonly && !c.disks[0].iommu);
+        assert_eq!(c.disks[1].id.as_deref(), Some("data"));
+        assert!(
+            Cli::try_parse_from(["dmavisor", "--kernel", "/k", "--disk", "readonly=on"])
+                .unwrap()
+                .to_config()
+                .is_err()
+        );
     }
 
     #[test]

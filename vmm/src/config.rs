@@ -211,6 +211,8 @@ pub struct VmConfig {
     pub serial: SerialConfig,
     /// virtio-net devices (`--net`, repeatable).
     pub net: Vec<crate::net::NetConfig>,
+    /// virtio-blk devices (`--disk`, repeatable).
+    pub disks: Vec<crate::block::DiskConfig>,
     /// The virtio-iommu (`--iommu`), if any.
     pub iommu: Option<crate::virtio::iommu::IommuOptions>,
     /// DMA test devices (`--dma-test`, repeatable).

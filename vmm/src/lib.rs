@@ -4,6 +4,7 @@
 
 pub mod acpi;
 pub mod api;
+pub mod block;
 pub mod boot;
 pub mod cli;
 pub mod config;

@@ -131,6 +131,24 @@ pub fn config_json(c: &VmConfig) -> Value {
             })
         })
         .collect();
+    let disks: Vec<Value> = c
+        .disks
+        .iter()
+        .map(|d| {
+            json!({
+                "path": path(&d.path),
+                "readonly": d.readonly,
+                "direct": false,
+                "iommu": d.iommu,
+                "num_queues": d.num_queues,
+                "queue_size": d.queue_size,
+                "vhost_user": false,
+                "vhost_socket": Value::Null,
+                "id": d.id,
+                "pci_segment": 0,
+            })
+        })
+        .collect();
     let devices: Vec<Value> = c
         .devices
         .iter()
@@ -146,6 +164,7 @@ pub fn config_json(c: &VmConfig) -> Value {
         },
         "serial": serial,
         "net": net,
+        "disks": disks,
         "devices": devices,
         "iommu": c.iommu.is_some(),
     })
@@ -300,6 +319,8 @@ mod tests {
             "--net",
             "tap=t0,mac=52:54:00:00:00:01,num_queues=2,iommu=on",
             "--iommu",
+            "--disk",
+            "path=/img/d.raw,readonly=on,num_queues=2,id=disk0",
         ])
         .expect("command line");
         let c = config_json(&cli.to_config().expect("config"));
@@ -312,6 +333,12 @@ mod tests {
         assert_eq!(c["net"][0]["mac"], json!("52:54:00:00:00:01"));
         assert_eq!(c["net"][0]["iommu"], json!(true));
         assert_eq!(c["iommu"], json!(true));
+        assert_eq!(c["disks"][0]["path"], json!("/img/d.raw"));
+        assert_eq!(c["disks"][0]["readonly"], json!(true));
+        assert_eq!(c["disks"][0]["iommu"], json!(false));
+        assert_eq!(c["disks"][0]["num_queues"], json!(2));
+        assert_eq!(c["disks"][0]["queue_size"], json!(128));
+        assert_eq!(c["disks"][0]["id"], json!("disk0"));
     }
 
     #[test]

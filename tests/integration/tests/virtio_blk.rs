@@ -1,0 +1,285 @@
+//! Issue 12 (virtio-blk part): `--disk` on a raw image.
+//!
+//! One runner session; for each case `guest/blk-host.sh` makes an 8 MiB raw
+//! image with a known pattern in a fresh directory of the runner, boots a
+//! guest with it as /dev/vda and prints the image's MD5s after the VMM
+//! exits; the guest (`guest/blk-guest.sh`) reads the first MiB, writes
+//! 4 MiB of random data at 1 MiB with O_DIRECT and fsync (FLUSH), drops
+//! its caches and reads them back. Cases:
+//! - `blk_dmavisor`: bookworm, two request queues, no vIOMMU;
+//! - `blk_dmavisor_viommu`: trixie, the disk behind `--iommu`, the in-tree
+//!   virtio-iommu driver strict (`iommu.strict=1`);
+//! - `blk_dmavisor_ro`: `readonly=on`, the guest's writes must fail and the
+//!   image stay as it was;
+//! - `blk_qemu`, `blk_qemu_viommu`: QEMU's virtio-blk-pci on the same kind
+//!   of image, without and behind its virtio-iommu-pci (strict), the
+//!   references for the throughput ratios (reported, not asserted).
+
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use integration_tests::images::{build_initramfs, ensure_images, InitramfsSpec};
+use integration_tests::markers::{guest_script_exit, marker_line, marker_value, token_value};
+use integration_tests::paths::{guest_script, path_arg};
+use integration_tests::session::{Case, CaseResult, Plan, SharedSession};
+use integration_tests::vmm::dmavisor_binary;
+
+const WRITTEN: u64 = 4 << 20;
+const CASE_TIMEOUT_SECS: u32 = 900;
+const GUEST_SCRIPT_TIMEOUT: u32 = 800;
+const SESSION_TIMEOUT: Duration = Duration::from_secs(3600);
+
+fn blk_case(mode: &str, bin: &str, kernel: &Path, initrd: &Path) -> Case {
+    Case::new(
+        &format!("blk_{}", mode.replace('-', "_")),
+        vec![
+            "sh".into(),
+            path_arg(&guest_script("blk-host.sh")),
+            mode.into(),
+            bin.into(),
+            path_arg(kernel),
+            path_arg(initrd),
+        ],
+        CASE_TIMEOUT_SECS,
+    )
+}
+
+fn run() -> &'static SharedSession {
+    static RUN: OnceLock<SharedSession> = OnceLock::new();
+    RUN.get_or_init(|| {
+        SharedSession::run("virtio-blk", SESSION_TIMEOUT, || {
+            let bookworm = ensure_images("bookworm").map_err(|e| e.to_string())?;
+            let mut spec = InitramfsSpec::new("bookworm", guest_script("blk-guest.sh"));
+            spec.modules = vec!["virtio_pci".into(), "virtio_blk".into()];
+            spec.script_timeout = Some(GUEST_SCRIPT_TIMEOUT);
+            let initrd = build_initramfs(&spec).map_err(|e| e.to_string())?;
+            let trixie = ensure_images("trixie").map_err(|e| e.to_string())?;
+            let mut tspec = InitramfsSpec::new("trixie", guest_script("blk-guest.sh"));
+            tspec.modules = vec!["virtio_iommu".into(), "virtio_blk".into()];
+            tspec.optional_modules = vec!["virtio_pci".into()];
+            tspec.script_timeout = Some(GUEST_SCRIPT_TIMEOUT);
+            let tinitrd = build_initramfs(&tspec).map_err(|e| e.to_string())?;
+            let mut cases = Vec::new();
+            let vmm_error = match dmavisor_binary() {
+                Ok(bin) => {
+                    let bin = path_arg(&bin);
+                    cases.push(blk_case("dmavisor", &bin, &bookworm.vmlinuz, &initrd));
+                    cases.push(blk_case("dmavisor-viommu", &bin, &trixie.vmlinuz, &tinitrd));
+                    cases.push(blk_case("dmavisor-ro", &bin, &bookworm.vmlinuz, &initrd));
+                    None
+                }
+                Err(e) => Some(e.to_string()),
+            };
+            cases.push(blk_case("qemu", "-", &bookworm.vmlinuz, &initrd));
+            cases.push(blk_case("qemu-viommu", "-", &trixie.vmlinuz, &tinitrd));
+            Ok(Plan { cases, vmm_error })
+        })
+    })
+}
+
+fn case(name: &str) -> CaseResult {
+    let r = run().case(name).unwrap_or_else(|e| panic!("{e}")).clone();
+    eprintln!("{}", r.summary(name));
+    r
+}
+
+fn field<'a>(line: &'a str, key: &str, ctx: &str) -> &'a str {
+    token_value(line, key).unwrap_or_else(|| panic!("no {key}= in '{line}':\n{ctx}"))
+}
+
+fn line<'a>(out: &'a str, key: &str, ctx: &str) -> &'a str {
+    marker_line(out, key).unwrap_or_else(|| panic!("no {key} line:\n{ctx}"))
+}
+
+/// What a completed read-write case showed: its output and the write and
+/// read throughputs (MB/s, timed in the guest).
+struct ReadWrite {
+    out: String,
+    write_mbps: f64,
+    read_mbps: f64,
+}
+
+/// Checks a read-write case: the VMM and the guest script ended well, the
+/// guest read the host's first MiB intact, wrote and read back 4 MiB with
+/// equal MD5s, and the image holds them after the VMM exited (the rest of
+/// it untouched).
+fn check_read_write(name: &str) -> ReadWrite {
+    let r = case(name);
+    let ctx = r.tail(60);
+    let out = r.output;
+    assert!(out.contains("VMM-EXIT rc=0"), "{name}: VMM:\n{ctx}");
+    assert_eq!(guest_script_exit(&out), Some(0), "{name}:\n{ctx}");
+    let info = line(&out, "GUEST-BLK-INFO", &ctx);
+    assert_eq!(field(info, "sectors", &ctx), "16384", "{name}: {info}");
+    assert_eq!(field(info, "ro", &ctx), "0", "{name}: {info}");
+    let before = line(&out, "HOST-IMG-BEFORE", &ctx);
+    let after = line(&out, "HOST-IMG-AFTER", &ctx);
+    let head = line(&out, "GUEST-BLK-HEAD", &ctx);
+    assert_eq!(
+        field(head, "md5", &ctx),
+        field(before, "md5_head", &ctx),
+        "{name}: the guest read the image's first MiB wrong"
+    );
+    let w = line(&out, "GUEST-BLK-WRITE", &ctx);
+    let rd = line(&out, "GUEST-BLK-READ", &ctx);
+    for l in [w, rd] {
+        assert_eq!(field(l, "rc", &ctx), "0", "{name}: {l}");
+    }
+    assert_eq!(field(rd, "bytes", &ctx), WRITTEN.to_string(), "{rd}");
+    assert_eq!(
+        field(rd, "md5", &ctx),
+        field(w, "md5", &ctx),
+        "{name}: read back differs from what was written"
+    );
+    assert_eq!(
+        field(after, "md5_written", &ctx),
+        field(w, "md5", &ctx),
+        "{name}: the image does not hold what the guest wrote"
+    );
+    assert_eq!(field(after, "size", &ctx), "8388608", "{name}: {after}");
+    assert_eq!(
+        field(after, "md5_head", &ctx),
+        field(before, "md5_head", &ctx),
+        "{name}: the first MiB changed"
+    );
+    assert!(
+        !out.contains("GUEST-IO-ERROR"),
+        "{name}: I/O errors:\n{ctx}"
+    );
+    println!("{name}: {w}\n{name}: {rd}");
+    // dmavisor -v prints the vIOMMU's request counts at exit.
+    if let Some(c) = out
+        .lines()
+        .find(|l| l.contains(" MAP, ") && l.contains(" UNMAP, "))
+    {
+        println!("{name}: {}", c.trim());
+    }
+    let secs = |l: &str| {
+        let t = |k| field(l, k, &ctx).parse::<f64>().unwrap_or(0.0);
+        t("t1") - t("t0")
+    };
+    let rate = |s: f64| WRITTEN as f64 / 1e6 / s.max(0.01);
+    ReadWrite {
+        write_mbps: rate(secs(w)),
+        read_mbps: rate(secs(rd)),
+        out,
+    }
+}
+
+/// No vIOMMU, two request queues: data intact both ways and in the image.
+#[test]
+fn virtio_blk_read_write() {
+    let rw = check_read_write("blk_dmavisor");
+    let info = line(&rw.out, "GUEST-BLK-INFO", "");
+    assert_eq!(token_value(info, "queues"), Some("2"), "{info}");
+    assert!(
+        token_value(info, "serial").is_some_and(|s| s.starts_with("dmv")),
+        "GET_ID: {info}"
+    );
+    println!(
+        "{{\"bench\": \"virtio-blk\", \"vmm\": \"dmavisor\", \"bytes\": {WRITTEN}, \"write_MBps\": {:.3}, \"read_MBps\": {:.3}}}",
+        rw.write_mbps, rw.read_mbps
+    );
+}
+
+/// Behind the vIOMMU with the in-tree driver strict: the disk is in a
+/// translating (DMA) group, ACCESS_PLATFORM was negotiated, no fault on
+/// either side, data intact.
+#[test]
+fn virtio_blk_behind_viommu() {
+    let rw = check_read_write("blk_dmavisor_viommu");
+    let out = &rw.out;
+    let info = line(out, "GUEST-BLK-INFO", "");
+    let bdf = token_value(info, "bdf").unwrap_or_default();
+    let group = out
+        .lines()
+        .find(|l| l.starts_with("IOMMU-GROUP ") && !bdf.is_empty() && l.contains(bdf))
+        .unwrap_or_else(|| panic!("disk {bdf} in no IOMMU group:\n{out}"));
+    assert_eq!(
+        marker_value(group, "type"),
+        Some("DMA"),
+        "strict: a DMA domain expected: {group}"
+    );
+    let features = token_value(info, "features").unwrap_or_default();
+    assert_eq!(
+        features.as_bytes().get(33),
+        Some(&b'1'),
+        "ACCESS_PLATFORM not negotiated: {features}"
+    );
+    assert!(!out.contains("FAULT-LOG"), "guest saw DMA faults:\n{out}");
+    assert!(
+        !out.contains("device DMA refused"),
+        "dmavisor refused DMA:\n{out}"
+    );
+    println!(
+        "{{\"bench\": \"virtio-blk\", \"vmm\": \"dmavisor\", \"viommu\": \"strict\", \"bytes\": {WRITTEN}, \"write_MBps\": {:.3}, \"read_MBps\": {:.3}}}",
+        rw.write_mbps, rw.read_mbps
+    );
+}
+
+/// readonly=on: the guest sees a read-only disk, its writes fail, and the
+/// image is byte for byte what it was.
+#[test]
+fn virtio_blk_readonly() {
+    let name = "blk_dmavisor_ro";
+    let r = case(name);
+    let ctx = r.tail(60);
+    let out = r.output;
+    assert!(out.contains("VMM-EXIT rc=0"), "{name}: VMM:\n{ctx}");
+    assert_eq!(guest_script_exit(&out), Some(0), "{name}:\n{ctx}");
+    let info = line(&out, "GUEST-BLK-INFO", &ctx);
+    assert_eq!(field(info, "ro", &ctx), "1", "{info}");
+    let ro = line(&out, "GUEST-BLK-ROWRITE", &ctx);
+    assert_ne!(field(ro, "rc", &ctx), "0", "a write succeeded: {ro}");
+    assert_ne!(
+        field(ro, "rc_after_setrw", &ctx),
+        "0",
+        "a write succeeded after blockdev --setrw: {ro}"
+    );
+    let before = line(&out, "HOST-IMG-BEFORE", &ctx);
+    let after = line(&out, "HOST-IMG-AFTER", &ctx);
+    assert_eq!(
+        field(after, "md5_all", &ctx),
+        field(before, "md5_all", &ctx),
+        "the read-only image changed"
+    );
+    let head = line(&out, "GUEST-BLK-HEAD", &ctx);
+    assert_eq!(field(head, "md5", &ctx), field(before, "md5_head", &ctx));
+    println!("virtio-blk read-only: {ro}");
+}
+
+/// QEMU's virtio-blk-pci on the same guest and image: the reference, and
+/// the ratios (reported only).
+#[test]
+fn qemu_virtio_blk_reference() {
+    let q = check_read_write("blk_qemu");
+    println!(
+        "{{\"bench\": \"virtio-blk\", \"vmm\": \"qemu\", \"bytes\": {WRITTEN}, \"write_MBps\": {:.3}, \"read_MBps\": {:.3}}}",
+        q.write_mbps, q.read_mbps
+    );
+    let completed = |name: &str| std::panic::catch_unwind(|| check_read_write(name)).ok();
+    let ours = completed("blk_dmavisor");
+    let viommu = completed("blk_dmavisor_viommu");
+    let qviommu = completed("blk_qemu_viommu");
+    let ratio = |d: &Option<ReadWrite>, q: Option<&ReadWrite>| match (d, q) {
+        (Some(d), Some(q)) => format!(
+            "[{:.3}, {:.3}]",
+            d.write_mbps / q.write_mbps.max(1e-9),
+            d.read_mbps / q.read_mbps.max(1e-9)
+        ),
+        _ => "null".into(),
+    };
+    if let Some(v) = &qviommu {
+        println!(
+            "{{\"bench\": \"virtio-blk\", \"vmm\": \"qemu\", \"viommu\": \"strict\", \"bytes\": {WRITTEN}, \"write_MBps\": {:.3}, \"read_MBps\": {:.3}}}",
+            v.write_mbps, v.read_mbps
+        );
+    }
+    println!(
+        "{{\"bench\": \"virtio-blk-ratio\", \"dmavisor_over_qemu\": {}, \"dmavisor_viommu_strict_over_qemu\": {}, \"dmavisor_viommu_strict_over_qemu_viommu_strict\": {}, \"order\": \"[sequential_write, sequential_read]\"}}",
+        ratio(&ours, Some(&q)),
+        ratio(&viommu, Some(&q)),
+        ratio(&viommu, qviommu.as_ref())
+    );
+}

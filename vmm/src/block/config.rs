@@ -1,0 +1,164 @@
+//! `--disk path=..[,readonly=on][,iommu=on][,num_queues=N][,queue_size=N][,id=..]`
+//! as cloud-hypervisor spells it (the subset dmavisor implements: raw
+//! images, no vhost-user, no rate limiter).
+
+use std::path::PathBuf;
+
+use crate::config::parse_options;
+use crate::error::Error;
+
+/// Most request queues one disk may have (one worker thread each).
+pub const MAX_QUEUES: usize = 16;
+/// cloud-hypervisor's default queue size for a disk.
+pub const DEFAULT_QUEUE_SIZE: u16 = 128;
+/// Longest `id=` accepted (it also names the device in logs and the API).
+const MAX_ID_LEN: usize = 64;
+
+/// One virtio-blk device on a raw image file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskConfig {
+    /// The raw image (or block device) the guest sees as its disk.
+    pub path: PathBuf,
+    /// The image is opened read-only and the device offers VIRTIO_BLK_F_RO.
+    pub readonly: bool,
+    /// The device sits behind the virtual IOMMU.
+    pub iommu: bool,
+    /// Request queues (VIRTIO_BLK_F_MQ when more than one).
+    pub num_queues: usize,
+    /// Size of each virtqueue.
+    pub queue_size: u16,
+    /// Name given by the user (GET_ID answers it when set).
+    pub id: Option<String>,
+}
+
+fn on_off(value: &str, key: &str, v: Option<&String>) -> Result<bool, Error> {
+    match v.map(String::as_str) {
+        None | Some("off") | Some("false") => Ok(false),
+        Some("on") | Some("true") => Ok(true),
+        Some(o) => Err(Error::InvalidOption {
+            option: "disk",
+            value: value.to_string(),
+            reason: format!("{key} must be on or off, not '{o}'"),
+        }),
+    }
+}
+
+impl DiskConfig {
+    /// Parses and validates one `--disk` value (the file is opened later).
+    pub fn parse(value: &str) -> Result<Self, Error> {
+        let opts = parse_options(
+            "disk",
+            value,
+            &[
+                "path",
+                "readonly",
+                "iommu",
+                "num_queues",
+                "queue_size",
+                "id",
+            ],
+        )?;
+        let bad = |reason: String| Error::InvalidOption {
+            option: "disk",
+            value: value.to_string(),
+            reason,
+        };
+        let path = opts
+            .get("path")
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| bad("path=... is required".into()))?;
+        let num_queues = match opts.get("num_queues") {
+            Some(t) => t
+                .parse::<usize>()
+                .map_err(|_| bad(format!("num_queues '{t}' is not a number")))?,
+            None => 1,
+        };
+        if !(1..=MAX_QUEUES).contains(&num_queues) {
+            return Err(bad(format!(
+                "num_queues must be between 1 and {MAX_QUEUES}"
+            )));
+        }
+        let queue_size = match opts.get("queue_size") {
+            Some(t) => t
+                .parse::<u16>()
+                .map_err(|_| bad(format!("queue_size '{t}' is not a number")))?,
+            None => DEFAULT_QUEUE_SIZE,
+        };
+        // A request needs a header and a status descriptor besides its data.
+        if !queue_size.is_power_of_two() || !(4..=32768).contains(&queue_size) {
+            return Err(bad(
+                "queue_size must be a power of two from 4 to 32768".into()
+            ));
+        }
+        let id = opts.get("id").cloned();
+        if let Some(id) = &id {
+            if id.is_empty() || id.len() > MAX_ID_LEN || id.chars().any(char::is_control) {
+                return Err(bad(format!(
+                    "id must be 1 to {MAX_ID_LEN} printable characters"
+                )));
+            }
+        }
+        Ok(Self {
+            path: PathBuf::from(path),
+            readonly: on_off(value, "readonly", opts.get("readonly"))?,
+            iommu: on_off(value, "iommu", opts.get("iommu"))?,
+            num_queues,
+            queue_size,
+            id,
+        })
+    }
+
+    /// How logs and the API name this disk: its `id`, else its path.
+    pub fn name(&self) -> String {
+        self.id
+            .clone()
+            .unwrap_or_else(|| self.path.display().to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_and_default() {
+        let c = DiskConfig::parse(
+            "path=/img/disk.raw,readonly=on,iommu=on,num_queues=4,queue_size=256,id=disk0",
+        )
+        .unwrap();
+        assert_eq!(c.path, PathBuf::from("/img/disk.raw"));
+        assert!(c.readonly && c.iommu);
+        assert_eq!((c.num_queues, c.queue_size), (4, 256));
+        assert_eq!(c.id.as_deref(), Some("disk0"));
+        assert_eq!(c.name(), "disk0");
+        let d = DiskConfig::parse("path=/d").unwrap();
+        assert!(!d.readonly && !d.iommu);
+        assert_eq!((d.num_queues, d.queue_size), (1, DEFAULT_QUEUE_SIZE));
+        assert_eq!(d.name(), "/d");
+        assert!(DiskConfig::parse("path=/d,readonly=true").unwrap().readonly);
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        for v in [
+            "",
+            "readonly=on",
+            "path=",
+            "path=/d,readonly=yes",
+            "path=/d,iommu=1",
+            "path=/d,num_queues=0",
+            "path=/d,num_queues=17",
+            "path=/d,num_queues=x",
+            "path=/d,queue_size=100",
+            "path=/d,queue_size=2",
+            "path=/d,queue_size=65536",
+            "path=/d,id=",
+            "path=/d,direct=on",
+            "path=/d,path=/e",
+        ] {
+            assert!(DiskConfig::parse(v).is_err(), "{v}");
+        }
+        let long = format!("path=/d,id={}", "x".repeat(65));
+        assert!(DiskConfig::parse(&long).is_err());
+    }
+}

@@ -1,0 +1,89 @@
+//! virtio-blk on raw image files (`--disk`).
+//!
+//! - [`config`]: the `--disk` option.
+//! - [`image`]: the image file (positioned vectored I/O, flush, holes).
+//! - [`request`]: one request, parsed from its chain, checked, executed.
+//! - [`worker`]: the thread serving one request queue.
+//! - [`device`]: the [`VirtioDevice`](crate::virtio::VirtioDevice)
+//!   (features, configuration space, workers).
+//!
+//! Like every emulated device, a disk reaches guest memory only through its
+//! [`DmaSpace`]: with `iommu=on` that space translates through the vIOMMU
+//! and its workers are quiescence readers, so the disk is one of the DMA
+//! consumers an UNMAP waits for.
+
+pub mod config;
+pub mod device;
+pub mod image;
+pub mod request;
+pub mod worker;
+
+pub use config::DiskConfig;
+pub use device::Block;
+pub use image::DiskImage;
+
+use std::sync::{Arc, Mutex};
+
+use crate::dma::DmaSpace;
+use crate::error::Error;
+use crate::virtio::pci::VirtioPciDevice;
+use crate::vm::VmResources;
+
+/// virtio-blk sectors are 512 bytes whatever the image's block size.
+pub const SECTOR_SIZE: u64 = 512;
+/// Segments one DISCARD or WRITE_ZEROES request may carry (Linux sends one
+/// per request when told 1).
+pub const MAX_DISCARD_SEGMENTS: u32 = 1;
+/// Sectors one DISCARD / WRITE_ZEROES segment may cover (2 GiB - 512).
+pub const MAX_DISCARD_SECTORS: u32 = (u32::MAX >> 1) / SECTOR_SIZE as u32;
+
+/// Creates one virtio-blk PCI function per `--disk` and plugs it into
+/// bus 0; `iommu=on` disks become endpoints of the vIOMMU (their DMA space
+/// is replaced by a translating one, as for virtio-net).
+pub fn add_block_devices(
+    res: &VmResources,
+    configs: &[DiskConfig],
+    mut iommu: Option<&mut crate::virtio::iommu::IommuPlatform>,
+) -> Result<Vec<Arc<Mutex<VirtioPciDevice>>>, Error> {
+    let mut out = Vec::with_capacity(configs.len());
+    for cfg in configs {
+        let name = cfg.name();
+        let image = DiskImage::open(&cfg.path, cfg.readonly, cfg.id.as_deref())
+            .map_err(|e| Error::Device(format!("--disk: {e}")))?;
+        let num_queues = u16::try_from(cfg.num_queues).unwrap_or(1);
+        let device = Block::new(image, name.clone(), num_queues, cfg.queue_size);
+        let dev = VirtioPciDevice::new(
+            Box::new(device),
+            res.vm.clone(),
+            &res.irq_router,
+            DmaSpace::identity(res.mem.clone()),
+            cfg.iommu,
+        )
+        .map_err(|e| Error::Device(format!("virtio-blk {name}: {e}")))?;
+        let dev = Arc::new(Mutex::new(dev));
+        let bdf = res
+            .pci
+            .add_device(dev.clone())
+            .map_err(|e| Error::Device(format!("virtio-blk {name}: {e}")))?;
+        log::info!(
+            "virtio-blk {name} at PCI {bdf}{}",
+            if cfg.iommu { " behind the vIOMMU" } else { "" }
+        );
+        if cfg.iommu {
+            let platform = iommu.as_deref_mut().ok_or_else(|| Error::InvalidOption {
+                option: "disk",
+                value: "iommu=on".into(),
+                reason: "needs --iommu".into(),
+            })?;
+            let dma = platform.add_endpoint(bdf)?;
+            dev.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .set_dma_space(dma);
+        }
+        out.push(dev);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+pub(crate) mod test_util;

@@ -1,0 +1,146 @@
+//! Helpers for the disk's unit tests: image files with known contents, a
+//! split ring in test memory, an interrupt recorder.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::dma::DmaSpace;
+use crate::memory::GuestMemoryMmap;
+use crate::virtio::VirtioInterrupt;
+
+/// Byte `i` of a fresh test image.
+pub fn pattern(i: usize) -> u8 {
+    (i % 251) as u8
+}
+
+/// A file of `len` bytes of [`pattern`] in the temporary directory.
+pub fn temp_image(len: usize) -> (PathBuf, File) {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let p = std::env::temp_dir().join(format!(
+        "dmavisor-blk-{}-{}.raw",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut f = File::create(&p).expect("temp image");
+    let data: Vec<u8> = (0..len).map(pattern).collect();
+    f.write_all(&data).expect("temp image contents");
+    (p, f)
+}
+
+pub const DESC: u64 = 0x1000;
+pub const AVAIL: u64 = 0x2000;
+pub const USED: u64 = 0x3000;
+pub const SIZE: u16 = 16;
+/// Test RAM size.
+pub const RAM: usize = 0x40000;
+
+/// A split ring the test plays the driver of.
+pub struct Ring {
+    pub mem: GuestMemoryMmap,
+    pub dma: DmaSpace,
+    avail_idx: u16,
+}
+
+impl Ring {
+    pub fn new() -> Self {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM)]).expect("ram");
+        let dma = DmaSpace::identity(mem.clone());
+        Self {
+            mem,
+            dma,
+            avail_idx: 0,
+        }
+    }
+
+    /// The device's view of the ring, as the driver configured it.
+    pub fn queue(&self) -> Queue {
+        let mut queue = Queue::new(SIZE).expect("queue");
+        queue.try_set_size(SIZE).expect("size");
+        queue
+            .try_set_desc_table_address(GuestAddress(DESC))
+            .expect("desc");
+        queue
+            .try_set_avail_ring_address(GuestAddress(AVAIL))
+            .expect("avail");
+        queue
+            .try_set_used_ring_address(GuestAddress(USED))
+            .expect("used");
+        queue.set_ready(true);
+        queue
+    }
+
+    pub fn desc(&self, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+        let at = DESC + u64::from(i) * 16;
+        self.mem.write_obj(addr, GuestAddress(at)).expect("desc");
+        self.mem.write_obj(len, GuestAddress(at + 8)).expect("desc");
+        self.mem
+            .write_obj(flags, GuestAddress(at + 12))
+            .expect("desc");
+        self.mem
+            .write_obj(next, GuestAddress(at + 14))
+            .expect("desc");
+    }
+
+    pub fn offer(&mut self, head: u16) {
+        let slot = AVAIL + 4 + u64::from(self.avail_idx % SIZE) * 2;
+        self.mem.write_obj(head, GuestAddress(slot)).expect("avail");
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+        self.mem
+            .write_obj(self.avail_idx, GuestAddress(AVAIL + 2))
+            .expect("avail idx");
+    }
+
+    pub fn used_idx(&self) -> u16 {
+        self.mem.read_obj(GuestAddress(USED + 2)).expect("used idx")
+    }
+
+    /// Used entry `i`: (head, length).
+    pub fn used(&self, i: u64) -> (u32, u32) {
+        let at = USED + 4 + i * 8;
+        (
+            self.mem.read_obj(GuestAddress(at)).expect("used"),
+            self.mem.read_obj(GuestAddress(at + 4)).expect("used"),
+        )
+    }
+
+    /// Writes a request header (type, sector) at `at`.
+    pub fn header(&self, at: u64, type_: u32, sector: u64) {
+        self.mem.write_obj(type_, GuestAddress(at)).expect("hdr");
+        self.mem.write_obj(0u32, GuestAddress(at + 4)).expect("hdr");
+        self.mem
+            .write_obj(sector, GuestAddress(at + 8))
+            .expect("hdr");
+    }
+
+    pub fn byte(&self, at: u64) -> u8 {
+        self.mem.read_obj(GuestAddress(at)).expect("byte")
+    }
+}
+
+/// Records what a device signalled.
+#[derive(Default)]
+pub struct Recorder {
+    pub notified: Mutex<Vec<u16>>,
+    pub needs_reset: AtomicU32,
+}
+
+impl VirtioInterrupt for Recorder {
+    fn notify_queue(&self, queue: u16) {
+        self.notified
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(queue);
+    }
+
+    fn notify_config(&self) {}
+
+    fn set_needs_reset(&self) {
+        self.needs_reset.fetch_add(1, Ordering::Relaxed);
+    }
+}
