@@ -24,9 +24,9 @@ pub use image::DiskImage;
 
 use std::sync::{Arc, Mutex};
 
-use crate::dma::DmaSpace;
 use crate::error::Error;
 use crate::virtio::pci::VirtioPciDevice;
+use crate::virtio::plug::plug_virtio_pci;
 use crate::vm::VmResources;
 
 /// virtio-blk sectors are 512 bytes whatever the image's block size.
@@ -52,35 +52,16 @@ pub fn add_block_devices(
             .map_err(|e| Error::Device(format!("--disk: {e}")))?;
         let num_queues = u16::try_from(cfg.num_queues).unwrap_or(1);
         let device = Block::new(image, name.clone(), num_queues, cfg.queue_size);
-        let dev = VirtioPciDevice::new(
+        let name = format!("virtio-blk {name}");
+        let plugged = plug_virtio_pci(
+            res,
             Box::new(device),
-            res.vm.clone(),
-            &res.irq_router,
-            DmaSpace::identity(res.mem.clone()),
+            &name,
             cfg.iommu,
-        )
-        .map_err(|e| Error::Device(format!("virtio-blk {name}: {e}")))?;
-        let dev = Arc::new(Mutex::new(dev));
-        let bdf = res
-            .pci
-            .add_device(dev.clone())
-            .map_err(|e| Error::Device(format!("virtio-blk {name}: {e}")))?;
-        log::info!(
-            "virtio-blk {name} at PCI {bdf}{}",
-            if cfg.iommu { " behind the vIOMMU" } else { "" }
-        );
-        if cfg.iommu {
-            let platform = iommu.as_deref_mut().ok_or_else(|| Error::InvalidOption {
-                option: "disk",
-                value: "iommu=on".into(),
-                reason: "needs --iommu".into(),
-            })?;
-            let dma = platform.add_endpoint(bdf)?;
-            dev.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .set_dma_space(dma);
-        }
-        out.push(dev);
+            "disk",
+            iommu.as_deref_mut(),
+        )?;
+        out.push(plugged.dev);
     }
     Ok(out)
 }

@@ -21,9 +21,9 @@ pub use device::{Net, NetError};
 
 use std::sync::{Arc, Mutex};
 
-use crate::dma::DmaSpace;
 use crate::error::Error;
 use crate::virtio::pci::VirtioPciDevice;
+use crate::virtio::plug::{plug_virtio_pci, Plugged};
 use crate::vm::VmResources;
 
 /// Creates one virtio-net PCI function per `--net` and plugs it into bus 0.
@@ -54,30 +54,10 @@ pub fn add_net_devices(
                     (Box::new(net), name)
                 }
             };
-        let dev = VirtioPciDevice::new(
-            device,
-            res.vm.clone(),
-            &res.irq_router,
-            DmaSpace::identity(res.mem.clone()),
-            cfg.iommu,
-        )
-        .map_err(|e| Error::Device(format!("virtio-net on {name}: {e}")))?;
-        let dev = Arc::new(Mutex::new(dev));
-        let bdf = res
-            .pci
-            .add_device(dev.clone())
-            .map_err(|e| Error::Device(format!("virtio-net on {name}: {e}")))?;
-        log::info!("virtio-net on {name} at PCI {bdf}");
-        if cfg.iommu {
-            let platform = iommu.as_deref_mut().ok_or_else(|| Error::InvalidOption {
-                option: "net",
-                value: "iommu=on".into(),
-                reason: "needs --iommu".into(),
-            })?;
-            let dma = platform.add_endpoint(bdf)?;
-            dev.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .set_dma_space(dma);
+        let what = format!("virtio-net on {name}");
+        let Plugged { dev, bdf } =
+            plug_virtio_pci(res, device, &what, cfg.iommu, "net", iommu.as_deref_mut())?;
+        if let (true, Some(platform)) = (cfg.iommu, iommu.as_deref_mut()) {
             if let Some(iotlb) = iotlb {
                 // The back-end translates through its own IOTLB: it is a
                 // DMA consumer of this endpoint (misses, invalidations).

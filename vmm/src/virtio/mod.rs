@@ -15,6 +15,7 @@ pub mod common_cfg;
 pub mod iommu;
 pub mod msix;
 pub mod pci;
+pub mod plug;
 
 use std::sync::Arc;
 

@@ -1,0 +1,69 @@
+//! Plugging a virtio device into PCI bus 0, behind the vIOMMU or not: the
+//! steps every `--net` and `--disk` takes, in one place.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::iommu::IommuPlatform;
+use super::pci::VirtioPciDevice;
+use super::VirtioDevice;
+use crate::dma::DmaSpace;
+use crate::error::Error;
+use crate::pci::PciAddress;
+use crate::vm::VmResources;
+
+/// A virtio function on bus 0.
+pub struct Plugged {
+    /// The transport (shared with the PCI root).
+    pub dev: Arc<Mutex<VirtioPciDevice>>,
+    /// Where it sits.
+    pub bdf: PciAddress,
+}
+
+/// Plugs `device` (called `name` in messages) into bus 0. With
+/// `behind_iommu` the function offers VIRTIO_F_ACCESS_PLATFORM and becomes
+/// an endpoint of the vIOMMU: its DMA space, the identity until then (what
+/// a guest sees with the IOMMU in bypass), is replaced by a translating
+/// one. `option` names the command-line option for the error when there
+/// is no `--iommu`.
+pub fn plug_virtio_pci(
+    res: &VmResources,
+    device: Box<dyn VirtioDevice>,
+    name: &str,
+    behind_iommu: bool,
+    option: &'static str,
+    iommu: Option<&mut IommuPlatform>,
+) -> Result<Plugged, Error> {
+    let dev = VirtioPciDevice::new(
+        device,
+        res.vm.clone(),
+        &res.irq_router,
+        DmaSpace::identity(res.mem.clone()),
+        behind_iommu,
+    )
+    .map_err(|e| Error::Device(format!("{name}: {e}")))?;
+    let dev = Arc::new(Mutex::new(dev));
+    let bdf = res
+        .pci
+        .add_device(dev.clone())
+        .map_err(|e| Error::Device(format!("{name}: {e}")))?;
+    log::info!(
+        "{name} at PCI {bdf}{}",
+        if behind_iommu {
+            " behind the vIOMMU"
+        } else {
+            ""
+        }
+    );
+    if behind_iommu {
+        let platform = iommu.ok_or_else(|| Error::InvalidOption {
+            option,
+            value: "iommu=on".into(),
+            reason: "needs --iommu".into(),
+        })?;
+        let dma = platform.add_endpoint(bdf)?;
+        dev.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .set_dma_space(dma);
+    }
+    Ok(Plugged { dev, bdf })
+}
