@@ -31,7 +31,8 @@
 #   net-host.sh qemu-testpmd[-lazy|-strict] - KERNEL INITRD   (QEMU's
 #       vhost-user-net on the same testpmd, behind virtio-iommu-pci)
 #       Behind a vIOMMU (-lazy, -strict), either VMM talks to testpmd
-#       through guest/vhost-user-count.py, which prints VU-COUNT {json}.
+#       through guest/vhost-user-count.py, which prints VU-COUNT {json};
+#       VU_ACK_DELAY_MS=MS makes it hold each INVALIDATE's acknowledgement.
 #   net-host.sh qemu     -   KERNEL INITRD
 #   net-host.sh qemu-vfio-lazy|qemu-vfio-strict - KERNEL INITRD   (QEMU's
 #       vfio-pci with the runner's assigned NIC behind virtio-iommu-pci)
@@ -189,7 +190,8 @@ dmavisor-vhost-user|dmavisor-testpmd*|qemu-testpmd*)
     if [ "$onoff" = on ] && [ "$mode" != dmavisor-vhost-user ]; then
         vmm_sock=$sock.count
         count_log=$(mktemp)
-        python3 "$here/vhost-user-count.py" --once --listen "$vmm_sock" --backend "$sock" > "$count_log" 2>&1 &
+        python3 "$here/vhost-user-count.py" --once --listen "$vmm_sock" --backend "$sock" \
+            ${VU_ACK_DELAY_MS:+--delay-invalidate-ack $VU_ACK_DELAY_MS} > "$count_log" 2>&1 &
         counter=$!
         i=0
         while [ ! -S "$vmm_sock" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done

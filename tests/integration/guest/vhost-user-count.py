@@ -20,6 +20,10 @@ each connection it prints one line, `VU-COUNT {json}`.
 
 Only the control path passes here: kicks, calls and guest memory are file
 descriptors the two ends share directly.
+
+Fault injection: --delay-invalidate-ack MS holds the back-end's
+acknowledgement of every INVALIDATE for MS milliseconds (a slow back-end),
+counted as `delayed_acks`; the VMM must hold the guest's UNMAP that long.
 """
 
 import argparse
@@ -30,9 +34,12 @@ import socket
 import struct
 import sys
 import threading
+import time
+from collections import deque
 
 HEADER = struct.Struct("<III")
 REPLY_FLAG = 0x4
+NEED_REPLY_FLAG = 0x8
 # Front-end requests.
 SET_BACKEND_REQ_FD = 21
 IOTLB_MSG = 22
@@ -48,9 +55,14 @@ MAX_PAYLOAD = 1 << 20
 class Counts:
     """One connection's tallies; the relay threads add under a lock."""
 
-    def __init__(self):
+    def __init__(self, ack_delay):
         self.lock = threading.Lock()
+        # The kinds of the IOTLB messages awaiting their acknowledgement,
+        # oldest first (the main socket answers in order).
+        self.awaiting = deque()
+        self.ack_delay = ack_delay
         self.values = {
+            "delayed_acks": 0,
             "messages": 0,
             "iotlb_updates": 0,
             "iotlb_invalidations": 0,
@@ -139,6 +151,15 @@ def relay(src, dst, counts, role, threads):
             counts.add("messages")
             if role == "front" and not is_reply and req == IOTLB_MSG:
                 count_iotlb(counts, payload, from_backend=False)
+                if flags & NEED_REPLY_FLAG and len(payload) >= IOTLB.size:
+                    with counts.lock:
+                        counts.awaiting.append(IOTLB.unpack_from(payload)[4])
+            if role == "back" and is_reply and req == IOTLB_MSG:
+                with counts.lock:
+                    kind = counts.awaiting.popleft() if counts.awaiting else None
+                if kind == IOTLB_INVALIDATE and counts.ack_delay > 0:
+                    time.sleep(counts.ack_delay / 1000)
+                    counts.add("delayed_acks")
             if role == "bchan-req" and not is_reply and req == BACKEND_IOTLB_MSG:
                 count_iotlb(counts, payload, from_backend=True)
             if role == "front" and not is_reply and req == SET_BACKEND_REQ_FD and fds:
@@ -164,7 +185,7 @@ def relay(src, dst, counts, role, threads):
                 pass
 
 
-def serve(listen, backend, once):
+def serve(listen, backend, once, ack_delay):
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     if os.path.exists(listen):
         os.unlink(listen)
@@ -175,7 +196,7 @@ def serve(listen, backend, once):
         front, _ = srv.accept()
         back = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         back.connect(backend)
-        counts = Counts()
+        counts = Counts(ack_delay)
         threads = []
         for s, d, r in ((front, back, "front"), (back, front, "back")):
             t = threading.Thread(target=relay, args=(s, d, counts, r, threads), daemon=True)
@@ -196,8 +217,10 @@ def main():
     ap.add_argument("--listen", required=True, help="socket the VMM connects to")
     ap.add_argument("--backend", required=True, help="the back-end's listening socket")
     ap.add_argument("--once", action="store_true", help="end after the first connection")
+    ap.add_argument("--delay-invalidate-ack", type=int, default=0, metavar="MS",
+                    help="hold the back-end's acknowledgement of each INVALIDATE this long")
     args = ap.parse_args()
-    serve(args.listen, args.backend, args.once)
+    serve(args.listen, args.backend, args.once, args.delay_invalidate_ack)
 
 
 if __name__ == "__main__":

@@ -210,8 +210,9 @@ fn runner_assigns_a_nic_behind_an_iommu() {
 /// on argv[2]. The front-end hands over a pipe (an fd-carrying request)
 /// and the back-end channel, sends two IOTLB UPDATEs and one INVALIDATE of
 /// 8 KiB; the back-end writes through the pipe it received, sends one MISS
-/// on the back-end channel, and the front-end reads it. Prints what each
-/// end saw.
+/// on the back-end channel, and the front-end reads it. Every IOTLB message
+/// asks for an acknowledgement; the relay holds the INVALIDATE's for 300 ms.
+/// Prints what each end saw.
 const VU_COUNT_DRIVER: &str = r#"
 import array, os, socket, struct, sys, threading, time
 H = struct.Struct("<III")
@@ -237,7 +238,10 @@ def backend():
     os.write(fds[0], b"through-the-relay")
     _r, _f, _b, chan = recv(c)
     b = socket.socket(fileno=chan[0])
-    kinds = [recv(c)[2][25] for _ in range(3)]
+    kinds = []
+    for _ in range(3):
+        kinds.append(recv(c)[2][25])
+        send(c, 22, 5, struct.pack("<Q", 0))
     seen["backend_iotlb_kinds"] = kinds
     send(b, 1, 1, iotlb(0x1000, 0x1000, 1))
     c.close(); b.close()
@@ -250,8 +254,13 @@ rd, wr = os.pipe()
 send(f, 5, 1, struct.pack("<Q", 0), [wr])
 mine, theirs = socket.socketpair()
 send(f, 21, 1, struct.pack("<Q", 0), [theirs.fileno()])
-send(f, 22, 1, iotlb(0x1000, 0x1000, 2)); send(f, 22, 1, iotlb(0x3000, 0x1000, 2))
-send(f, 22, 1, iotlb(0x1000, 0x2000, 3))
+waits = []
+for msg in (iotlb(0x1000, 0x1000, 2), iotlb(0x3000, 0x1000, 2), iotlb(0x1000, 0x2000, 3)):
+    t0 = time.monotonic()
+    send(f, 22, 9, msg)
+    assert recv(f)[0] == 22
+    waits.append(time.monotonic() - t0)
+seen["slow_acks"] = [w >= 0.3 for w in waits]
 req, _fl, body, _ = recv(mine)
 seen["frontend_got"] = [req, body[25]]
 seen["pipe"] = os.read(rd, 64).decode()
@@ -263,7 +272,8 @@ print("DRIVER", seen, flush=True)
 /// vhost_user group to compare dmavisor's and QEMU's IOTLB traffic):
 /// file descriptors cross it intact (the back-end writes into the
 /// front-end's pipe), the back-end channel is relayed (a MISS sent by the
-/// back-end reaches the front-end), and its counts are exact.
+/// back-end reaches the front-end), its counts are exact, and it holds
+/// the acknowledgement of an INVALIDATE only.
 #[test]
 fn vhost_user_count_relays_descriptors_and_counts_iotlb_messages() {
     let dir = scratch_dir().join(format!("vu-count-{}", std::process::id()));
@@ -272,7 +282,7 @@ fn vhost_user_count_relays_descriptors_and_counts_iotlb_messages() {
     let (back, front) = (dir.join("back.sock"), dir.join("front.sock"));
     let relay = Command::new("python3")
         .arg(guest_script("vhost-user-count.py"))
-        .args(["--once", "--listen"])
+        .args(["--once", "--delay-invalidate-ack", "300", "--listen"])
         .arg(&front)
         .arg("--backend")
         .arg(&back)
@@ -298,6 +308,7 @@ fn vhost_user_count_relays_descriptors_and_counts_iotlb_messages() {
     assert!(d.contains("'pipe': 'through-the-relay'"), "{why}");
     assert!(d.contains("'backend_iotlb_kinds': [2, 2, 3]"), "{why}");
     assert!(d.contains("'frontend_got': [1, 1]"), "{why}");
+    assert!(d.contains("'slow_acks': [False, False, True]"), "{why}");
     let counts: serde_json::Value = r
         .lines()
         .find_map(|l| l.strip_prefix("VU-COUNT "))
@@ -307,5 +318,6 @@ fn vhost_user_count_relays_descriptors_and_counts_iotlb_messages() {
     assert_eq!(counts["iotlb_invalidations"], 1, "{why}");
     assert_eq!(counts["invalidated_bytes"], 0x2000, "{why}");
     assert_eq!(counts["iotlb_misses"], 1, "{why}");
+    assert_eq!(counts["delayed_acks"], 1, "{why}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -18,6 +18,8 @@
 //!   VMMs reach testpmd through a counting relay
 //!   (`guest/vhost-user-count.py`) that tallies their device-IOTLB
 //!   messages alike, and dmavisor's own counters must agree with it;
+//! - multiqueue (num_queues=4) with dmavisor listening (vhost_mode=server);
+//! - a slow back-end: the relay holds every invalidation's acknowledgement;
 //! - the test back-end dying mid-transfer (fault injection).
 
 use std::sync::OnceLock;
@@ -38,25 +40,47 @@ const CASE_TIMEOUT_SECS: u32 = 600;
 const GUEST_SCRIPT_TIMEOUT: u32 = 420;
 const SESSION_TIMEOUT: Duration = Duration::from_secs(3000);
 
+/// Bytes each way of the slow-acknowledgement case, and how long the relay
+/// holds each acknowledgement: a few hundred invalidations of 20 ms.
+const SLOW_ACK_SIZE: u64 = 128 << 10;
+const SLOW_ACK_MS: u64 = 20;
+
 fn net_case(name: &str, mode: &str, bin: &str, kernel: &str, initrd: &str) -> Case {
+    net_case_with(name, mode, bin, kernel, initrd, SIZE, &[])
+}
+
+/// A case moving `size` bytes each way, with extra environment for
+/// net-host.sh.
+fn net_case_with(
+    name: &str,
+    mode: &str,
+    bin: &str,
+    kernel: &str,
+    initrd: &str,
+    size: u64,
+    env: &[String],
+) -> Case {
     Case::new(
         name,
-        vec![
-            "env".into(),
-            format!("NET_SIZE={SIZE}"),
-            // Host-to-guest through testpmd behind a vIOMMU stops (see
-            // check_behind_viommu): give up on it after 30 s, not 180, and
-            // let the guest power off by itself so dmavisor's exit report
-            // (the IOTLB counters) is printed.
-            "NET_STALL=30".into(),
-            "NET_STALL_KILL=0".into(),
-            "sh".into(),
-            path_arg(&guest_script("net-host.sh")),
-            mode.into(),
-            bin.into(),
-            kernel.into(),
-            initrd.into(),
-        ],
+        [
+            vec!["env".into(), format!("NET_SIZE={size}")],
+            env.to_vec(),
+            vec![
+                // Host-to-guest through testpmd behind a vIOMMU stops (see
+                // check_behind_viommu): give up on it after 30 s, not 180, and
+                // let the guest power off by itself so dmavisor's exit report
+                // (the IOTLB counters) is printed.
+                "NET_STALL=30".into(),
+                "NET_STALL_KILL=0".into(),
+                "sh".into(),
+                path_arg(&guest_script("net-host.sh")),
+                mode.into(),
+                bin.into(),
+                kernel.into(),
+                initrd.into(),
+            ],
+        ]
+        .concat(),
         CASE_TIMEOUT_SECS,
     )
 }
@@ -107,6 +131,15 @@ fn session() -> &'static SharedSession {
                     &tk,
                     &tinit,
                 ),
+                net_case_with(
+                    "vu_testpmd_slow_ack",
+                    "dmavisor-testpmd-strict",
+                    &bin,
+                    &tk,
+                    &tinit,
+                    SLOW_ACK_SIZE,
+                    &[format!("VU_ACK_DELAY_MS={SLOW_ACK_MS}")],
+                ),
                 net_case("qemu_vu_testpmd", "qemu-testpmd", "-", &bk, &binit),
                 net_case(
                     "qemu_vu_testpmd_lazy",
@@ -150,6 +183,7 @@ struct IotlbCounts {
     refused: u64,
     invalidations: u64,
     ranges: u64,
+    ack_wait_us: u64,
 }
 
 fn iotlb_counts(out: &str) -> Option<IotlbCounts> {
@@ -166,6 +200,7 @@ fn iotlb_counts(out: &str) -> Option<IotlbCounts> {
         refused: num_after("refused")?,
         invalidations: num_after("invalidations")?,
         ranges: num_after("for")?,
+        ack_wait_us: num_after("acknowledged after")?,
     })
 }
 
@@ -405,6 +440,47 @@ fn vhost_user_net_viommu_lazy() {
 #[test]
 fn vhost_user_net_viommu_strict() {
     check_against_qemu("strict");
+}
+
+/// A slow back-end: the relay holds every INVALIDATE's acknowledgement for
+/// 20 ms (strict guest, 128 KiB to the host). Every invalidation dmavisor
+/// sent was held (the relay's count equals dmavisor's), dmavisor waited at
+/// least that long in all (its acknowledgement wait, the time the UNMAPs
+/// behind them were held before completing: the UNMAP path calls the
+/// back-end's invalidation synchronously, see iotlb.rs's unit test
+/// `unmap_completes_only_after_the_back_end_acknowledged`), and the data
+/// still arrived intact.
+#[test]
+fn vhost_user_iotlb_invalidated_before_unmap_completes() {
+    let name = "vu_testpmd_slow_ack";
+    let r = case(name);
+    eprintln!("{}", r.summary(name));
+    let out = &r.output;
+    let context = r.tail(60);
+    assert_eq!(r.exit, Some(0), "{name} script failed:\n{context}");
+    assert!(out.contains("VMM-EXIT rc=0"), "{name}:\n{context}");
+    check_guest_to_host(name, out, SLOW_ACK_SIZE, &context);
+    let own = iotlb_counts(out).unwrap_or_else(|| panic!("{name}: no IOTLB counters:\n{context}"));
+    let relay = relay_counts(out).unwrap_or_else(|| panic!("{name}: no VU-COUNT:\n{context}"));
+    let delayed = relay["delayed_acks"].as_u64().unwrap_or(0);
+    assert!(own.invalidations > 0, "{name}: no invalidation: {own:?}");
+    assert_eq!(delayed, own.invalidations, "{name}: {own:?} {relay}");
+    let held_us = delayed * SLOW_ACK_MS * 1000;
+    assert!(
+        own.ack_wait_us >= held_us * 95 / 100,
+        "{name}: dmavisor waited {} us for {delayed} acknowledgements held {SLOW_ACK_MS} ms each",
+        own.ack_wait_us
+    );
+    // For scale: the same wait without the delay, in the strict case.
+    let plain = iotlb_counts(&case("vu_testpmd_strict").output);
+    println!(
+        "{{\"bench\": \"vhost-user-ack-wait\", \"slow_ack_us_per_invalidation\": {:.0}, \"plain_strict_us_per_invalidation\": {}}}",
+        own.ack_wait_us as f64 / delayed.max(1) as f64,
+        plain.map_or("null".to_string(), |p| format!(
+            "{:.0}",
+            p.ack_wait_us as f64 / p.invalidations.max(1) as f64
+        ))
+    );
 }
 
 /// The back-end dies mid-transfer (the test back-end's fault injection:

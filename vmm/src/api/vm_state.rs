@@ -218,6 +218,7 @@ impl VmApi for VmState {
                     "iotlb_misses": s.misses.load(Ordering::Relaxed),
                     "iotlb_misses_refused": s.refused.load(Ordering::Relaxed),
                     "iotlb_invalidations": s.invalidations.load(Ordering::Relaxed),
+                    "iotlb_ack_wait_us": s.ack_wait_us.load(Ordering::Relaxed),
                     "invalidated_ranges": s.ranges.load(Ordering::Relaxed),
                 }),
             );
