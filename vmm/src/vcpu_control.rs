@@ -17,6 +17,7 @@
 //! in time makes [`VcpuControl::pause`] undo the pause and fail, so the
 //! API never waits on a vCPU indefinitely.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -87,6 +88,10 @@ struct State {
 /// The pause state shared by the vCPU threads and the API.
 pub struct VcpuControl {
     total: usize,
+    /// `State::pause`, readable without the lock: every vCPU looks at it
+    /// before every `KVM_RUN`, and a shared lock there would serialise the
+    /// exits of all vCPUs.
+    pause_requested: AtomicBool,
     state: Mutex<State>,
     changed: Condvar,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -97,6 +102,7 @@ impl VcpuControl {
     pub fn new(total: usize) -> Arc<Self> {
         Arc::new(Self {
             total,
+            pause_requested: AtomicBool::new(false),
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
             threads: Mutex::new(Vec::new()),
@@ -118,6 +124,11 @@ impl VcpuControl {
     /// Called by a vCPU thread before each `KVM_RUN`: parks while the VM
     /// is to be paused.
     pub fn checkpoint(&self) {
+        // A pause that sets the flag after this load kicks the thread out
+        // of the KVM_RUN it is about to enter, and it comes back here.
+        if !self.pause_requested.load(Ordering::Acquire) {
+            return;
+        }
         let mut st = self.lock();
         if !st.pause {
             return;
@@ -168,6 +179,7 @@ impl VcpuControl {
                 return Err(PauseError::AlreadyPaused);
             }
             st.pause = true;
+            self.pause_requested.store(true, Ordering::Release);
         }
         loop {
             self.kick_all();
@@ -183,6 +195,7 @@ impl VcpuControl {
             if waited >= timeout {
                 let mut st = st;
                 st.pause = false;
+                self.pause_requested.store(false, Ordering::Release);
                 self.changed.notify_all();
                 warn!(
                     "pause: {stopped} of {} vCPUs stopped within {waited:?}; resuming",
@@ -210,6 +223,7 @@ impl VcpuControl {
             return Err(PauseError::NotPaused);
         }
         st.pause = false;
+        self.pause_requested.store(false, Ordering::Release);
         st.paused = false;
         self.changed.notify_all();
         Ok(())

@@ -70,6 +70,16 @@ while ! grep -q PEER-READY "$peer_out" && [ $i -lt 100 ]; do sleep 0.1; i=$((i +
 # 120 s after both transfers ended (the guest hung on its way down), ends
 # it at once instead of at the case's time-out: a guest that stopped
 # (issue 16) then costs minutes, not a quarter of an hour.
+# A stalled VMM's threads, before it is stopped: name, state, what each
+# waits on in the kernel and its kernel stack (a vIOMMU thread stuck in a
+# VFIO ioctl, vCPUs in KVM_RUN, ...), so a stall leaves evidence.
+dump_threads() {
+    for t in /proc/"$1"/task/*; do
+        echo "STALL-THREAD $(cat "$t/comm" 2>/dev/null) $(sed -n 's/^State:\t//p' "$t/status" 2>/dev/null) wchan=$(cat "$t/wchan" 2>/dev/null)"
+        head -n 8 "$t/stack" 2>/dev/null | sed 's/^/STALL-STACK   /'
+    done
+}
+
 run_vmm() {
     "$@" &
     vm=$!
@@ -77,6 +87,7 @@ run_vmm() {
     while kill -0 "$vm" 2>/dev/null; do
         if [ "${NET_STALL_KILL:-1}" = 1 ] && grep -q PEER-STALL "$peer_out"; then
             echo "GUEST-STALL: the peer saw no data; stopping the VMM"
+            dump_threads "$vm"
             kill "$vm"
             break
         fi
@@ -84,6 +95,7 @@ run_vmm() {
             done_for=$((done_for + 2))
             if [ $done_for -gt 120 ]; then
                 echo "GUEST-STALL: the VMM did not exit 120 s after the transfers; stopping it"
+                dump_threads "$vm"
                 kill "$vm"
                 break
             fi
