@@ -149,7 +149,13 @@ fn stream_thread(
             let result = copy_guest(dma, &mut job.data, job.iova, job.to_ram);
             drop(section);
             if result != DmaError::None {
-                error = result;
+                // Bus mastering cleared under a pass: the device asked for
+                // the stop first, so this is that stop, not a fault.
+                let stopping =
+                    result == DmaError::BusMasterOff && shared.stop.load(Ordering::SeqCst);
+                if !stopping {
+                    error = result;
+                }
                 break;
             }
             bytes = bytes.saturating_add(len);

@@ -581,15 +581,16 @@ impl PciDevice for DmaTestDevice {
         data: &[u8],
     ) -> Option<BarReprogram> {
         let moved = self.config.write_reg(reg, offset, data);
-        if let Some(dma) = &self.dma {
-            dma.set_bus_master(self.config.bus_master_enabled());
-        }
         if !self.config.bus_master_enabled() {
-            // No DMA without bus mastering: a running stream stops after
-            // the pass in flight.
+            // No DMA without bus mastering: a running stream stops. The
+            // stop is asked before the gate closes, so a pass the closed
+            // gate cuts short is known to be that stop, not a fault.
             if let Some(s) = self.streamer.as_ref().filter(|_| self.streaming()) {
                 s.stop();
             }
+        }
+        if let Some(dma) = &self.dma {
+            dma.set_bus_master(self.config.bus_master_enabled());
         }
         moved
     }
