@@ -19,13 +19,14 @@ use std::sync::Arc;
 use log::{debug, warn};
 use virtio_iommu::quiesce::ReaderSlot;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::epoll::EpollEvent;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::image::DiskImage;
 use super::request::{serve, Request, RequestError};
 use crate::dma::DmaSpace;
 use crate::virtio::chain::{walk_into, Chain};
+use crate::virtio::wake::epoll_on;
 use crate::virtio::{ActiveQueue, VirtioInterrupt};
 
 const TOKEN_STOP: u64 = 0;
@@ -197,19 +198,10 @@ impl QueueServer {
 
 /// Runs a worker on the current thread until its stop eventfd is written.
 pub fn run_worker(p: WorkerParts) {
-    let epoll = match Epoll::new().and_then(|epoll| {
-        for (fd, token) in [
-            (p.stop.as_raw_fd(), TOKEN_STOP),
-            (p.queue.kick.as_raw_fd(), TOKEN_KICK),
-        ] {
-            epoll.ctl(
-                ControlOperation::Add,
-                fd,
-                EpollEvent::new(EventSet::IN, token),
-            )?;
-        }
-        Ok(epoll)
-    }) {
+    let epoll = match epoll_on(&[
+        (p.stop.as_raw_fd(), TOKEN_STOP),
+        (p.queue.kick.as_raw_fd(), TOKEN_KICK),
+    ]) {
         Ok(e) => e,
         Err(e) => {
             warn!("virtio-blk worker could not start: {e}");

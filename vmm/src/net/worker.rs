@@ -29,6 +29,7 @@ use super::queue::{break_queue, pop_head, signal_used, WorkerQueue};
 use super::tap::{Tap, VNET_HDR_LEN};
 use crate::dma::DmaSpace;
 use crate::virtio::chain::{walk_into, Chain, MAX_CHAIN_DESCRIPTORS};
+use crate::virtio::wake::epoll_on;
 use crate::virtio::VirtioInterrupt;
 
 const TOKEN_STOP: u64 = 0;
@@ -214,21 +215,16 @@ fn deliver(
 
 impl Worker {
     fn new(p: WorkerParts) -> io::Result<Self> {
-        let epoll = Epoll::new()?;
-        let add = |fd, token| {
-            epoll.ctl(
-                ControlOperation::Add,
-                fd,
-                EpollEvent::new(EventSet::IN, token),
-            )
-        };
-        add(p.stop.as_raw_fd(), TOKEN_STOP)?;
-        add(p.rx.kick.as_raw_fd(), TOKEN_RX)?;
-        add(p.tx.kick.as_raw_fd(), TOKEN_TX)?;
-        add(p.tap.as_raw_fd(), TOKEN_TAP)?;
+        let mut fds = vec![
+            (p.stop.as_raw_fd(), TOKEN_STOP),
+            (p.rx.kick.as_raw_fd(), TOKEN_RX),
+            (p.tx.kick.as_raw_fd(), TOKEN_TX),
+            (p.tap.as_raw_fd(), TOKEN_TAP),
+        ];
         if let Some(c) = &p.ctrl {
-            add(c.kick.as_raw_fd(), TOKEN_CTRL)?;
+            fds.push((c.kick.as_raw_fd(), TOKEN_CTRL));
         }
+        let epoll = epoll_on(&fds)?;
         let reader = p.mem.reader();
         Ok(Self {
             reader,

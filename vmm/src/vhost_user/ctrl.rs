@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use log::{debug, warn};
 use vhost::vhost_user::message::{FrontendReq, VhostUserVringState};
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::epoll::EpollEvent;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::client::Client;
@@ -21,6 +21,7 @@ use crate::dma::DmaSpace;
 use crate::net::ctrl::{serve_ctrl_queue, CtrlCommand};
 use crate::net::queue::WorkerQueue;
 use crate::virtio::chain::Chain;
+use crate::virtio::wake::epoll_on;
 use crate::virtio::VirtioInterrupt;
 
 const TOKEN_STOP: u64 = 0;
@@ -68,19 +69,10 @@ pub fn enable_pairs(client: &Mutex<Client>, rings: &[u16], offered: usize, pairs
 
 /// Serves the control queue until stopped.
 pub fn run_ctrl_queue(mut s: CtrlQueueServer) {
-    let epoll = match Epoll::new().and_then(|ep| {
-        for (fd, token) in [
-            (s.stop.as_raw_fd(), TOKEN_STOP),
-            (s.queue.kick.as_raw_fd(), TOKEN_KICK),
-        ] {
-            ep.ctl(
-                ControlOperation::Add,
-                fd,
-                EpollEvent::new(EventSet::IN, token),
-            )?;
-        }
-        Ok(ep)
-    }) {
+    let epoll = match epoll_on(&[
+        (s.stop.as_raw_fd(), TOKEN_STOP),
+        (s.queue.kick.as_raw_fd(), TOKEN_KICK),
+    ]) {
         Ok(ep) => ep,
         Err(e) => {
             warn!("vhost-user-net control queue: {e}");

@@ -16,6 +16,7 @@ pub mod iommu;
 pub mod msix;
 pub mod pci;
 pub mod plug;
+pub mod wake;
 
 use std::sync::Arc;
 
