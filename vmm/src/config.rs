@@ -5,6 +5,11 @@
 //! flag and the offending key. To add a flag (e.g. `--net`), add its struct
 //! here with a `parse` built on [`parse_options`], a field on [`VmConfig`],
 //! and the clap argument in `cli.rs`.
+//!
+//! Each flag's checks live in a `from_spec` over a serde struct spelled as
+//! cloud-hypervisor's `VmConfig` JSON (`CpusSpec`, `MemorySpec`, ...):
+//! `parse` fills it from `key=value` text, the REST API's `vm.create` from
+//! JSON (`api/vm_config.rs`), so both refuse the same values.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
