@@ -14,6 +14,9 @@ use crate::error::Error;
 /// triple fault or a KVM failure ends it with exit code 1, bad options with 2,
 /// a panic in any of its threads with 101.
 ///
+/// With only --api-socket, dmavisor serves cloud-hypervisor's REST API and
+/// waits for vm.create and vm.boot; the VM's flags need --kernel.
+///
 /// Needs a hardware-backed /dev/kvm (kvm_intel/kvm_amd); elsewhere run it
 /// inside resources/run-kvm. DMAVISOR_KVM_DEVICE names another device node.
 #[derive(Debug, Parser)]
@@ -21,21 +24,27 @@ use crate::error::Error;
 pub struct Cli {
     /// Kernel to boot: a bzImage (e.g. Debian's vmlinuz, 64-bit Linux boot
     /// protocol) or an ELF vmlinux with a PVH entry note (boots faster: the
-    /// guest skips decompression).
-    #[arg(long, value_name = "PATH")]
-    pub kernel: PathBuf,
+    /// guest skips decompression). Without it (and with --api-socket) the
+    /// VM comes from the API's vm.create.
+    #[arg(long, value_name = "PATH", required_unless_present = "api_socket")]
+    pub kernel: Option<PathBuf>,
 
     /// Initramfs (cpio, optionally compressed) handed to the kernel.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", requires = "kernel")]
     pub initramfs: Option<PathBuf>,
 
     /// Kernel command line, e.g. "console=ttyS0 quiet".
-    #[arg(long, value_name = "STRING", default_value = "")]
+    #[arg(long, value_name = "STRING", default_value = "", requires = "kernel")]
     pub cmdline: String,
 
     /// vCPUs: boot=N[,max=M] (1..=64; max is accepted, vCPU hotplug is not
     /// implemented).
-    #[arg(long, value_name = "boot=N[,max=M]", default_value = "boot=1")]
+    #[arg(
+        long,
+        value_name = "boot=N[,max=M]",
+        default_value = "boot=1",
+        requires = "kernel"
+    )]
     pub cpus: String,
 
     /// Guest RAM: size=SIZE with K/M/G suffix (at least 64M), e.g. size=512M;
@@ -44,41 +53,48 @@ pub struct Cli {
     #[arg(
         long,
         value_name = "size=SIZE[,thp=on|off]",
-        default_value = "size=512M"
+        default_value = "size=512M",
+        requires = "kernel"
     )]
     pub memory: String,
 
     /// COM1 (ttyS0): tty (stdout/stdin), file=PATH (output only) or off.
-    #[arg(long, value_name = "tty|file=PATH|off", default_value = "tty")]
+    #[arg(
+        long,
+        value_name = "tty|file=PATH|off",
+        default_value = "tty",
+        requires = "kernel"
+    )]
     pub serial: String,
 
     /// virtio-net on a TAP (repeatable): tap=NAME,mac=MAC,ip=IPv4,mask=IPv4,
     /// num_queues=2N,queue_size=N,iommu=on|off.
-    #[arg(long, value_name = "tap=NAME,...")]
+    #[arg(long, value_name = "tap=NAME,...", requires = "kernel")]
     pub net: Vec<String>,
 
     /// virtio-blk on a raw image (repeatable): path=PATH[,readonly=on|off]
     /// [,iommu=on|off][,num_queues=N][,queue_size=N][,id=NAME].
-    #[arg(long, value_name = "path=PATH,...")]
+    #[arg(long, value_name = "path=PATH,...", requires = "kernel")]
     pub disk: Vec<String>,
 
     /// A virtio-iommu (with a VIOT table): [impl=scalable|baseline][,bypass=on|off][,queues=N].
     /// Devices opt in with iommu=on.
-    #[arg(long, value_name = "impl=..,bypass=..", num_args = 0..=1, default_missing_value = "")]
+    #[arg(long, value_name = "impl=..,bypass=..", num_args = 0..=1, default_missing_value = "", requires = "kernel")]
     pub iommu: Option<String>,
 
     /// An edu-compatible DMA test device (repeatable): iommu=on|off.
-    #[arg(long = "dma-test", value_name = "iommu=on|off", num_args = 0..=1, default_missing_value = "")]
+    #[arg(long = "dma-test", value_name = "iommu=on|off", num_args = 0..=1, default_missing_value = "", requires = "kernel")]
     pub dma_test: Vec<String>,
 
     /// A host PCI function to assign through VFIO (repeatable):
     /// path=/sys/bus/pci/devices/<BDF>[,iommu=on|off][,id=NAME]. It must be
     /// bound to vfio-pci.
-    #[arg(long = "device", value_name = "path=..")]
+    #[arg(long = "device", value_name = "path=..", requires = "kernel")]
     pub devices: Vec<String>,
 
     /// cloud-hypervisor's REST API on a Unix socket: path=PATH or fd=N
-    /// (an inherited listening socket).
+    /// (an inherited listening socket). Alone, without --kernel: the VMM
+    /// waits for vm.create and vm.boot.
     #[arg(long = "api-socket", value_name = "path=..|fd=..")]
     pub api_socket: Option<String>,
 
@@ -88,10 +104,14 @@ pub struct Cli {
 }
 
 impl Cli {
-    /// Turns the raw flags into a validated configuration.
-    pub fn to_config(&self) -> Result<VmConfig, Error> {
-        Ok(VmConfig {
-            kernel: self.kernel.clone(),
+    /// Turns the raw flags into a validated configuration: `None` when no
+    /// VM is given (no `--kernel`: the API creates it).
+    pub fn to_config(&self) -> Result<Option<VmConfig>, Error> {
+        let Some(kernel) = &self.kernel else {
+            return Ok(None);
+        };
+        Ok(Some(VmConfig {
+            kernel: kernel.clone(),
             initramfs: self.initramfs.clone(),
             cmdline: self.cmdline.clone(),
             cpus: CpusConfig::parse(&self.cpus)?,
@@ -122,12 +142,15 @@ impl Cli {
                 .iter()
                 .map(|d| crate::vfio::VfioConfig::parse(d))
                 .collect::<Result<_, _>>()?,
-            api_socket: self
-                .api_socket
-                .as_deref()
-                .map(crate::api::ApiSocket::parse)
-                .transpose()?,
-        })
+        }))
+    }
+
+    /// Where the REST API listens (`--api-socket`), if anywhere.
+    pub fn api_socket(&self) -> Result<Option<crate::api::ApiSocket>, Error> {
+        self.api_socket
+            .as_deref()
+            .map(crate::api::ApiSocket::parse)
+            .transpose()
     }
 }
 
@@ -154,7 +177,7 @@ mod tests {
             "-vv",
         ])
         .unwrap();
-        let c = cli.to_config().unwrap();
+        let c = cli.to_config().unwrap().unwrap();
         assert_eq!(c.cpus.boot, 2);
         assert_eq!(c.memory.size, 1 << 30);
         assert_eq!(c.serial, SerialConfig::Off);
@@ -167,6 +190,7 @@ mod tests {
         let c = Cli::try_parse_from(["dmavisor", "--kernel", "/k"])
             .unwrap()
             .to_config()
+            .unwrap()
             .unwrap();
         assert_eq!(c.cpus.boot, 1);
         assert_eq!(c.memory.size, 512 << 20);
@@ -187,6 +211,7 @@ mod tests {
         ])
         .unwrap()
         .to_config()
+        .unwrap()
         .unwrap();
         assert_eq!(c.iommu, Some(Default::default()));
         assert_eq!(c.dma_test.len(), 2);
@@ -194,6 +219,7 @@ mod tests {
         let c = Cli::try_parse_from(["dmavisor", "--kernel", "/k", "--iommu", "impl=baseline"])
             .unwrap()
             .to_config()
+            .unwrap()
             .unwrap();
         assert_eq!(
             c.iommu.unwrap().space_impl,
@@ -202,6 +228,7 @@ mod tests {
         let none = Cli::try_parse_from(["dmavisor", "--kernel", "/k"])
             .unwrap()
             .to_config()
+            .unwrap()
             .unwrap();
         assert!(none.iommu.is_none() && none.dma_test.is_empty());
     }
@@ -219,6 +246,7 @@ mod tests {
         ])
         .unwrap()
         .to_config()
+        .unwrap()
         .unwrap();
         assert_eq!(c.disks.len(), 2);
         assert!(c.disks[0].readonly && !c.disks[0].iommu);
@@ -234,5 +262,40 @@ mod tests {
     #[test]
     fn kernel_is_required() {
         assert!(Cli::try_parse_from(["dmavisor"]).is_err());
+    }
+
+    #[test]
+    fn api_socket_alone_waits_for_vm_create() {
+        let cli = Cli::try_parse_from(["dmavisor", "--api-socket", "path=/run/a.sock"]).unwrap();
+        assert!(cli.to_config().unwrap().is_none());
+        assert_eq!(
+            cli.api_socket().unwrap(),
+            Some(crate::api::ApiSocket::Path("/run/a.sock".into()))
+        );
+        let cli = Cli::try_parse_from(["dmavisor", "--api-socket", "fd=3", "-v"]).unwrap();
+        assert!(cli.to_config().unwrap().is_none());
+        // The VM's flags belong with --kernel.
+        for flag in [
+            &["--cpus", "boot=2"][..],
+            &["--memory", "size=1G"],
+            &["--serial", "off"],
+            &["--initramfs", "/i"],
+            &["--cmdline", "x"],
+            &["--net", "tap=t0"],
+            &["--disk", "path=/d"],
+            &["--iommu"],
+            &["--dma-test"],
+            &["--device", "path=/x"],
+        ] {
+            let mut argv = vec!["dmavisor", "--api-socket", "path=/a"];
+            argv.extend_from_slice(flag);
+            assert!(Cli::try_parse_from(&argv).is_err(), "{flag:?}");
+        }
+        let cli = Cli::try_parse_from(["dmavisor", "--kernel", "/k"]).unwrap();
+        assert_eq!(cli.api_socket().unwrap(), None);
+        assert!(Cli::try_parse_from(["dmavisor", "--api-socket", "a=b"])
+            .unwrap()
+            .api_socket()
+            .is_err());
     }
 }

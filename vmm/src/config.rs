@@ -5,9 +5,16 @@
 //! flag and the offending key. To add a flag (e.g. `--net`), add its struct
 //! here with a `parse` built on [`parse_options`], a field on [`VmConfig`],
 //! and the clap argument in `cli.rs`.
+//!
+//! Each flag's checks live in a `from_spec` over a serde struct spelled as
+//! cloud-hypervisor's `VmConfig` JSON (`CpusSpec`, `MemorySpec`, ...):
+//! `parse` fills it from `key=value` text, the REST API's `vm.create` from
+//! JSON (`api/vm_config.rs`), so both refuse the same values.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 use crate::memory::layout::{MAX_MEMORY_SIZE, MIN_MEMORY_SIZE};
@@ -75,6 +82,22 @@ pub struct MemoryConfig {
     pub shared: bool,
 }
 
+/// `memory` of cloud-hypervisor's `VmConfig` (sizes in bytes): what the
+/// API's `vm.create` takes and `vm.info` prints. `--memory` fills the same
+/// struct, so both are checked by [`MemoryConfig::from_spec`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemorySpec {
+    /// Guest RAM in bytes.
+    pub size: u64,
+    /// Transparent huge pages (default on, as in cloud-hypervisor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thp: Option<bool>,
+    /// memfd-backed RAM other processes can map.
+    #[serde(default)]
+    pub shared: bool,
+}
+
 impl MemoryConfig {
     /// Parses and validates `--memory`.
     pub fn parse(value: &str) -> Result<Self, Error> {
@@ -89,24 +112,10 @@ impl MemoryConfig {
             .ok_or_else(|| bad("size=... is required".into()))?;
         let size = parse_size(text)
             .ok_or_else(|| bad(format!("'{text}' is not a size such as 512M or 2G")))?;
-        if size < MIN_MEMORY_SIZE {
-            return Err(bad(format!(
-                "at least {} MiB are needed",
-                MIN_MEMORY_SIZE >> 20
-            )));
-        }
-        if size > MAX_MEMORY_SIZE {
-            return Err(bad(format!(
-                "at most {} GiB are supported",
-                MAX_MEMORY_SIZE >> 30
-            )));
-        }
-        if size % 4096 != 0 {
-            return Err(bad("size must be a multiple of 4 KiB".into()));
-        }
         let thp = match opts.get("thp").map(String::as_str) {
-            None | Some("on") => true,
-            Some("off") => false,
+            None => None,
+            Some("on") => Some(true),
+            Some("off") => Some(false),
             Some(other) => return Err(bad(format!("thp={other}: expected on or off"))),
         };
         let shared = match opts.get("shared").map(String::as_str) {
@@ -114,7 +123,38 @@ impl MemoryConfig {
             Some("on") => true,
             Some(other) => return Err(bad(format!("shared={other}: expected on or off"))),
         };
-        Ok(Self { size, thp, shared })
+        Self::from_spec(&MemorySpec { size, thp, shared }).map_err(bad)
+    }
+
+    /// Checks a memory description from the command line or the API.
+    pub fn from_spec(spec: &MemorySpec) -> Result<Self, String> {
+        let size = spec.size;
+        if size < MIN_MEMORY_SIZE {
+            return Err(format!("at least {} MiB are needed", MIN_MEMORY_SIZE >> 20));
+        }
+        if size > MAX_MEMORY_SIZE {
+            return Err(format!(
+                "at most {} GiB are supported",
+                MAX_MEMORY_SIZE >> 30
+            ));
+        }
+        if size & 0xfff != 0 {
+            return Err("size must be a multiple of 4 KiB".into());
+        }
+        Ok(Self {
+            size,
+            thp: spec.thp.unwrap_or(true),
+            shared: spec.shared,
+        })
+    }
+
+    /// The description [`MemoryConfig::from_spec`] turns back into `self`.
+    pub fn to_spec(&self) -> MemorySpec {
+        MemorySpec {
+            size: self.size,
+            thp: Some(self.thp),
+            shared: self.shared,
+        }
     }
 }
 
@@ -129,6 +169,26 @@ pub struct CpusConfig {
     pub max: u8,
 }
 
+/// `cpus` of cloud-hypervisor's `VmConfig`, filled by `--cpus` too.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CpusSpec {
+    /// vCPUs at boot.
+    pub boot_vcpus: u64,
+    /// The most vCPUs (default: `boot_vcpus`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_vcpus: Option<u64>,
+}
+
+impl Default for CpusSpec {
+    fn default() -> Self {
+        Self {
+            boot_vcpus: 1,
+            max_vcpus: None,
+        }
+    }
+}
+
 impl CpusConfig {
     /// Parses and validates `--cpus`.
     pub fn parse(value: &str) -> Result<Self, Error> {
@@ -141,27 +201,47 @@ impl CpusConfig {
         let text = opts
             .get("boot")
             .ok_or_else(|| bad("boot=N is required".into()))?;
-        let boot: u32 = text
+        let boot_vcpus = text
             .parse()
             .map_err(|_| bad(format!("'{text}' is not a number")))?;
-        if boot == 0 || boot > u32::from(MAX_VCPUS) {
-            return Err(bad(format!("boot must be between 1 and {MAX_VCPUS}")));
-        }
-        let max = match opts.get("max") {
-            None => boot,
-            Some(text) => text
-                .parse()
-                .map_err(|_| bad(format!("max: '{text}' is not a number")))?,
+        let max_vcpus = match opts.get("max") {
+            None => None,
+            Some(text) => Some(
+                text.parse()
+                    .map_err(|_| bad(format!("max: '{text}' is not a number")))?,
+            ),
         };
-        if max < boot || max > u32::from(MAX_VCPUS) {
-            return Err(bad(format!(
-                "max must be between boot ({boot}) and {MAX_VCPUS}"
-            )));
-        }
-        Ok(Self {
-            boot: boot as u8,
-            max: max as u8,
+        Self::from_spec(&CpusSpec {
+            boot_vcpus,
+            max_vcpus,
         })
+        .map_err(bad)
+    }
+
+    /// Checks a vCPU description from the command line or the API.
+    pub fn from_spec(spec: &CpusSpec) -> Result<Self, String> {
+        let limit = u64::from(MAX_VCPUS);
+        let boot = spec.boot_vcpus;
+        if boot == 0 || boot > limit {
+            return Err(format!("boot must be between 1 and {MAX_VCPUS}"));
+        }
+        let max = spec.max_vcpus.unwrap_or(boot);
+        if max < boot || max > limit {
+            return Err(format!("max must be between boot ({boot}) and {MAX_VCPUS}"));
+        }
+        // Both are at most MAX_VCPUS (checked above), so they fit.
+        Ok(Self {
+            boot: u8::try_from(boot).map_err(|e| e.to_string())?,
+            max: u8::try_from(max).map_err(|e| e.to_string())?,
+        })
+    }
+
+    /// The description [`CpusConfig::from_spec`] turns back into `self`.
+    pub fn to_spec(&self) -> CpusSpec {
+        CpusSpec {
+            boot_vcpus: self.boot.into(),
+            max_vcpus: Some(self.max.into()),
+        }
     }
 }
 
@@ -176,21 +256,86 @@ pub enum SerialConfig {
     Off,
 }
 
+/// cloud-hypervisor's `ConsoleMode`: how `serial` and `console` are
+/// spelled in its `VmConfig`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ConsoleMode {
+    /// No device.
+    Off,
+    /// A pseudo-terminal (not supported here).
+    Pty,
+    /// stdout/stdin.
+    Tty,
+    /// Output to a file.
+    File,
+    /// A Unix socket (not supported here).
+    Socket,
+    /// A device whose output goes nowhere (dmavisor: none at all).
+    Null,
+}
+
+/// `serial` (and `console`) of cloud-hypervisor's `VmConfig`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleSpec {
+    /// Where output goes.
+    pub mode: ConsoleMode,
+    /// The file of [`ConsoleMode::File`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<PathBuf>,
+}
+
 impl SerialConfig {
     /// Parses `--serial`.
     pub fn parse(value: &str) -> Result<Self, Error> {
-        match value {
-            "tty" => Ok(Self::Tty),
-            "off" | "null" => Ok(Self::Off),
-            _ => match value.strip_prefix("file=") {
-                Some(path) if !path.is_empty() => Ok(Self::File(PathBuf::from(path))),
-                _ => Err(Error::InvalidOption {
-                    option: "serial",
-                    value: value.to_string(),
-                    reason: "expected tty, file=PATH or off".into(),
-                }),
+        let bad = |reason: String| Error::InvalidOption {
+            option: "serial",
+            value: value.to_string(),
+            reason,
+        };
+        let spec = match value {
+            "tty" => ConsoleSpec {
+                mode: ConsoleMode::Tty,
+                file: None,
             },
+            "off" | "null" => ConsoleSpec {
+                mode: ConsoleMode::Off,
+                file: None,
+            },
+            _ => match value.strip_prefix("file=") {
+                Some(path) => ConsoleSpec {
+                    mode: ConsoleMode::File,
+                    file: Some(PathBuf::from(path)),
+                },
+                None => return Err(bad("expected tty, file=PATH or off".into())),
+            },
+        };
+        Self::from_spec(&spec).map_err(bad)
+    }
+
+    /// Checks a serial port description from the command line or the API.
+    pub fn from_spec(spec: &ConsoleSpec) -> Result<Self, String> {
+        match (spec.mode, &spec.file) {
+            (ConsoleMode::Tty, None) => Ok(Self::Tty),
+            (ConsoleMode::Off | ConsoleMode::Null, None) => Ok(Self::Off),
+            (ConsoleMode::File, Some(p)) if !p.as_os_str().is_empty() => Ok(Self::File(p.clone())),
+            (ConsoleMode::File, _) => Err("mode File needs a file path".into()),
+            (ConsoleMode::Pty | ConsoleMode::Socket, _) => Err(format!(
+                "mode {:?} is not supported (Tty, File, Off or Null)",
+                spec.mode
+            )),
+            (_, Some(_)) => Err(format!("a file goes with mode File, not {:?}", spec.mode)),
         }
+    }
+
+    /// The description [`SerialConfig::from_spec`] turns back into `self`.
+    pub fn to_spec(&self) -> ConsoleSpec {
+        let (mode, file) = match self {
+            Self::Tty => (ConsoleMode::Tty, None),
+            Self::File(p) => (ConsoleMode::File, Some(p.clone())),
+            Self::Off => (ConsoleMode::Off, None),
+        };
+        ConsoleSpec { mode, file }
     }
 }
 
@@ -219,8 +364,6 @@ pub struct VmConfig {
     pub dma_test: Vec<crate::devices::dma_test::DmaTestConfig>,
     /// Assigned host PCI functions (`--device`, repeatable).
     pub devices: Vec<crate::vfio::VfioConfig>,
-    /// Where the REST API listens (`--api-socket`), if anywhere.
-    pub api_socket: Option<crate::api::ApiSocket>,
 }
 
 #[cfg(test)]
@@ -291,6 +434,7 @@ mod tests {
         );
         assert!(SerialConfig::parse("file=").is_err());
         assert!(SerialConfig::parse("pty").is_err());
+        assert_eq!(SerialConfig::parse("null").unwrap(), SerialConfig::Off);
     }
 
     #[test]

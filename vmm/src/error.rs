@@ -70,6 +70,10 @@ pub enum Error {
     /// Registering a device failed.
     #[error("device setup: {0}")]
     Device(String),
+    /// The configuration a reboot handed over (`crate::reboot`) is not
+    /// valid: only a different dmavisor binary could have written it.
+    #[error("the VM configuration handed over by vm.reboot: {0}")]
+    HandedOver(String),
     /// Creating a thread or event fd failed.
     #[error("{what}: {source}")]
     Os {

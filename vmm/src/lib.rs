@@ -1,5 +1,5 @@
 //! dmavisor's VMM as a library: the binary (`main.rs`) is a thin CLI over
-//! [`vm::run`]; devices (PCI, virtio) plug in through [`pci`] and
+//! [`vm::start`] and the REST API's [`api::controller`]; devices (PCI, virtio) plug in through [`pci`] and
 //! [`devices::bus`].
 
 pub mod acpi;

@@ -1,8 +1,12 @@
 //! dmavisor: a KVM virtual machine monitor whose virtual IOMMU keeps guest
 //! DMA protection cheap.
 
+use std::sync::mpsc::channel;
+use std::sync::Arc;
+
 use clap::Parser;
 
+use vmm::api::controller::Controller;
 use vmm::api::ApiSocket;
 use vmm::error::Error;
 use vmm::exit::ExitEvent;
@@ -20,41 +24,81 @@ fn init_logging(verbosity: u8) {
         .init();
 }
 
+/// What a rebooted image inherits from the one before it.
+struct Inherited {
+    api_fd: Option<std::os::fd::RawFd>,
+    config: Option<String>,
+}
+
+/// Serves the API (if asked) and boots the VM of the command line or of
+/// the reboot hand-over (if any); the VM then runs on its own threads.
+fn start(cli: &cli::Cli, vmm: &Arc<Controller>, inherited: Inherited) -> Result<(), Error> {
+    let config = match cli.to_config()? {
+        Some(c) => Some(c),
+        None => inherited
+            .config
+            .map(|json| {
+                api::vm_config::parse(json.as_bytes()).map_err(|e| Error::HandedOver(e.to_string()))
+            })
+            .transpose()?,
+    };
+    let mut socket = cli.api_socket()?;
+    // A rebooted image serves the socket its predecessor listened on.
+    if let (Some(fd), Some(_)) = (inherited.api_fd, &socket) {
+        socket = Some(ApiSocket::Fd(fd));
+    }
+    if let Some(c) = config.clone() {
+        vmm.reserve(c)?;
+    }
+    if let Some(s) = &socket {
+        api::spawn(s, vmm.clone())?;
+    }
+    if config.is_some() {
+        vmm.boot_reserved()?;
+    }
+    Ok(())
+}
+
 fn main() {
     // Before anything opens a descriptor or starts a thread.
     reboot::record_startup_fds();
-    let inherited_api = reboot::take_inherited_api_fd();
+    let inherited = Inherited {
+        api_fd: reboot::take_inherited_api_fd(),
+        config: reboot::take_inherited_config(),
+    };
     let cli = cli::Cli::parse();
     init_logging(cli.verbose);
     panic_exit::install();
-    let result = cli.to_config().and_then(|mut config| {
-        // A rebooted image serves the socket its predecessor listened on.
-        if let (Some(fd), Some(_)) = (inherited_api, &config.api_socket) {
-            config.api_socket = Some(ApiSocket::Fd(fd));
-        }
-        vm::run(&config)
-    });
-    match result {
-        Ok(ExitEvent::ApiReboot) => {
-            let e = reboot::reexec(api::listener_fd());
-            eprintln!("dmavisor: error: {e}");
-            std::process::exit(1);
-        }
-        Ok(event) => {
-            let code = event.exit_code();
-            if code != 0 {
-                eprintln!("dmavisor: {}", event.describe());
-            }
-            std::process::exit(code);
-        }
-        Err(e) => {
-            eprintln!("dmavisor: error: {e}");
-            let code = if matches!(e, Error::InvalidOption { .. }) {
-                2
-            } else {
-                1
-            };
-            std::process::exit(code);
-        }
+    let (exit_tx, exit_rx) = channel();
+    let vmm = Arc::new(Controller::new(exit_tx, Box::new(vm::start)));
+    if let Err(e) = start(&cli, &vmm, inherited) {
+        eprintln!("dmavisor: error: {e}");
+        let code = if matches!(e, Error::InvalidOption { .. }) {
+            2
+        } else {
+            1
+        };
+        std::process::exit(code);
     }
+    // The controller holds a sender: this waits until something ends the VMM.
+    let event = exit_rx
+        .recv()
+        .unwrap_or_else(|_| ExitEvent::Error("the exit channel closed".into()));
+    vmm.finish(&event);
+    if event == ExitEvent::ApiReboot {
+        // A VM created through the API is not in the arguments.
+        let handover = if cli.kernel.is_none() {
+            vmm.config_json()
+        } else {
+            None
+        };
+        let e = reboot::reexec(api::listener_fd(), handover.as_deref());
+        eprintln!("dmavisor: error: {e}");
+        std::process::exit(1);
+    }
+    let code = event.exit_code();
+    if code != 0 {
+        eprintln!("dmavisor: {}", event.describe());
+    }
+    std::process::exit(code);
 }

@@ -7,7 +7,7 @@
 //!
 //! WHY a new image rather than a rebuild inside this one: the VM is a web
 //! of threads that have no stop protocol (vCPUs, virtio workers, vIOMMU
-//! request queues, VFIO and vhost-user state), and `vm::run` deliberately
+//! request queues, VFIO and vhost-user state), and `vm::start` deliberately
 //! leaks guest memory because vCPU threads may still be inside `KVM_RUN`.
 //! `execve` ends every thread and releases every KVM, VFIO, TAP and
 //! memory descriptor in the kernel, in one step that cannot forget one;
@@ -19,6 +19,11 @@
 //! eventfds and memfds without `O_CLOEXEC`, so each is marked here), except
 //! the API socket, whose number the new image finds in
 //! [`INHERITED_API_FD`].
+//!
+//! A VM created through the API (`vm.create`, no `--kernel` in the
+//! arguments) would not come back from the arguments alone: its
+//! configuration, as `vm.info` prints it, is handed over in
+//! [`INHERITED_CONFIG`], and the new image creates and boots it again.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -34,6 +39,11 @@ use thiserror::Error;
 /// image. Internal to dmavisor; it is removed from the environment at
 /// start, so nothing the VMM runs inherits it.
 pub const INHERITED_API_FD: &str = "DMAVISOR_REBOOT_API_FD";
+
+/// Environment variable with the JSON `VmConfig` of a VM created through
+/// the API, for the rebooted image. Internal, removed at start like
+/// [`INHERITED_API_FD`].
+pub const INHERITED_CONFIG: &str = "DMAVISOR_REBOOT_CONFIG";
 
 /// The executable of the running process, even if its file was replaced
 /// or removed since it started.
@@ -80,6 +90,31 @@ pub fn take_inherited_api_fd() -> Option<RawFd> {
     fd
 }
 
+/// The configuration handed over by the image before a reboot, taken out
+/// of the environment. Call before any thread is started.
+pub fn take_inherited_config() -> Option<String> {
+    take_env(INHERITED_CONFIG)
+}
+
+fn take_env(name: &str) -> Option<String> {
+    let value = std::env::var(name).ok();
+    std::env::remove_var(name);
+    value.filter(|v| !v.is_empty())
+}
+
+/// What the new image finds in its environment: the API socket's number
+/// and, for a VM created through the API, its configuration.
+fn handover_env(api_fd: Option<RawFd>, config: Option<&str>) -> Vec<(&'static str, String)> {
+    let mut env = Vec::new();
+    if let Some(fd) = api_fd {
+        env.push((INHERITED_API_FD, fd.to_string()));
+    }
+    if let Some(c) = config {
+        env.push((INHERITED_CONFIG, c.to_string()));
+    }
+    env
+}
+
 /// The descriptor number in [`INHERITED_API_FD`]'s value; stdio is never
 /// a listening socket.
 fn parse_inherited_fd(value: Option<&str>) -> Option<RawFd> {
@@ -121,8 +156,9 @@ fn to_close(
 }
 
 /// Replaces the process image with a fresh dmavisor of the same arguments,
-/// handing over `api_fd`. Returns only if that failed.
-pub fn reexec(api_fd: Option<RawFd>) -> RebootError {
+/// handing over `api_fd` and, if the VM was created through the API, its
+/// JSON `config`. Returns only if that failed.
+pub fn reexec(api_fd: Option<RawFd>, config: Option<&str>) -> RebootError {
     let inherited = STARTUP_FDS.get().cloned().unwrap_or_default();
     let open = match open_fds() {
         Ok(o) => o,
@@ -146,8 +182,8 @@ pub fn reexec(api_fd: Option<RawFd>) -> RebootError {
         if let Err(e) = set_cloexec(fd, false) {
             return RebootError::Descriptors(e);
         }
-        cmd.env(INHERITED_API_FD, fd.to_string());
     }
+    cmd.envs(handover_env(api_fd, config));
     info!("rebooting: starting a fresh VM in this process");
     RebootError::Exec(cmd.exec())
 }
@@ -186,6 +222,39 @@ mod tests {
             0
         );
         assert!(set_cloexec(1_000_000, true).is_err());
+    }
+
+    #[test]
+    fn a_created_vm_is_handed_over_and_comes_back_the_same() {
+        use crate::api::controller::{Builder, Controller};
+        use crate::api::VmmApi;
+        let body = br#"{"payload": {"kernel": "/k", "initramfs": "/i", "cmdline": "quiet"},
+            "cpus": {"boot_vcpus": 2}, "memory": {"size": 536870912},
+            "serial": {"mode": "File", "file": "/tmp/s"}}"#;
+        let created = crate::api::vm_config::parse(body).expect("valid");
+        let (tx, _rx) = std::sync::mpsc::channel();
+        let never: Builder = Box::new(|_, _| Err(crate::error::Error::Device("no KVM".into())));
+        let c = Controller::new(tx, never);
+        c.create(created.clone()).expect("create");
+        let json = c.config_json().expect("a config");
+        let env = handover_env(Some(7), Some(&json));
+        assert_eq!(
+            env,
+            vec![
+                (INHERITED_API_FD, "7".to_string()),
+                (INHERITED_CONFIG, json.clone())
+            ]
+        );
+        // The new image: the variable is read once and gone.
+        let name = "DMAVISOR_TEST_HANDOVER_CONFIG";
+        std::env::set_var(name, &json);
+        let taken = take_env(name).expect("handed over");
+        assert!(std::env::var_os(name).is_none(), "removed at start");
+        assert_eq!(take_env(name), None);
+        let again = crate::api::vm_config::parse(taken.as_bytes()).expect("valid");
+        assert_eq!(again, created);
+        // A command-line VM (nothing handed over) and no API.
+        assert_eq!(handover_env(None, None), vec![]);
     }
 
     #[test]

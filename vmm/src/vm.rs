@@ -1,8 +1,8 @@
-//! Building the VM from a [`VmConfig`] and running it to the end.
+//! Building the VM from a [`VmConfig`] and starting its vCPUs; the caller
+//! waits on the exit channel for why it ends.
 
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Instant;
@@ -114,11 +114,20 @@ fn serial_output(cfg: &SerialConfig) -> Result<Option<Box<dyn Write + Send>>, Er
     })
 }
 
-/// Builds the VM described by `config`, runs it and returns why it ended.
-///
-/// The vCPU threads are not stopped: the caller is expected to end the
-/// process with the event's exit code.
-pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
+/// A VM whose vCPUs run: what the API asks of it, and what to do once the
+/// VMM's exit channel said why it ends.
+pub struct Booted {
+    /// The running VM as the REST API sees it.
+    pub api: Arc<dyn crate::api::VmApi>,
+    /// Flushes the serial output and logs the devices' figures. The vCPU
+    /// threads are not stopped: the caller ends the process right after.
+    pub finish: Box<dyn FnOnce(&ExitEvent) + Send>,
+}
+
+/// Builds the VM described by `config` and starts its vCPUs; every reason
+/// for it to end is sent on `exit_tx`. Returns without waiting for the
+/// guest, so the REST API can boot a VM and go on answering.
+pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
     let started = Instant::now();
     // A device that cannot be assigned is the user's first problem.
     for d in &config.devices {
@@ -212,7 +221,6 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
     register_memory(&vm, &mem)?;
 
     // Devices.
-    let (exit_tx, exit_rx) = channel();
     let pio = Arc::new(Bus::new());
     let mmio = Arc::new(Bus::new());
     let device_err = |e: crate::devices::bus::BusError| Error::Device(e.to_string());
@@ -305,26 +313,27 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
     }
 
     let vcpu_control = VcpuControl::new(usize::from(config.cpus.boot));
-    if let Some(socket) = &config.api_socket {
-        let counters = crate::api::vm_state::CounterSources {
-            iommu: iommu.as_ref().map(|p| p.device()),
-            vfio: config
-                .devices
-                .iter()
-                .zip(&assigned)
-                .filter_map(|(d, a)| a.mirror.clone().map(|m| (d.name(), m)))
-                .collect(),
-            vhost_user: net_devices.iotlbs.clone(),
-        };
-        let lifecycle = crate::api::vm_state::Lifecycle {
-            control: vcpu_control.clone(),
-            clock: Some(vm.clone()),
-            power_button: Some(power_button),
-        };
-        let state =
-            crate::api::vm_state::VmState::new(config, counters, exit_tx.clone(), lifecycle);
-        crate::api::spawn(socket, Arc::new(state))?;
-    }
+    let counters = crate::api::vm_state::CounterSources {
+        iommu: iommu.as_ref().map(|p| p.device()),
+        vfio: config
+            .devices
+            .iter()
+            .zip(&assigned)
+            .filter_map(|(d, a)| a.mirror.clone().map(|m| (d.name(), m)))
+            .collect(),
+        vhost_user: net_devices.iotlbs.clone(),
+    };
+    let lifecycle = crate::api::vm_state::Lifecycle {
+        control: vcpu_control.clone(),
+        clock: Some(vm.clone()),
+        power_button: Some(power_button),
+    };
+    let api = Arc::new(crate::api::vm_state::VmState::new(
+        config,
+        counters,
+        exit_tx.clone(),
+        lifecycle,
+    ));
 
     // vCPUs.
     let supported = kvm
@@ -376,42 +385,45 @@ pub fn run(config: &VmConfig) -> Result<ExitEvent, Error> {
     }
     drop(exit_tx);
 
-    let event = exit_rx
-        .recv()
-        .unwrap_or_else(|_| ExitEvent::Error("all vCPUs stopped without a reason".into()));
-    if let Some(dev) = &serial {
-        dev.lock().unwrap_or_else(|e| e.into_inner()).flush();
-    }
-    info!(
-        "{} after {:.3} s",
-        event.describe(),
-        started.elapsed().as_secs_f64()
-    );
-    for m in assigned.iter().filter_map(|a| a.mirror.as_ref()) {
-        m.log_stats();
-    }
-    for (name, iotlb) in &net_devices.iotlbs {
-        iotlb.log_stats(name);
-    }
-    if let Some(p) = &iommu {
-        let c = p.device().request_counts();
+    let finish = move |event: &ExitEvent| {
+        if let Some(dev) = &serial {
+            dev.lock().unwrap_or_else(|e| e.into_inner()).flush();
+        }
         info!(
-            "virtio-iommu: {} MAP, {} UNMAP, {} ATTACH, {} DETACH, {} PROBE requests \
-             ({} failed); {} invalidation batches, {} consumer calls",
-            c.map,
-            c.unmap,
-            c.attach,
-            c.detach,
-            c.probe,
-            c.failed,
-            c.invalidation_batches,
-            c.invalidator_calls
+            "{} after {:.3} s",
+            event.describe(),
+            started.elapsed().as_secs_f64()
         );
-    }
-    // Other vCPU threads may still be inside KVM_RUN: unmapping guest RAM
-    // under them makes KVM fail with EFAULT. The caller ends the process
-    // right after this returns, so the VM is deliberately leaked.
-    std::mem::forget(resources);
-    std::mem::forget(mem);
-    Ok(event)
+        for m in assigned.iter().filter_map(|a| a.mirror.as_ref()) {
+            m.log_stats();
+        }
+        for (name, iotlb) in &net_devices.iotlbs {
+            iotlb.log_stats(name);
+        }
+        if let Some(p) = &iommu {
+            let c = p.device().request_counts();
+            info!(
+                "virtio-iommu: {} MAP, {} UNMAP, {} ATTACH, {} DETACH, {} PROBE requests \
+                 ({} failed); {} invalidation batches, {} consumer calls",
+                c.map,
+                c.unmap,
+                c.attach,
+                c.detach,
+                c.probe,
+                c.failed,
+                c.invalidation_batches,
+                c.invalidator_calls
+            );
+        }
+        // Other vCPU threads may still be inside KVM_RUN: unmapping guest
+        // RAM under them makes KVM fail with EFAULT. The caller ends the
+        // process right after this, so the VM is deliberately leaked.
+        std::mem::forget(iommu);
+        std::mem::forget(resources);
+        std::mem::forget(mem);
+    };
+    Ok(Booted {
+        api,
+        finish: Box::new(finish),
+    })
 }

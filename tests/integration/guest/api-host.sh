@@ -3,7 +3,7 @@
 # (guest/api-guest.sh) under dmavisor with --api-socket and drives the
 # REST API with curl --unix-socket as a management stack would.
 #
-#   api-host.sh lifecycle|shutdown BIN KERNEL INITRD
+#   api-host.sh lifecycle|shutdown|create BIN KERNEL INITRD
 #
 # lifecycle: ping, info, counters; bad requests (404, 405, 400, 501) with
 #   the VM still running; pause (heartbeats stop, info says Paused, a
@@ -12,6 +12,12 @@
 #   PID answer); power button (the guest sees the press and powers off,
 #   the VMM exits 0).
 # shutdown: pause, then vmm.shutdown of the paused VM (exit 0).
+# create: dmavisor with only --api-socket; before vm.create, vm.info and
+#   vm.boot answer 404 and bad bodies 400; vm.create with a VmConfig JSON
+#   body (2 vCPUs, 512M, the kernel and initramfs), a second create 409,
+#   vm.boot (the guest comes up and beats), vm.info Running with the
+#   config; vm.reboot (the config is handed over: the same VM boots again),
+#   then vm.shutdown ends the VMM with 0.
 #
 # Prints one "API-REQ name method path body" and one "API-REP name
 # HTTP=code body" line per request, "API-OBS name key=value..." for what
@@ -26,9 +32,14 @@ sock=$dir/api.sock
 serial=$dir/serial.log
 log=$dir/vmm.log
 
-"$bin" --api-socket "path=$sock" --kernel "$kernel" --initramfs "$initrd" \
-    --cmdline "console=ttyS0 quiet panic=-1" --cpus boot=2,max=4 \
-    --memory size=512M --serial "file=$serial" -v 2>"$log" &
+if [ "$mode" = create ]; then
+    # Only the API: the VM comes from vm.create.
+    "$bin" --api-socket "path=$sock" -v 2>"$log" &
+else
+    "$bin" --api-socket "path=$sock" --kernel "$kernel" --initramfs "$initrd" \
+        --cmdline "console=ttyS0 quiet panic=-1" --cpus boot=2,max=4 \
+        --memory size=512M --serial "file=$serial" -v 2>"$log" &
+fi
 vm=$!
 
 # Lines of the serial log with PATTERN (grep -c prints 0 and fails when
@@ -75,7 +86,7 @@ wait_exit() {
 }
 
 # The guest in userspace: the VM is really running when the API is used.
-wait_for GUEST-UP 1 180
+[ "$mode" = create ] || wait_for GUEST-UP 1 180
 
 case "$mode" in
 lifecycle)
@@ -85,7 +96,9 @@ lifecycle)
     api unknown GET vm.nonexistent
     api wrong_method PUT vmm.ping
     api bad_json PUT vm.add-device '{"path": '
-    api not_implemented PUT vm.boot
+    api not_implemented PUT vm.resize '{"desired_vcpus": 2}'
+    api create_running PUT vm.create "{\"payload\": {\"kernel\": \"$kernel\"}}"
+    api boot_running PUT vm.boot
     alive after_bad_requests
 
     api resume_running PUT vm.resume
@@ -112,6 +125,39 @@ lifecycle)
 
     api power_button PUT vm.power-button
     wait_exit 120 vm.power-button
+    ;;
+create)
+    t0=$(date +%s)
+    while [ ! -S "$sock" ] && [ $(($(date +%s) - t0)) -lt 30 ]; do sleep 0.1; done
+    api ping GET vmm.ping
+    api info_before_create GET vm.info
+    api boot_before_create PUT vm.boot
+    api create_bad_json PUT vm.create '{"payload": {"kernel": '
+    api create_bad_value PUT vm.create \
+        "{\"payload\": {\"kernel\": \"$kernel\"}, \"cpus\": {\"boot_vcpus\": 0}}"
+    api create_unknown_field PUT vm.create \
+        "{\"payload\": {\"kernel\": \"$kernel\"}, \"balloon\": {\"size\": 0}}"
+    api info_after_bad_creates GET vm.info
+    alive after_bad_creates
+    create_body=$(printf '{"payload": {"kernel": "%s", "initramfs": "%s", "cmdline": "%s"}, %s, %s, %s}' \
+        "$kernel" "$initrd" "console=ttyS0 quiet panic=-1" \
+        '"cpus": {"boot_vcpus": 2, "max_vcpus": 2}' '"memory": {"size": 536870912}' \
+        "\"serial\": {\"mode\": \"File\", \"file\": \"$serial\"}")
+    api create PUT vm.create "$create_body"
+    api info_created GET vm.info
+    api create_again PUT vm.create "$create_body"
+    api pause_created PUT vm.pause
+    api boot PUT vm.boot
+    wait_for GUEST-UP 1 180
+    wait_for GUEST-BEAT 3 60
+    api info_running GET vm.info
+    api boot_again PUT vm.boot
+    api reboot PUT vm.reboot
+    wait_for GUEST-UP 2 180
+    api ping_after_reboot GET vmm.ping
+    api info_after_reboot GET vm.info
+    api shutdown PUT vm.shutdown
+    wait_exit 10 vm.shutdown
     ;;
 shutdown)
     api ping GET vmm.ping

@@ -4,9 +4,11 @@
 //! bad requests, pause and resume (the guest's one-per-second heartbeats
 //! stop and go on), reboot (the guest boots a second time behind the same
 //! socket and PID), the ACPI power button (the guest sees the press and
-//! powers off, the VMM exits 0) and `vmm.shutdown` of a paused VM.
+//! powers off, the VMM exits 0), `vmm.shutdown` of a paused VM, and a VM
+//! configured remotely: dmavisor started with only `--api-socket`, then
+//! `vm.create` (cloud-hypervisor's `VmConfig` JSON) and `vm.boot`.
 //!
-//! Both cases run in ONE KVM-environment session; the requests and
+//! The three cases run in ONE KVM-environment session; the requests and
 //! answers are printed as a transcript.
 
 use std::sync::OnceLock;
@@ -23,7 +25,9 @@ use serde_json::Value;
 /// nested runners.
 const LIFECYCLE_TIMEOUT_SECS: u32 = 600;
 const SHUTDOWN_TIMEOUT_SECS: u32 = 300;
-const SESSION_TIMEOUT: Duration = Duration::from_secs(1500);
+/// Two boots (the second after the reboot hand-over) and slack.
+const CREATE_TIMEOUT_SECS: u32 = 600;
+const SESSION_TIMEOUT: Duration = Duration::from_secs(2100);
 
 fn session() -> &'static SharedSession {
     static SESSION: OnceLock<SharedSession> = OnceLock::new();
@@ -54,6 +58,7 @@ fn session() -> &'static SharedSession {
                         vec![
                             case("lifecycle", LIFECYCLE_TIMEOUT_SECS),
                             case("shutdown", SHUTDOWN_TIMEOUT_SECS),
+                            case("create", CREATE_TIMEOUT_SECS),
                         ],
                         None,
                     )
@@ -77,7 +82,12 @@ fn case(name: &str) -> CaseResult {
 fn print_transcript(name: &str, out: &str) {
     println!("--- API transcript of {name} ---");
     let guest_markers = ["GUEST-UP", "GUEST-POWER-BUTTON", "GUEST-BUTTON-OPEN"];
-    let vmm_lines = ["through the API", "rebooting", "guest powered off"];
+    let vmm_lines = [
+        "through the API",
+        "rebooting",
+        "guest powered off",
+        "API listening",
+    ];
     for l in out.lines().filter(|l| {
         l.starts_with("API-")
             || l.starts_with("VMM-EXIT")
@@ -154,6 +164,8 @@ fn api_socket_endpoints() {
         ("wrong_method", 405),
         ("bad_json", 400),
         ("not_implemented", 501),
+        ("create_running", 409),
+        ("boot_running", 405),
         ("resume_running", 405),
     ] {
         let (code, body) = reply(out, name);
@@ -233,4 +245,97 @@ fn api_shutdown_of_a_paused_vm() {
     assert!(!out.contains("API-EXIT-TIMEOUT"), "{out}");
     assert!(out.contains("VMM-EXIT rc=0"), "{out}");
     assert!(out.contains("shut down through the API"), "{out}");
+}
+
+/// A VMM started with only `--api-socket`: nothing to answer for before
+/// `vm.create` (404s), bad bodies refused (400) with the VMM still
+/// answering, then `vm.create` with a JSON body and `vm.boot` bring the
+/// guest up; `vm.info` shows it Running with the configuration sent;
+/// `vm.reboot` brings the same VM back (the configuration is not on the
+/// command line: the reboot hands it over); `vm.shutdown` ends the VMM
+/// with status 0.
+#[test]
+fn api_create_and_boot_remotely() {
+    let r = case("api_create");
+    let out = &r.output;
+    print_transcript("api_create", out);
+
+    assert_eq!(reply(out, "ping").0, 200, "{out}");
+    for (name, want) in [
+        ("info_before_create", 404),
+        ("boot_before_create", 404),
+        ("create_bad_json", 400),
+        ("create_bad_value", 400),
+        ("create_unknown_field", 400),
+        // The bad bodies created nothing.
+        ("info_after_bad_creates", 404),
+    ] {
+        let (code, body) = reply(out, name);
+        assert_eq!(code, want, "{name}: {out}");
+        assert!(body["error"].is_string(), "{name}: {body}");
+    }
+    let bad_value = reply(out, "create_bad_value").1;
+    assert!(
+        bad_value["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("boot_vcpus") || e.contains("cpus")),
+        "{bad_value}"
+    );
+    assert!(out.contains("API-ALIVE after_bad_creates 1"), "{out}");
+
+    // Created, not booted.
+    assert_eq!(reply(out, "create").0, 204, "{out}");
+    let (code, created) = reply(out, "info_created");
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(created["state"], "Created", "{created}");
+    let config = &created["config"];
+    assert_eq!(config["cpus"]["boot_vcpus"], 2, "{config}");
+    assert_eq!(config["memory"]["size"], 512u64 << 20, "{config}");
+    assert!(
+        config["payload"]["kernel"]
+            .as_str()
+            .is_some_and(|k| k.ends_with("vmlinuz")),
+        "{config}"
+    );
+    assert_eq!(reply(out, "create_again").0, 409, "{out}");
+    assert_eq!(reply(out, "pause_created").0, 405, "{out}");
+
+    // Booted: the guest comes up with 2 vCPUs and beats.
+    assert_eq!(reply(out, "boot").0, 204, "{out}");
+    assert!(
+        out.contains("SERIAL: GUEST-UP cpus=2"),
+        "guest not up:\n{out}"
+    );
+    assert!(
+        serial_count(out, "GUEST-BEAT") >= 3,
+        "no heartbeats:\n{out}"
+    );
+    let (code, running) = reply(out, "info_running");
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(running["state"], "Running", "{running}");
+    assert_eq!(&running["config"], config, "the configuration sent");
+    assert_eq!(running["memory_actual_size"], 512u64 << 20, "{running}");
+    assert_eq!(reply(out, "boot_again").0, 405, "{out}");
+
+    // Reboot: the same VM again, in the same process.
+    assert_eq!(reply(out, "reboot").0, 204, "{out}");
+    assert_eq!(serial_count(out, "GUEST-UP cpus=2"), 2, "boots:\n{out}");
+    let pid = reply(out, "ping").1["pid"].as_u64();
+    assert!(pid.is_some(), "{out}");
+    assert_eq!(
+        reply(out, "ping_after_reboot").1["pid"].as_u64(),
+        pid,
+        "{out}"
+    );
+    let (code, rebooted) = reply(out, "info_after_reboot");
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(rebooted["state"], "Running", "{rebooted}");
+    assert_eq!(&rebooted["config"], config, "the handed-over configuration");
+
+    // vm.shutdown ends the VMM with 0.
+    assert_eq!(reply(out, "shutdown").0, 204, "{out}");
+    assert!(!out.contains("API-EXIT-TIMEOUT"), "{out}");
+    assert!(out.contains("VMM-EXIT rc=0"), "{out}");
+    assert!(out.contains("shut down through the API"), "{out}");
+    assert!(!out.contains("Kernel panic"), "{out}");
 }

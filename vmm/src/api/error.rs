@@ -1,5 +1,7 @@
-//! Why a lifecycle request (pause, resume, power button, reboot) failed,
-//! and the status code cloud-hypervisor's OpenAPI description gives it.
+//! Why a request failed (a lifecycle request in the wrong state, a VM
+//! that does not exist or already does, a body that is not a valid
+//! `VmConfig`), and the status code cloud-hypervisor's OpenAPI
+//! description gives it.
 
 use thiserror::Error;
 
@@ -9,6 +11,17 @@ use crate::vcpu_control::PauseError;
 /// refused one (wrong state, unsupported).
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ApiError {
+    /// The request body is malformed or names invalid values: 400.
+    #[error("{0}")]
+    BadRequest(String),
+    /// No VM has been created: 404, as cloud-hypervisor's description
+    /// answers "not created".
+    #[error("{0}")]
+    NotCreated(String),
+    /// A VM exists already (`vm.create` twice): 409, the description's
+    /// status for "already exists".
+    #[error("{0}")]
+    Conflict(String),
     /// The VM is not in a state that allows the request (resuming a
     /// running VM, pausing a paused one): 405, as cloud-hypervisor's
     /// description answers "not booted" and "not paused".
@@ -26,6 +39,9 @@ impl ApiError {
     /// The HTTP status of the answer.
     pub fn status(&self) -> u16 {
         match self {
+            Self::BadRequest(_) => 400,
+            Self::NotCreated(_) => 404,
+            Self::Conflict(_) => 409,
             Self::WrongState(_) => 405,
             Self::Unsupported(_) => 501,
             Self::Failed(_) => 500,
@@ -57,5 +73,8 @@ mod tests {
         };
         assert_eq!(ApiError::from(t).status(), 500);
         assert_eq!(ApiError::Unsupported("x".into()).status(), 501);
+        assert_eq!(ApiError::BadRequest("x".into()).status(), 400);
+        assert_eq!(ApiError::NotCreated("x".into()).status(), 404);
+        assert_eq!(ApiError::Conflict("x".into()).status(), 409);
     }
 }

@@ -6,10 +6,14 @@
 //! One thread serves the socket with `tiny_http`, one request at a time;
 //! answers come from [`routes`], which reads configuration snapshots and
 //! atomic counters; only `vm.pause` waits for the vCPUs, for a bounded
-//! time (`vm_state::PAUSE_TIMEOUT`).
+//! time (`vm_state::PAUSE_TIMEOUT`), and `vm.boot` builds the VM on this
+//! thread (`controller`). A VMM started with only `--api-socket` serves
+//! the API alone until `vm.create` and `vm.boot` (`vm_config`).
 
+pub mod controller;
 pub mod error;
 pub mod routes;
+pub mod vm_config;
 pub mod vm_state;
 
 use std::io::Read;
@@ -26,7 +30,7 @@ use tiny_http::{Header, Response, Server};
 
 use crate::config::parse_options;
 use crate::error::Error;
-pub use routes::VmApi;
+pub use routes::{VmApi, VmmApi};
 
 /// Largest request body read; a larger one is refused with 413.
 const MAX_BODY: usize = 64 << 10;
@@ -114,8 +118,8 @@ impl ApiSocket {
     }
 }
 
-/// Starts serving the API on `socket` for `vm`.
-pub fn spawn(socket: &ApiSocket, vm: Arc<dyn VmApi>) -> Result<(), Error> {
+/// Starts serving the API on `socket` for `vmm`.
+pub fn spawn(socket: &ApiSocket, vmm: Arc<dyn VmmApi>) -> Result<(), Error> {
     let listener = socket.listen()?;
     LISTENER_FD.store(listener.as_raw_fd(), Ordering::SeqCst);
     let server = Server::from_listener(listener, None)
@@ -123,7 +127,7 @@ pub fn spawn(socket: &ApiSocket, vm: Arc<dyn VmApi>) -> Result<(), Error> {
     info!("API listening on {socket:?}");
     thread::Builder::new()
         .name("api".into())
-        .spawn(move || serve(&server, vm.as_ref()))
+        .spawn(move || serve(&server, vmm.as_ref()))
         .map_err(|source| Error::Os {
             what: "API thread",
             source,
@@ -131,7 +135,7 @@ pub fn spawn(socket: &ApiSocket, vm: Arc<dyn VmApi>) -> Result<(), Error> {
     Ok(())
 }
 
-fn serve(server: &Server, vm: &dyn VmApi) {
+fn serve(server: &Server, vm: &dyn VmmApi) {
     for mut req in server.incoming_requests() {
         let method = req.method().as_str().to_string();
         let url = req.url().to_string();

@@ -1,18 +1,24 @@
 //! The REST API's routes: cloud-hypervisor's paths, methods and status
-//! codes, answered from a [`VmApi`].
+//! codes, answered from a [`VmmApi`] (the VMM: no VM, a created one, a
+//! running one) and the running VM's [`VmApi`].
 //!
 //! Pure request-to-reply logic (no sockets), so every path, method,
-//! state transition and malformed input is unit-tested. A request the VM's
-//! state does not allow (resuming a running VM, pausing a paused one) gets
-//! 405, as in cloud-hypervisor's description. Endpoints of its OpenAPI
+//! state transition and malformed input is unit-tested. As in
+//! cloud-hypervisor's description, a request for a VM that was not
+//! created gets 404, one the VM's state does not allow (pausing a VM that
+//! was created but not booted, resuming a running VM, pausing a paused
+//! one) 405, and `vm.create` while a VM exists 409. Endpoints of its OpenAPI
 //! description that dmavisor does not implement yet answer 501 with a
 //! message, after the same validation of their JSON body as an
 //! implemented one would do: a management stack learns what is missing,
 //! not that the VMM is broken, and a bad body is still a 400.
 
+use std::sync::Arc;
+
 use serde_json::{json, Value};
 
 pub use super::error::ApiError;
+use crate::config::VmConfig;
 
 /// The path prefix of every endpoint.
 pub const PREFIX: &str = "/api/v1/";
@@ -20,6 +26,8 @@ pub const PREFIX: &str = "/api/v1/";
 /// What `vm.info` reports as the VM's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunState {
+    /// `vm.create` gave a configuration; not booted yet.
+    Created,
     /// The vCPUs run.
     Running,
     /// `vm.pause` parked every vCPU.
@@ -30,6 +38,7 @@ impl RunState {
     /// cloud-hypervisor's spelling.
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Created => "Created",
             Self::Running => "Running",
             Self::Paused => "Paused",
         }
@@ -57,12 +66,51 @@ pub trait VmApi: Send + Sync {
     /// Whether [`VmApi::reboot`] can rebuild this VM; checked before the
     /// 204 is sent, so a refusal changes nothing.
     fn can_reboot(&self) -> Result<(), ApiError>;
-    /// Ends the VM (and, since dmavisor cannot create another one in the
-    /// same process yet, the VMM) with exit status 0. Called by the server
+    /// Ends the VM (and, since dmavisor cannot build a second VM in the
+    /// same process, the VMM) with exit status 0. Called by the server
     /// once the reply that asked for it has been sent.
     fn shutdown(&self);
     /// Tears the VM down and boots it again from its configuration.
     /// Called by the server once the reply that asked for it has been sent.
+    fn reboot(&self);
+}
+
+/// The VM a [`VmmApi`] holds.
+#[derive(Clone)]
+pub enum VmSlot {
+    /// None: only `vm.create` (and the VMM's endpoints) make sense.
+    Empty,
+    /// Created, not running: its configuration as `vm.info` prints it.
+    Created {
+        /// cloud-hypervisor's `VmConfig` shape.
+        config: Value,
+        /// Guest RAM in bytes.
+        memory: u64,
+        /// Being built right now (the VMM was started with the VM on its
+        /// command line, or `vm.reboot` handed it over).
+        booting: bool,
+    },
+    /// Its vCPUs run (or are paused).
+    Running(Arc<dyn VmApi>),
+}
+
+/// What the API can ask of the VMM itself. `boot` builds the VM on the
+/// calling thread and returns once its vCPUs are started: it never waits
+/// on them.
+pub trait VmmApi: Send + Sync {
+    /// The VM, if any.
+    fn slot(&self) -> VmSlot;
+    /// Keeps `config` as the VM to boot ([`ApiError::Conflict`] if a VM
+    /// exists already).
+    fn create(&self, config: VmConfig) -> Result<(), ApiError>;
+    /// Builds and starts the created VM.
+    fn boot(&self) -> Result<(), ApiError>;
+    /// Forgets a created, not booted VM (nothing to do if there is none).
+    fn delete(&self) -> Result<(), ApiError>;
+    /// Ends the VMM (and its VM, if one runs) with exit status 0; called
+    /// once the reply has been sent.
+    fn shutdown(&self);
+    /// Reboots the running VM; called once the reply has been sent.
     fn reboot(&self);
 }
 
@@ -72,9 +120,9 @@ pub trait VmApi: Send + Sync {
 pub enum After {
     /// Nothing.
     Nothing,
-    /// [`VmApi::shutdown`].
+    /// [`VmmApi::shutdown`].
     Shutdown,
-    /// [`VmApi::reboot`].
+    /// [`VmmApi::reboot`].
     Reboot,
 }
 
@@ -132,6 +180,9 @@ enum Endpoint {
     Resume,
     PowerButton,
     Reboot,
+    Create,
+    Boot,
+    Delete,
     /// Known to cloud-hypervisor, not implemented here; `true` when its
     /// request carries a JSON body.
     Missing(bool),
@@ -149,16 +200,81 @@ fn endpoint(name: &str) -> Option<(Endpoint, &'static str)> {
         "vm.resume" => (Endpoint::Resume, "PUT"),
         "vm.power-button" => (Endpoint::PowerButton, "PUT"),
         "vm.reboot" => (Endpoint::Reboot, "PUT"),
-        "vm.boot" | "vm.delete" => (Endpoint::Missing(false), "PUT"),
-        "vm.create" | "vm.add-device" | "vm.remove-device" | "vm.add-disk" | "vm.add-net"
-        | "vm.resize" | "vm.snapshot" | "vm.restore" => (Endpoint::Missing(true), "PUT"),
+        "vm.create" => (Endpoint::Create, "PUT"),
+        "vm.boot" => (Endpoint::Boot, "PUT"),
+        "vm.delete" => (Endpoint::Delete, "PUT"),
+        "vm.add-device" | "vm.remove-device" | "vm.add-disk" | "vm.add-net" | "vm.resize"
+        | "vm.snapshot" | "vm.restore" => (Endpoint::Missing(true), "PUT"),
         _ => return None,
     })
 }
 
+/// The running VM, or the reply for a VM that was not created (404) or
+/// not booted (405).
+fn running(vmm: &dyn VmmApi, path: &str) -> Result<Arc<dyn VmApi>, Reply> {
+    match vmm.slot() {
+        VmSlot::Running(vm) => Ok(vm),
+        VmSlot::Empty => Err(Reply::error(
+            404,
+            format!("{path}: no VM has been created (vm.create)"),
+        )),
+        VmSlot::Created { .. } => Err(Reply::error(
+            405,
+            format!("{path}: the VM is not booted (vm.boot)"),
+        )),
+    }
+}
+
+fn info(vmm: &dyn VmmApi, path: &str) -> Reply {
+    let (config, state, memory) = match vmm.slot() {
+        VmSlot::Empty => return Reply::error(404, format!("{path}: no VM has been created")),
+        VmSlot::Created { config, memory, .. } => (config, RunState::Created, memory),
+        VmSlot::Running(vm) => (vm.config(), vm.state(), vm.memory_actual_size()),
+    };
+    Reply::json(
+        200,
+        &json!({
+            "config": config,
+            "state": state.as_str(),
+            "memory_actual_size": memory,
+        }),
+    )
+}
+
+fn create(vmm: &dyn VmmApi, body: &[u8]) -> Reply {
+    let config = match super::vm_config::parse(body) {
+        Ok(c) => c,
+        Err(e) => return Reply::error(400, e.to_string()),
+    };
+    Reply::from_result(vmm.create(config))
+}
+
+fn boot(vmm: &dyn VmmApi) -> Reply {
+    match vmm.slot() {
+        VmSlot::Empty => Reply::error(404, "vm.boot: no VM has been created (vm.create)"),
+        VmSlot::Created { booting: true, .. } => {
+            Reply::error(405, "vm.boot: the VM is being booted already")
+        }
+        VmSlot::Running(_) => Reply::error(405, "vm.boot: the VM is booted already"),
+        VmSlot::Created { .. } => Reply::from_result(vmm.boot()),
+    }
+}
+
+/// A running VM is shut down as `vm.shutdown` does (which ends the VMM);
+/// a created one is forgotten.
+fn delete(vmm: &dyn VmmApi) -> Reply {
+    match vmm.slot() {
+        VmSlot::Running(_) => Reply::no_content(After::Shutdown),
+        VmSlot::Created { booting: true, .. } => {
+            Reply::error(405, "vm.delete: the VM is being booted")
+        }
+        VmSlot::Empty | VmSlot::Created { .. } => Reply::from_result(vmm.delete()),
+    }
+}
+
 /// Answers one request. `url` may carry a query string (ignored, as by
 /// cloud-hypervisor).
-pub fn handle(method: &str, url: &str, body: &[u8], vm: &dyn VmApi) -> Reply {
+pub fn handle(method: &str, url: &str, body: &[u8], vmm: &dyn VmmApi) -> Reply {
     let path = url.split('?').next().unwrap_or(url);
     let Some((ep, want)) = path.strip_prefix(PREFIX).and_then(endpoint) else {
         return Reply::error(404, format!("no endpoint {path}"));
@@ -166,6 +282,7 @@ pub fn handle(method: &str, url: &str, body: &[u8], vm: &dyn VmApi) -> Reply {
     if method != want {
         return Reply::error(405, format!("{path} takes {want}, not {method}"));
     }
+    let vm = || running(vmm, path);
     match ep {
         Endpoint::Ping => Reply::json(
             200,
@@ -176,23 +293,25 @@ pub fn handle(method: &str, url: &str, body: &[u8], vm: &dyn VmApi) -> Reply {
                 "features": [],
             }),
         ),
-        Endpoint::Info => Reply::json(
-            200,
-            &json!({
-                "config": vm.config(),
-                "state": vm.state().as_str(),
-                "memory_actual_size": vm.memory_actual_size(),
-            }),
+        Endpoint::Info => info(vmm, path),
+        Endpoint::Create => create(vmm, body),
+        Endpoint::Boot => boot(vmm),
+        Endpoint::Delete => delete(vmm),
+        Endpoint::VmmShutdown => Reply::no_content(After::Shutdown),
+        Endpoint::Counters => vm().map_or_else(|r| r, |vm| Reply::json(200, &vm.counters())),
+        Endpoint::VmShutdown => vm().map_or_else(|r| r, |_| Reply::no_content(After::Shutdown)),
+        Endpoint::Pause => vm().map_or_else(|r| r, |vm| Reply::from_result(vm.pause())),
+        Endpoint::Resume => vm().map_or_else(|r| r, |vm| Reply::from_result(vm.resume())),
+        Endpoint::PowerButton => {
+            vm().map_or_else(|r| r, |vm| Reply::from_result(vm.power_button()))
+        }
+        Endpoint::Reboot => vm().map_or_else(
+            |r| r,
+            |vm| match vm.can_reboot() {
+                Ok(()) => Reply::no_content(After::Reboot),
+                Err(e) => Reply::error(e.status(), e.to_string()),
+            },
         ),
-        Endpoint::Counters => Reply::json(200, &vm.counters()),
-        Endpoint::VmmShutdown | Endpoint::VmShutdown => Reply::no_content(After::Shutdown),
-        Endpoint::Pause => Reply::from_result(vm.pause()),
-        Endpoint::Resume => Reply::from_result(vm.resume()),
-        Endpoint::PowerButton => Reply::from_result(vm.power_button()),
-        Endpoint::Reboot => match vm.can_reboot() {
-            Ok(()) => Reply::no_content(After::Reboot),
-            Err(e) => Reply::error(e.status(), e.to_string()),
-        },
         Endpoint::Missing(takes_body) => {
             if takes_body {
                 if let Err(e) = serde_json::from_slice::<Value>(body) {
@@ -210,6 +329,7 @@ pub fn handle(method: &str, url: &str, body: &[u8], vm: &dyn VmApi) -> Reply {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::sync::Mutex;
 
     use super::*;
 
@@ -218,8 +338,6 @@ mod tests {
     /// `no_reboot` refuses reboots.
     #[derive(Default)]
     struct FakeVm {
-        shutdowns: AtomicU32,
-        reboots: AtomicU32,
         presses: AtomicU32,
         paused: AtomicBool,
         stuck: AtomicBool,
@@ -268,6 +386,92 @@ mod tests {
             }
             Ok(())
         }
+        fn shutdown(&self) {}
+        fn reboot(&self) {}
+    }
+
+    enum FakeSlot {
+        Empty,
+        Created(Box<VmConfig>, bool),
+        Running(Arc<FakeVm>),
+    }
+
+    /// A VMM with the real one's slot transitions; `fail_boot` makes
+    /// builds fail (a missing kernel file).
+    struct FakeVmm {
+        slot: Mutex<FakeSlot>,
+        shutdowns: AtomicU32,
+        reboots: AtomicU32,
+        fail_boot: AtomicBool,
+    }
+
+    impl FakeVmm {
+        fn new(slot: FakeSlot) -> Self {
+            Self {
+                slot: Mutex::new(slot),
+                shutdowns: AtomicU32::new(0),
+                reboots: AtomicU32::new(0),
+                fail_boot: AtomicBool::new(false),
+            }
+        }
+        fn running() -> (Self, Arc<FakeVm>) {
+            let vm = Arc::new(FakeVm::default());
+            (Self::new(FakeSlot::Running(vm.clone())), vm)
+        }
+        fn lock(&self) -> std::sync::MutexGuard<'_, FakeSlot> {
+            self.slot.lock().unwrap_or_else(|e| e.into_inner())
+        }
+        fn created_config(&self) -> Option<VmConfig> {
+            match &*self.lock() {
+                FakeSlot::Created(c, _) => Some((**c).clone()),
+                _ => None,
+            }
+        }
+    }
+
+    impl VmmApi for FakeVmm {
+        fn slot(&self) -> VmSlot {
+            match &*self.lock() {
+                FakeSlot::Empty => VmSlot::Empty,
+                FakeSlot::Created(c, booting) => VmSlot::Created {
+                    config: super::super::vm_config::to_json(c),
+                    memory: c.memory.size,
+                    booting: *booting,
+                },
+                FakeSlot::Running(vm) => VmSlot::Running(vm.clone()),
+            }
+        }
+        fn create(&self, config: VmConfig) -> Result<(), ApiError> {
+            let mut slot = self.lock();
+            if !matches!(*slot, FakeSlot::Empty) {
+                return Err(ApiError::Conflict("a VM exists".into()));
+            }
+            *slot = FakeSlot::Created(Box::new(config), false);
+            Ok(())
+        }
+        fn boot(&self) -> Result<(), ApiError> {
+            let mut slot = self.lock();
+            if !matches!(*slot, FakeSlot::Created(_, false)) {
+                return Err(ApiError::WrongState("not created".into()));
+            }
+            if self.fail_boot.load(Ordering::Relaxed) {
+                return Err(ApiError::Failed("cannot read kernel '/k'".into()));
+            }
+            *slot = FakeSlot::Running(Arc::new(FakeVm::default()));
+            Ok(())
+        }
+        fn delete(&self) -> Result<(), ApiError> {
+            let mut slot = self.lock();
+            match *slot {
+                FakeSlot::Running(_) | FakeSlot::Created(_, true) => {
+                    Err(ApiError::WrongState("running".into()))
+                }
+                _ => {
+                    *slot = FakeSlot::Empty;
+                    Ok(())
+                }
+            }
+        }
         fn shutdown(&self) {
             self.shutdowns.fetch_add(1, Ordering::Relaxed);
         }
@@ -276,39 +480,51 @@ mod tests {
         }
     }
 
+    const CREATE_BODY: &[u8] = br#"{"payload": {"kernel": "/k", "initramfs": "/i",
+        "cmdline": "console=ttyS0"}, "cpus": {"boot_vcpus": 2, "max_vcpus": 2},
+        "memory": {"size": 536870912}, "serial": {"mode": "Tty"}}"#;
+
     fn body(r: &Reply) -> Value {
         serde_json::from_str(r.body.as_deref().unwrap_or("null")).unwrap_or(Value::Null)
     }
 
-    fn put(vm: &FakeVm, name: &str) -> Reply {
-        handle("PUT", &format!("{PREFIX}{name}"), b"", vm)
+    fn put(vmm: &FakeVmm, name: &str) -> Reply {
+        handle("PUT", &format!("{PREFIX}{name}"), b"", vmm)
     }
 
-    fn state(vm: &FakeVm) -> Value {
-        body(&handle("GET", "/api/v1/vm.info", b"", vm))["state"].clone()
+    fn info(vmm: &FakeVmm) -> Reply {
+        handle("GET", "/api/v1/vm.info", b"", vmm)
+    }
+
+    fn state(vmm: &FakeVmm) -> Value {
+        body(&info(vmm))["state"].clone()
+    }
+
+    fn body_has_error(r: &Reply) -> bool {
+        body(r)["error"].as_str().is_some_and(|s| !s.is_empty())
     }
 
     #[test]
     fn ping_info_counters() {
-        let vm = FakeVm::default();
-        let r = handle("GET", "/api/v1/vmm.ping", b"", &vm);
+        let (vmm, _vm) = FakeVmm::running();
+        let r = handle("GET", "/api/v1/vmm.ping", b"", &vmm);
         assert_eq!(r.status, 200);
         assert_eq!(body(&r)["pid"], json!(std::process::id()));
-        let r = handle("GET", "/api/v1/vm.info?x=1", b"", &vm);
+        let r = handle("GET", "/api/v1/vm.info?x=1", b"", &vmm);
         assert_eq!(r.status, 200);
         assert_eq!(body(&r)["config"]["cpus"]["boot_vcpus"], json!(2));
         assert_eq!(body(&r)["memory_actual_size"], json!(512u64 << 20));
         assert_eq!(body(&r)["state"], json!("Running"));
-        let r = handle("GET", "/api/v1/vm.counters", b"", &vm);
+        let r = handle("GET", "/api/v1/vm.counters", b"", &vmm);
         assert_eq!(body(&r)["nic0"]["vfio_map_calls"], json!(3));
         assert_eq!(r.after, After::Nothing);
     }
 
     #[test]
     fn shutdowns_answer_204_then_shut_down() {
-        let vm = FakeVm::default();
+        let (vmm, _vm) = FakeVmm::running();
         for url in ["/api/v1/vmm.shutdown", "/api/v1/vm.shutdown"] {
-            let r = handle("PUT", url, b"", &vm);
+            let r = handle("PUT", url, b"", &vmm);
             assert_eq!(
                 (r.status, r.body, r.after),
                 (204, None, After::Shutdown),
@@ -316,87 +532,87 @@ mod tests {
             );
         }
         // The server calls it after replying, not the route.
-        assert_eq!(vm.shutdowns.load(Ordering::Relaxed), 0);
+        assert_eq!(vmm.shutdowns.load(Ordering::Relaxed), 0);
     }
 
     #[test]
     fn pause_and_resume_follow_the_state_machine() {
-        let vm = FakeVm::default();
-        assert_eq!(state(&vm), json!("Running"));
-        let r = put(&vm, "vm.resume");
+        let (vmm, _vm) = FakeVmm::running();
+        assert_eq!(state(&vmm), json!("Running"));
+        let r = put(&vmm, "vm.resume");
         assert_eq!(r.status, 405, "resume of a running VM: {r:?}");
         assert!(body_has_error(&r));
-        assert_eq!(state(&vm), json!("Running"));
-        let r = put(&vm, "vm.pause");
+        assert_eq!(state(&vmm), json!("Running"));
+        let r = put(&vmm, "vm.pause");
         assert_eq!(
             (r.status, r.body.clone(), r.after),
             (204, None, After::Nothing)
         );
-        assert_eq!(state(&vm), json!("Paused"));
-        let r = put(&vm, "vm.pause");
+        assert_eq!(state(&vmm), json!("Paused"));
+        let r = put(&vmm, "vm.pause");
         assert_eq!(r.status, 405, "pause of a paused VM: {r:?}");
         assert!(body_has_error(&r));
-        assert_eq!(state(&vm), json!("Paused"));
-        let r = put(&vm, "vm.resume");
+        assert_eq!(state(&vmm), json!("Paused"));
+        let r = put(&vmm, "vm.resume");
         assert_eq!((r.status, r.body.clone()), (204, None));
-        assert_eq!(state(&vm), json!("Running"));
+        assert_eq!(state(&vmm), json!("Running"));
         for (method, name) in [("GET", "vm.pause"), ("POST", "vm.resume")] {
-            let r = handle(method, &format!("{PREFIX}{name}"), b"", &vm);
+            let r = handle(method, &format!("{PREFIX}{name}"), b"", &vmm);
             assert_eq!(r.status, 405, "{method} {name}");
         }
-        assert_eq!(state(&vm), json!("Running"));
+        assert_eq!(state(&vmm), json!("Running"));
     }
 
     #[test]
     fn a_pause_that_times_out_is_a_500_and_the_vm_runs() {
-        let vm = FakeVm::default();
+        let (vmm, vm) = FakeVmm::running();
         vm.stuck.store(true, Ordering::Relaxed);
-        let r = put(&vm, "vm.pause");
+        let r = put(&vmm, "vm.pause");
         assert_eq!(r.status, 500, "{r:?}");
         assert!(body(&r)["error"]
             .as_str()
             .is_some_and(|m| m.contains("vCPUs")));
-        assert_eq!(state(&vm), json!("Running"));
+        assert_eq!(state(&vmm), json!("Running"));
     }
 
     #[test]
     fn power_button_presses_once_per_request() {
-        let vm = FakeVm::default();
-        let r = put(&vm, "vm.power-button");
+        let (vmm, vm) = FakeVmm::running();
+        let r = put(&vmm, "vm.power-button");
         assert_eq!(
             (r.status, r.body.clone(), r.after),
             (204, None, After::Nothing)
         );
         assert_eq!(vm.presses.load(Ordering::Relaxed), 1);
-        let r = handle("GET", "/api/v1/vm.power-button", b"", &vm);
+        let r = handle("GET", "/api/v1/vm.power-button", b"", &vmm);
         assert_eq!(r.status, 405);
         assert_eq!(vm.presses.load(Ordering::Relaxed), 1);
         // Allowed while paused: the interrupt waits in KVM.
-        put(&vm, "vm.pause");
-        assert_eq!(put(&vm, "vm.power-button").status, 204);
+        put(&vmm, "vm.pause");
+        assert_eq!(put(&vmm, "vm.power-button").status, 204);
         assert_eq!(vm.presses.load(Ordering::Relaxed), 2);
     }
 
     #[test]
     fn reboot_answers_204_then_reboots_or_refuses_with_a_reason() {
-        let vm = FakeVm::default();
-        let r = put(&vm, "vm.reboot");
+        let (vmm, vm) = FakeVmm::running();
+        let r = put(&vmm, "vm.reboot");
         assert_eq!(
             (r.status, r.body.clone(), r.after),
             (204, None, After::Reboot)
         );
         // The server calls it after replying, not the route.
-        assert_eq!(vm.reboots.load(Ordering::Relaxed), 0);
+        assert_eq!(vmm.reboots.load(Ordering::Relaxed), 0);
         vm.no_reboot.store(true, Ordering::Relaxed);
-        let r = put(&vm, "vm.reboot");
+        let r = put(&vmm, "vm.reboot");
         assert_eq!((r.status, r.after), (501, After::Nothing), "{r:?}");
         assert!(body_has_error(&r));
-        assert_eq!(handle("GET", "/api/v1/vm.reboot", b"", &vm).status, 405);
+        assert_eq!(handle("GET", "/api/v1/vm.reboot", b"", &vmm).status, 405);
     }
 
     #[test]
     fn bad_requests_change_nothing() {
-        let vm = FakeVm::default();
+        let (vmm, _vm) = FakeVmm::running();
         for (method, url, body, status) in [
             ("GET", "/api/v1/vm.nope", &b""[..], 404),
             ("GET", "/api/v1/vm.pause2", b"", 404),
@@ -407,23 +623,178 @@ mod tests {
             ("GET", "/api/v1/vmm.shutdown", b"", 405),
             ("DELETE", "/api/v1/vm.shutdown", b"", 405),
             ("GET", "/api/v1/vm.reboot", b"", 405),
+            ("GET", "/api/v1/vm.create", b"", 405),
+            ("POST", "/api/v1/vm.boot", b"", 405),
+            ("GET", "/api/v1/vm.delete", b"", 405),
             ("PUT", "/api/v1/vm.add-device", b"{\"path\": ", 400),
             ("PUT", "/api/v1/vm.create", b"\xff\xfe", 400),
+            ("PUT", "/api/v1/vm.create", b"{\"payload\": ", 400),
             ("PUT", "/api/v1/vm.add-device", b"{\"path\": \"/x\"}", 501),
-            ("PUT", "/api/v1/vm.boot", b"", 501),
-            ("PUT", "/api/v1/vm.delete", b"", 501),
+            ("PUT", "/api/v1/vm.resize", b"{\"desired_vcpus\": 2}", 501),
+            // A VM runs: no second one, no second boot.
+            ("PUT", "/api/v1/vm.create", CREATE_BODY, 409),
+            ("PUT", "/api/v1/vm.boot", b"", 405),
         ] {
-            let r = handle(method, url, body, &vm);
+            let r = handle(method, url, body, &vmm);
             assert_eq!(r.status, status, "{method} {url}: {r:?}");
             assert!(body_has_error(&r), "{method} {url}: {r:?}");
             assert_eq!(r.after, After::Nothing, "{method} {url}");
         }
-        assert_eq!(vm.shutdowns.load(Ordering::Relaxed), 0);
-        assert_eq!(vm.presses.load(Ordering::Relaxed), 0);
-        assert_eq!(state(&vm), json!("Running"));
+        assert_eq!(vmm.shutdowns.load(Ordering::Relaxed), 0);
+        assert_eq!(state(&vmm), json!("Running"));
     }
 
-    fn body_has_error(r: &Reply) -> bool {
-        body(r)["error"].as_str().is_some_and(|s| !s.is_empty())
+    #[test]
+    fn before_create_only_create_and_the_vmm_endpoints_work() {
+        let vmm = FakeVmm::new(FakeSlot::Empty);
+        let r = info(&vmm);
+        assert_eq!(r.status, 404, "vm.info before create: {r:?}");
+        assert!(body_has_error(&r));
+        for (method, name, status) in [
+            ("GET", "vm.counters", 404),
+            ("PUT", "vm.boot", 404),
+            ("PUT", "vm.pause", 404),
+            ("PUT", "vm.resume", 404),
+            ("PUT", "vm.power-button", 404),
+            ("PUT", "vm.reboot", 404),
+            ("PUT", "vm.shutdown", 404),
+        ] {
+            let r = handle(method, &format!("{PREFIX}{name}"), b"", &vmm);
+            assert_eq!(
+                (r.status, r.after),
+                (status, After::Nothing),
+                "{name}: {r:?}"
+            );
+            assert!(body_has_error(&r), "{name}: {r:?}");
+        }
+        assert_eq!(handle("GET", "/api/v1/vmm.ping", b"", &vmm).status, 200);
+        // Deleting nothing is not an error (cloud-hypervisor's behaviour).
+        let r = put(&vmm, "vm.delete");
+        assert_eq!((r.status, r.after), (204, After::Nothing));
+        assert!(matches!(vmm.slot(), VmSlot::Empty));
+        let r = put(&vmm, "vmm.shutdown");
+        assert_eq!((r.status, r.after), (204, After::Shutdown));
+    }
+
+    #[test]
+    fn create_boot_and_info_through_the_states() {
+        let vmm = FakeVmm::new(FakeSlot::Empty);
+        let r = handle("PUT", "/api/v1/vm.create", CREATE_BODY, &vmm);
+        assert_eq!(
+            (r.status, r.body.clone(), r.after),
+            (204, None, After::Nothing)
+        );
+        let created = vmm.created_config().expect("created");
+        assert_eq!(created.cpus.boot, 2);
+        assert_eq!(created.memory.size, 512 << 20);
+        assert_eq!(
+            created.initramfs.as_deref(),
+            Some(std::path::Path::new("/i"))
+        );
+        let r = info(&vmm);
+        assert_eq!(r.status, 200);
+        assert_eq!(body(&r)["state"], json!("Created"));
+        assert_eq!(body(&r)["config"]["payload"]["kernel"], json!("/k"));
+        assert_eq!(body(&r)["memory_actual_size"], json!(512u64 << 20));
+        // Created, not booted: 405 for what needs a running VM.
+        for (method, name) in [
+            ("PUT", "vm.pause"),
+            ("PUT", "vm.resume"),
+            ("PUT", "vm.reboot"),
+            ("PUT", "vm.power-button"),
+            ("PUT", "vm.shutdown"),
+            ("GET", "vm.counters"),
+        ] {
+            let r = handle(method, &format!("{PREFIX}{name}"), b"", &vmm);
+            assert_eq!((r.status, r.after), (405, After::Nothing), "{name}: {r:?}");
+        }
+        // A second create is a conflict and keeps the first config.
+        let other = br#"{"payload": {"kernel": "/other"}}"#;
+        let r = handle("PUT", "/api/v1/vm.create", other, &vmm);
+        assert_eq!(r.status, 409, "{r:?}");
+        assert_eq!(vmm.created_config(), Some(created));
+        // Boot: running, the VM's own answers from now on.
+        let r = put(&vmm, "vm.boot");
+        assert_eq!(
+            (r.status, r.body.clone(), r.after),
+            (204, None, After::Nothing)
+        );
+        assert_eq!(state(&vmm), json!("Running"));
+        assert_eq!(put(&vmm, "vm.pause").status, 204);
+        assert_eq!(state(&vmm), json!("Paused"));
+    }
+
+    #[test]
+    fn a_failed_boot_is_a_500_and_the_vm_stays_created() {
+        let vmm = FakeVmm::new(FakeSlot::Empty);
+        assert_eq!(
+            handle("PUT", "/api/v1/vm.create", CREATE_BODY, &vmm).status,
+            204
+        );
+        vmm.fail_boot.store(true, Ordering::Relaxed);
+        let r = put(&vmm, "vm.boot");
+        assert_eq!((r.status, r.after), (500, After::Nothing), "{r:?}");
+        assert!(body(&r)["error"]
+            .as_str()
+            .is_some_and(|m| m.contains("kernel")));
+        assert_eq!(state(&vmm), json!("Created"));
+        vmm.fail_boot.store(false, Ordering::Relaxed);
+        assert_eq!(put(&vmm, "vm.boot").status, 204);
+        assert_eq!(state(&vmm), json!("Running"));
+    }
+
+    #[test]
+    fn a_bad_create_body_changes_nothing() {
+        let vmm = FakeVmm::new(FakeSlot::Empty);
+        for body in [
+            &b""[..],
+            b"{}",
+            b"{\"payload\": {\"kernel\": \"/k\"}, \"cpus\": {\"boot_vcpus\": 0}}",
+            b"{\"payload\": {\"kernel\": \"/k\"}, \"bogus\": 1}",
+        ] {
+            let r = handle("PUT", "/api/v1/vm.create", body, &vmm);
+            assert_eq!(r.status, 400, "{}: {r:?}", String::from_utf8_lossy(body));
+            assert!(body_has_error(&r));
+            assert!(matches!(vmm.slot(), VmSlot::Empty));
+        }
+        // With a VM created, a bad body is still a 400 and keeps it.
+        assert_eq!(
+            handle("PUT", "/api/v1/vm.create", CREATE_BODY, &vmm).status,
+            204
+        );
+        let r = handle("PUT", "/api/v1/vm.create", b"{", &vmm);
+        assert_eq!(r.status, 400);
+        assert!(vmm.created_config().is_some());
+    }
+
+    #[test]
+    fn delete_forgets_a_created_vm_and_shuts_down_a_running_one() {
+        let vmm = FakeVmm::new(FakeSlot::Empty);
+        assert_eq!(
+            handle("PUT", "/api/v1/vm.create", CREATE_BODY, &vmm).status,
+            204
+        );
+        let r = put(&vmm, "vm.delete");
+        assert_eq!((r.status, r.after), (204, After::Nothing));
+        assert!(matches!(vmm.slot(), VmSlot::Empty));
+        assert_eq!(info(&vmm).status, 404);
+        // A new one can be created after the delete.
+        assert_eq!(
+            handle("PUT", "/api/v1/vm.create", CREATE_BODY, &vmm).status,
+            204
+        );
+        let (running, _vm) = FakeVmm::running();
+        let r = put(&running, "vm.delete");
+        assert_eq!((r.status, r.after), (204, After::Shutdown));
+        // One being booted (from the command line) is left alone.
+        let booting = FakeVmm::new(FakeSlot::Created(
+            Box::new(super::super::vm_config::parse(CREATE_BODY).expect("valid")),
+            true,
+        ));
+        for name in ["vm.delete", "vm.boot"] {
+            let r = put(&booting, name);
+            assert_eq!((r.status, r.after), (405, After::Nothing), "{name}");
+        }
+        assert_eq!(body(&info(&booting))["state"], json!("Created"));
     }
 }

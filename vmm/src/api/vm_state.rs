@@ -16,7 +16,7 @@ use virtio_iommu::device::IommuDevice;
 
 use super::error::ApiError;
 use super::routes::{RunState, VmApi};
-use crate::config::{SerialConfig, VmConfig};
+use crate::config::VmConfig;
 use crate::devices::ged::GedTrigger;
 use crate::exit::{ExitEvent, ExitSender};
 use crate::vcpu_control::VcpuControl;
@@ -76,7 +76,7 @@ impl VmState {
         lifecycle: Lifecycle,
     ) -> Self {
         Self {
-            config: config_json(config),
+            config: super::vm_config::to_json(config),
             memory: config.memory.size,
             counters,
             exit,
@@ -101,73 +101,6 @@ pub fn reboot_obstacle(c: &VmConfig) -> Option<String> {
                 sock.display()
             )
         })
-}
-
-/// `config` in the shape of cloud-hypervisor's `VmConfig` (the fields
-/// dmavisor has).
-pub fn config_json(c: &VmConfig) -> Value {
-    let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
-    let serial = match &c.serial {
-        SerialConfig::Tty => json!({ "mode": "Tty" }),
-        SerialConfig::File(p) => json!({ "mode": "File", "file": path(p) }),
-        SerialConfig::Off => json!({ "mode": "Off" }),
-    };
-    let net: Vec<Value> = c
-        .net
-        .iter()
-        .map(|n| {
-            let mac = n.mac.map(|b| format!("{b:02x}")).join(":");
-            json!({
-                "tap": n.tap,
-                "mac": mac,
-                "ip": n.ip.map(|a| a.to_string()),
-                "mask": n.mask.map(|a| a.to_string()),
-                "num_queues": n.num_queues,
-                "queue_size": n.queue_size,
-                "iommu": n.iommu,
-                "vhost_user": n.vhost_user_socket.is_some(),
-                "vhost_socket": n.vhost_user_socket.as_deref().map(path),
-                "vhost_mode": if n.vhost_server { "Server" } else { "Client" },
-            })
-        })
-        .collect();
-    let disks: Vec<Value> = c
-        .disks
-        .iter()
-        .map(|d| {
-            json!({
-                "path": path(&d.path),
-                "readonly": d.readonly,
-                "direct": false,
-                "iommu": d.iommu,
-                "num_queues": d.num_queues,
-                "queue_size": d.queue_size,
-                "vhost_user": false,
-                "vhost_socket": Value::Null,
-                "id": d.id,
-                "pci_segment": 0,
-            })
-        })
-        .collect();
-    let devices: Vec<Value> = c
-        .devices
-        .iter()
-        .map(|d| json!({ "id": d.name(), "path": path(&d.path), "iommu": d.iommu }))
-        .collect();
-    json!({
-        "cpus": { "boot_vcpus": c.cpus.boot, "max_vcpus": c.cpus.max },
-        "memory": { "size": c.memory.size, "thp": c.memory.thp, "shared": c.memory.shared },
-        "payload": {
-            "kernel": path(&c.kernel),
-            "initramfs": c.initramfs.as_deref().map(path),
-            "cmdline": c.cmdline,
-        },
-        "serial": serial,
-        "net": net,
-        "disks": disks,
-        "devices": devices,
-        "iommu": c.iommu.is_some(),
-    })
 }
 
 impl VmApi for VmState {
@@ -306,43 +239,6 @@ mod tests {
     use clap::Parser;
 
     #[test]
-    fn config_has_cloud_hypervisor_field_names() {
-        let cli = Cli::try_parse_from([
-            "dmavisor",
-            "--kernel",
-            "/k",
-            "--cpus",
-            "boot=2,max=4",
-            "--memory",
-            "size=1G",
-            "--serial",
-            "off",
-            "--net",
-            "tap=t0,mac=52:54:00:00:00:01,num_queues=2,iommu=on",
-            "--iommu",
-            "--disk",
-            "path=/img/d.raw,readonly=on,num_queues=2,id=disk0",
-        ])
-        .expect("command line");
-        let c = config_json(&cli.to_config().expect("config"));
-        assert_eq!(c["cpus"]["boot_vcpus"], json!(2));
-        assert_eq!(c["cpus"]["max_vcpus"], json!(4));
-        assert_eq!(c["memory"]["size"], json!(1u64 << 30));
-        assert_eq!(c["payload"]["kernel"], json!("/k"));
-        assert_eq!(c["payload"]["initramfs"], Value::Null);
-        assert_eq!(c["serial"]["mode"], json!("Off"));
-        assert_eq!(c["net"][0]["mac"], json!("52:54:00:00:00:01"));
-        assert_eq!(c["net"][0]["iommu"], json!(true));
-        assert_eq!(c["iommu"], json!(true));
-        assert_eq!(c["disks"][0]["path"], json!("/img/d.raw"));
-        assert_eq!(c["disks"][0]["readonly"], json!(true));
-        assert_eq!(c["disks"][0]["iommu"], json!(false));
-        assert_eq!(c["disks"][0]["num_queues"], json!(2));
-        assert_eq!(c["disks"][0]["queue_size"], json!(128));
-        assert_eq!(c["disks"][0]["id"], json!("disk0"));
-    }
-
-    #[test]
     fn counters_report_the_viommu_requests() {
         use virtio_iommu::device::IommuConfig;
         use virtio_iommu::wire::{AttachReq, Request};
@@ -368,7 +264,12 @@ mod tests {
             iommu: Some(iommu),
             ..CounterSources::default()
         };
-        let s = VmState::new(&cli.to_config().expect("config"), sources, tx, lifecycle(1));
+        let s = VmState::new(
+            &cli.to_config().expect("config").expect("a VM"),
+            sources,
+            tx,
+            lifecycle(1),
+        );
         let c = s.counters();
         assert_eq!(c[IOMMU_COUNTERS]["attach_requests"], json!(2));
         assert_eq!(c[IOMMU_COUNTERS]["map_requests"], json!(0));
@@ -380,7 +281,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let cli = Cli::try_parse_from(["dmavisor", "--kernel", "/k"]).expect("command line");
         let s = VmState::new(
-            &cli.to_config().expect("config"),
+            &cli.to_config().expect("config").expect("a VM"),
             CounterSources::default(),
             tx,
             lifecycle(1),
@@ -407,7 +308,7 @@ mod tests {
         let cli = Cli::try_parse_from(argv).expect("command line");
         let (tx, _rx) = std::sync::mpsc::channel();
         VmState::new(
-            &cli.to_config().expect("config"),
+            &cli.to_config().expect("config").expect("a VM"),
             CounterSources::default(),
             tx,
             lc,

@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use serde::{Deserialize, Serialize};
+
 use crate::config::parse_options;
 use crate::error::Error;
 
@@ -29,6 +31,46 @@ pub struct DiskConfig {
     pub queue_size: u16,
     /// Name given by the user (GET_ID answers it when set).
     pub id: Option<String>,
+}
+
+/// One entry of `disks` in cloud-hypervisor's `VmConfig`: what the API's
+/// `vm.create` takes and `vm.info` prints. `--disk` fills the same struct,
+/// so both are checked by [`DiskConfig::from_spec`]. The fields dmavisor
+/// lacks (`direct`, `vhost_user`, `vhost_socket`, `pci_segment`) are
+/// accepted at their defaults, as `vm.info` prints them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskSpec {
+    /// The raw image.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// Read-only.
+    #[serde(default)]
+    pub readonly: bool,
+    /// O_DIRECT (not supported: must be false).
+    #[serde(default)]
+    pub direct: bool,
+    /// Behind the vIOMMU.
+    #[serde(default)]
+    pub iommu: bool,
+    /// Request queues.
+    #[serde(default)]
+    pub num_queues: Option<u64>,
+    /// Size of each virtqueue.
+    #[serde(default)]
+    pub queue_size: Option<u64>,
+    /// vhost-user-blk (not supported: must be false).
+    #[serde(default)]
+    pub vhost_user: bool,
+    /// vhost-user-blk's socket (not supported: must be absent).
+    #[serde(default)]
+    pub vhost_socket: Option<PathBuf>,
+    /// A name (GET_ID, logs, the API).
+    #[serde(default)]
+    pub id: Option<String>,
+    /// PCI segment (only 0 exists).
+    #[serde(default)]
+    pub pci_segment: u16,
 }
 
 fn on_off(value: &str, key: &str, v: Option<&String>) -> Result<bool, Error> {
@@ -63,49 +105,78 @@ impl DiskConfig {
             value: value.to_string(),
             reason,
         };
-        let path = opts
-            .get("path")
-            .filter(|p| !p.is_empty())
-            .ok_or_else(|| bad("path=... is required".into()))?;
-        let num_queues = match opts.get("num_queues") {
-            Some(t) => t
-                .parse::<usize>()
-                .map_err(|_| bad(format!("num_queues '{t}' is not a number")))?,
-            None => 1,
+        let number = |key: &str| -> Result<Option<u64>, Error> {
+            opts.get(key)
+                .map(|t| {
+                    t.parse::<u64>()
+                        .map_err(|_| bad(format!("{key} '{t}' is not a number")))
+                })
+                .transpose()
         };
-        if !(1..=MAX_QUEUES).contains(&num_queues) {
-            return Err(bad(format!(
-                "num_queues must be between 1 and {MAX_QUEUES}"
-            )));
+        let spec = DiskSpec {
+            path: opts.get("path").map(PathBuf::from),
+            readonly: on_off(value, "readonly", opts.get("readonly"))?,
+            iommu: on_off(value, "iommu", opts.get("iommu"))?,
+            num_queues: number("num_queues")?,
+            queue_size: number("queue_size")?,
+            id: opts.get("id").cloned(),
+            ..DiskSpec::default()
+        };
+        Self::from_spec(&spec).map_err(bad)
+    }
+
+    /// Checks a disk description from the command line or the API.
+    pub fn from_spec(spec: &DiskSpec) -> Result<Self, String> {
+        let path = spec
+            .path
+            .as_ref()
+            .filter(|p| !p.as_os_str().is_empty())
+            .ok_or("path=... is required")?;
+        if spec.direct {
+            return Err("direct (O_DIRECT) is not supported".into());
         }
-        let queue_size = match opts.get("queue_size") {
-            Some(t) => t
-                .parse::<u16>()
-                .map_err(|_| bad(format!("queue_size '{t}' is not a number")))?,
-            None => DEFAULT_QUEUE_SIZE,
-        };
+        if spec.vhost_user || spec.vhost_socket.is_some() {
+            return Err("vhost-user disks are not supported".into());
+        }
+        if spec.pci_segment != 0 {
+            return Err("only PCI segment 0 exists".into());
+        }
+        let num_queues = spec.num_queues.unwrap_or(1);
+        if !(1..=MAX_QUEUES as u64).contains(&num_queues) {
+            return Err(format!("num_queues must be between 1 and {MAX_QUEUES}"));
+        }
+        let queue_size = spec.queue_size.unwrap_or(DEFAULT_QUEUE_SIZE.into());
         // A request needs a header and a status descriptor besides its data.
         if !queue_size.is_power_of_two() || !(4..=32768).contains(&queue_size) {
-            return Err(bad(
-                "queue_size must be a power of two from 4 to 32768".into()
-            ));
+            return Err("queue_size must be a power of two from 4 to 32768".into());
         }
-        let id = opts.get("id").cloned();
-        if let Some(id) = &id {
+        if let Some(id) = &spec.id {
             if id.is_empty() || id.len() > MAX_ID_LEN || id.chars().any(char::is_control) {
-                return Err(bad(format!(
-                    "id must be 1 to {MAX_ID_LEN} printable characters"
-                )));
+                return Err(format!("id must be 1 to {MAX_ID_LEN} printable characters"));
             }
         }
         Ok(Self {
-            path: PathBuf::from(path),
-            readonly: on_off(value, "readonly", opts.get("readonly"))?,
-            iommu: on_off(value, "iommu", opts.get("iommu"))?,
-            num_queues,
-            queue_size,
-            id,
+            path: path.clone(),
+            readonly: spec.readonly,
+            iommu: spec.iommu,
+            // Both bounded above (16 and 32768).
+            num_queues: num_queues as usize,
+            queue_size: queue_size as u16,
+            id: spec.id.clone(),
         })
+    }
+
+    /// The description [`DiskConfig::from_spec`] turns back into `self`.
+    pub fn to_spec(&self) -> DiskSpec {
+        DiskSpec {
+            path: Some(self.path.clone()),
+            readonly: self.readonly,
+            iommu: self.iommu,
+            num_queues: Some(self.num_queues as u64),
+            queue_size: Some(self.queue_size.into()),
+            id: self.id.clone(),
+            ..DiskSpec::default()
+        }
     }
 
     /// How logs and the API name this disk: its `id`, else its path.

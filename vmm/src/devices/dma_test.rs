@@ -143,10 +143,13 @@ const IRQ_FACT: u32 = 0x1;
 /// Interrupt status bit for a finished DMA.
 const IRQ_DMA: u32 = 0x100;
 
-/// `--dma-test iommu=on|off` (the flag may be repeated).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// `--dma-test iommu=on|off` (the flag may be repeated); in the API's
+/// `VmConfig` (dmavisor's addition) an entry of `dma_test`, `{"iommu": true}`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DmaTestConfig {
     /// Behind the vIOMMU (needs `--iommu`).
+    #[serde(default)]
     pub iommu: bool,
 }
 

@@ -6,6 +6,8 @@
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
+use serde::{Deserialize, Serialize};
+
 use crate::config::parse_options;
 use crate::error::Error;
 
@@ -53,6 +55,44 @@ fn parse_mac(text: &str) -> Option<[u8; 6]> {
     Some(mac)
 }
 
+/// One entry of `net` in cloud-hypervisor's `VmConfig`: what the API's
+/// `vm.create` takes and `vm.info` prints. `--net` fills the same struct,
+/// so both are checked by [`NetConfig::from_spec`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetSpec {
+    /// TAP name (empty or absent: the kernel picks).
+    #[serde(default)]
+    pub tap: Option<String>,
+    /// Guest MAC, `12:34:56:78:9a:bc`.
+    #[serde(default)]
+    pub mac: Option<String>,
+    /// Host-side IPv4 address.
+    #[serde(default)]
+    pub ip: Option<String>,
+    /// Host-side netmask.
+    #[serde(default)]
+    pub mask: Option<String>,
+    /// Data virtqueues (2 per pair).
+    #[serde(default)]
+    pub num_queues: Option<u64>,
+    /// Size of each virtqueue.
+    #[serde(default)]
+    pub queue_size: Option<u64>,
+    /// Behind the vIOMMU.
+    #[serde(default)]
+    pub iommu: bool,
+    /// A vhost-user back-end serves the data path.
+    #[serde(default)]
+    pub vhost_user: bool,
+    /// The back-end's socket.
+    #[serde(default)]
+    pub vhost_socket: Option<PathBuf>,
+    /// `Client` (dmavisor connects, the default) or `Server`.
+    #[serde(default)]
+    pub vhost_mode: Option<String>,
+}
+
 impl NetConfig {
     /// Parses and validates one `--net` value.
     pub fn parse(value: &str) -> Result<Self, Error> {
@@ -77,49 +117,14 @@ impl NetConfig {
             value: value.to_string(),
             reason,
         };
-        let tap = opts.get("tap").cloned().unwrap_or_default();
-        if tap.len() >= 16 {
-            return Err(bad(format!("tap name '{tap}' is longer than 15 bytes")));
-        }
-        let mac = match opts.get("mac") {
-            Some(m) => parse_mac(m).ok_or_else(|| bad(format!("'{m}' is not a MAC address")))?,
-            // Locally administered, fixed so guest-side tests are stable.
-            None => [0x52, 0x54, 0x00, 0x12, 0x34, 0x56],
-        };
-        if mac[0] & 1 != 0 {
-            return Err(bad("the MAC address is a multicast address".into()));
-        }
-        let ipv4 = |key: &str| -> Result<Option<Ipv4Addr>, Error> {
+        let number = |key: &str| -> Result<Option<u64>, Error> {
             opts.get(key)
                 .map(|t| {
-                    t.parse::<Ipv4Addr>()
-                        .map_err(|_| bad(format!("{key} '{t}' is not an IPv4 address")))
+                    t.parse::<u64>()
+                        .map_err(|_| bad(format!("{key} '{t}' is not a number")))
                 })
                 .transpose()
         };
-        let ip = ipv4("ip")?;
-        let mask = ipv4("mask")?;
-        let num_queues = match opts.get("num_queues") {
-            Some(t) => t
-                .parse::<usize>()
-                .map_err(|_| bad(format!("num_queues '{t}' is not a number")))?,
-            None => 2,
-        };
-        if num_queues < 2 || num_queues % 2 != 0 || num_queues / 2 > MAX_QUEUE_PAIRS {
-            return Err(bad(format!(
-                "num_queues must be an even number between 2 and {}",
-                2 * MAX_QUEUE_PAIRS
-            )));
-        }
-        let queue_size = match opts.get("queue_size") {
-            Some(t) => t
-                .parse::<u16>()
-                .map_err(|_| bad(format!("queue_size '{t}' is not a number")))?,
-            None => 256,
-        };
-        if !queue_size.is_power_of_two() || !(2..=32768).contains(&queue_size) {
-            return Err(bad("queue_size must be a power of two up to 32768".into()));
-        }
         let iommu = match opts.get("iommu").map(String::as_str) {
             None | Some("off") => false,
             Some("on") => true,
@@ -130,34 +135,82 @@ impl NetConfig {
             Some("on") | Some("true") => true,
             Some(o) => return Err(bad(format!("vhost_user must be on or off, not '{o}'"))),
         };
-        let mut vhost_server = false;
-        let vhost_user_socket = if vhost_user {
-            let socket = opts
-                .get("socket")
-                .filter(|s| !s.is_empty())
-                .ok_or_else(|| bad("vhost_user=on needs socket=PATH".into()))?;
-            if let Some(k) = ["tap", "ip", "mask"]
-                .iter()
-                .find(|k| opts.contains_key(**k))
-            {
-                return Err(bad(format!("{k}= belongs to a TAP, not to vhost_user=on")));
+        let spec = NetSpec {
+            tap: opts.get("tap").cloned(),
+            mac: opts.get("mac").cloned(),
+            ip: opts.get("ip").cloned(),
+            mask: opts.get("mask").cloned(),
+            num_queues: number("num_queues")?,
+            queue_size: number("queue_size")?,
+            iommu,
+            vhost_user,
+            vhost_socket: opts.get("socket").map(PathBuf::from),
+            vhost_mode: opts.get("vhost_mode").cloned(),
+        };
+        Self::from_spec(&spec).map_err(bad)
+    }
+
+    /// Checks a network device description from the command line or the API.
+    pub fn from_spec(spec: &NetSpec) -> Result<Self, String> {
+        let tap = spec.tap.clone().unwrap_or_default();
+        if tap.len() >= 16 {
+            return Err(format!("tap name '{tap}' is longer than 15 bytes"));
+        }
+        let mac = match &spec.mac {
+            Some(m) => parse_mac(m).ok_or_else(|| format!("'{m}' is not a MAC address"))?,
+            // Locally administered, fixed so guest-side tests are stable.
+            None => [0x52, 0x54, 0x00, 0x12, 0x34, 0x56],
+        };
+        if mac[0] & 1 != 0 {
+            return Err("the MAC address is a multicast address".into());
+        }
+        let ipv4 = |key: &str, v: &Option<String>| -> Result<Option<Ipv4Addr>, String> {
+            v.as_ref()
+                .map(|t| {
+                    t.parse::<Ipv4Addr>()
+                        .map_err(|_| format!("{key} '{t}' is not an IPv4 address"))
+                })
+                .transpose()
+        };
+        let ip = ipv4("ip", &spec.ip)?;
+        let mask = ipv4("mask", &spec.mask)?;
+        let num_queues = spec.num_queues.unwrap_or(2);
+        if num_queues < 2 || num_queues & 1 != 0 || num_queues / 2 > MAX_QUEUE_PAIRS as u64 {
+            return Err(format!(
+                "num_queues must be an even number between 2 and {}",
+                2 * MAX_QUEUE_PAIRS
+            ));
+        }
+        let queue_size = spec.queue_size.unwrap_or(256);
+        if !queue_size.is_power_of_two() || !(2..=32768).contains(&queue_size) {
+            return Err("queue_size must be a power of two up to 32768".into());
+        }
+        let vhost_server = match spec.vhost_mode.as_deref() {
+            None | Some("client") | Some("Client") => false,
+            Some("server") | Some("Server") if spec.vhost_user => true,
+            Some("server") | Some("Server") => {
+                return Err("vhost_mode server needs vhost_user".into())
             }
-            vhost_server = match opts.get("vhost_mode").map(String::as_str) {
-                None | Some("client") => false,
-                Some("server") => true,
-                Some(m) => {
-                    return Err(bad(format!(
-                        "vhost_mode must be client or server, not '{m}'"
-                    )))
-                }
-            };
-            Some(PathBuf::from(socket))
+            Some(m) => return Err(format!("vhost_mode must be client or server, not '{m}'")),
+        };
+        let vhost_user_socket = if spec.vhost_user {
+            let socket = spec
+                .vhost_socket
+                .as_ref()
+                .filter(|s| !s.as_os_str().is_empty())
+                .ok_or("vhost_user needs a socket path")?;
+            let tap_keys = [
+                ("tap", !tap.is_empty()),
+                ("ip", ip.is_some()),
+                ("mask", mask.is_some()),
+            ];
+            if let Some((k, _)) = tap_keys.iter().find(|(_, given)| *given) {
+                return Err(format!("{k} belongs to a TAP, not to vhost_user"));
+            }
+            Some(socket.clone())
         } else {
-            if let Some(k) = ["socket", "vhost_mode"]
-                .iter()
-                .find(|k| opts.contains_key(**k))
-            {
-                return Err(bad(format!("{k}= needs vhost_user=on")));
+            if spec.vhost_socket.is_some() {
+                return Err("a vhost-user socket needs vhost_user on".into());
             }
             None
         };
@@ -166,12 +219,36 @@ impl NetConfig {
             mac,
             ip,
             mask,
-            num_queues,
-            queue_size,
-            iommu,
+            // Both bounded above (at most 32 and 32768).
+            num_queues: num_queues as usize,
+            queue_size: queue_size as u16,
+            iommu: spec.iommu,
             vhost_user_socket,
             vhost_server,
         })
+    }
+
+    /// The description [`NetConfig::from_spec`] turns back into `self`.
+    pub fn to_spec(&self) -> NetSpec {
+        NetSpec {
+            tap: Some(self.tap.clone()),
+            mac: Some(self.mac.map(|b| format!("{b:02x}")).join(":")),
+            ip: self.ip.map(|a| a.to_string()),
+            mask: self.mask.map(|a| a.to_string()),
+            num_queues: Some(self.num_queues as u64),
+            queue_size: Some(self.queue_size.into()),
+            iommu: self.iommu,
+            vhost_user: self.vhost_user_socket.is_some(),
+            vhost_socket: self.vhost_user_socket.clone(),
+            vhost_mode: Some(
+                if self.vhost_server {
+                    "Server"
+                } else {
+                    "Client"
+                }
+                .into(),
+            ),
+        }
     }
 }
 

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use serde::{Deserialize, Serialize};
+
 use crate::config::parse_options;
 use crate::error::Error;
 use crate::virtio::iommu::options::parse_on_off;
@@ -18,27 +20,72 @@ pub struct VfioConfig {
     pub id: Option<String>,
 }
 
+/// One entry of `devices` in cloud-hypervisor's `VmConfig`; `--device`
+/// fills the same struct, checked by [`VfioConfig::from_spec`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceSpec {
+    /// The function's sysfs directory.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// Behind the vIOMMU.
+    #[serde(default)]
+    pub iommu: bool,
+    /// A name.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// PCI segment (only 0 exists).
+    #[serde(default)]
+    pub pci_segment: u16,
+}
+
 impl VfioConfig {
     /// Parses one `--device` value.
     pub fn parse(value: &str) -> Result<Self, Error> {
         let opts = parse_options("device", value, &["path", "iommu", "id"])?;
-        let path =
-            opts.get("path")
-                .filter(|p| !p.is_empty())
-                .ok_or_else(|| Error::InvalidOption {
-                    option: "device",
-                    value: value.into(),
-                    reason: "path=/sys/bus/pci/devices/<BDF> is required".into(),
-                })?;
         let iommu = match opts.get("iommu") {
             Some(v) => parse_on_off("device", value, "iommu", v)?,
             None => false,
         };
-        Ok(Self {
-            path: PathBuf::from(path),
+        let spec = DeviceSpec {
+            path: opts.get("path").map(PathBuf::from),
             iommu,
             id: opts.get("id").cloned(),
+            pci_segment: 0,
+        };
+        Self::from_spec(&spec).map_err(|reason| Error::InvalidOption {
+            option: "device",
+            value: value.into(),
+            reason,
         })
+    }
+
+    /// Checks an assigned function's description from the command line or
+    /// the API.
+    pub fn from_spec(spec: &DeviceSpec) -> Result<Self, String> {
+        let path = spec
+            .path
+            .as_ref()
+            .filter(|p| !p.as_os_str().is_empty())
+            .ok_or("path=/sys/bus/pci/devices/<BDF> is required")?;
+        if spec.pci_segment != 0 {
+            return Err("only PCI segment 0 exists".into());
+        }
+        Ok(Self {
+            path: path.clone(),
+            iommu: spec.iommu,
+            id: spec.id.clone(),
+        })
+    }
+
+    /// The description [`VfioConfig::from_spec`] turns back into `self`.
+    pub fn to_spec(&self) -> DeviceSpec {
+        DeviceSpec {
+            path: Some(self.path.clone()),
+            iommu: self.iommu,
+            id: self.id.clone(),
+            pci_segment: 0,
+        }
     }
 
     /// The name used in messages: the id, else the BDF.

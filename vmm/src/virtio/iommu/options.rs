@@ -2,6 +2,7 @@
 //! and the `iommu=on|off`
 //! key shared by the devices that can sit behind it.
 
+use serde::{Deserialize, Serialize};
 use virtio_iommu::mapping::SpaceImpl;
 
 use crate::config::parse_options;
@@ -65,46 +66,96 @@ pub fn parse_on_off(option: &'static str, value: &str, key: &str, v: &str) -> Re
     }
 }
 
+/// The vIOMMU's options as `vm.create` takes them and `vm.info` prints
+/// them (`iommu_config`, dmavisor's addition to cloud-hypervisor's
+/// `VmConfig`, whose `iommu: true` alone means the defaults). `--iommu`
+/// fills the same struct, checked by [`IommuOptions::from_spec`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IommuSpec {
+    /// `scalable` or `baseline`.
+    #[serde(default, rename = "impl")]
+    pub space_impl: Option<String>,
+    /// Unattached endpoints bypass translation.
+    #[serde(default)]
+    pub bypass: bool,
+    /// Request queues.
+    #[serde(default)]
+    pub queues: Option<u64>,
+    /// `thread` or `inline`.
+    #[serde(default)]
+    pub requests: Option<String>,
+}
+
 impl IommuOptions {
     /// Parses `--iommu`; an empty value means the defaults.
     pub fn parse(value: &str) -> Result<Self, Error> {
         let opts = parse_options("iommu", value, &["impl", "bypass", "queues", "requests"])?;
-        let mut o = Self::default();
-        if let Some(i) = opts.get("impl") {
-            o.space_impl = i.parse().map_err(|reason| Error::InvalidOption {
-                option: "iommu",
-                value: value.to_string(),
-                reason,
-            })?;
+        let bad = |reason: String| Error::InvalidOption {
+            option: "iommu",
+            value: value.to_string(),
+            reason,
+        };
+        let bypass = match opts.get("bypass") {
+            Some(b) => parse_on_off("iommu", value, "bypass", b)?,
+            None => false,
+        };
+        let queues = match opts.get("queues") {
+            Some(q) => Some(q.parse::<u64>().map_err(|_| {
+                bad(format!(
+                    "queues must be 1..={MAX_REQUEST_QUEUES}, not '{q}'"
+                ))
+            })?),
+            None => None,
+        };
+        let spec = IommuSpec {
+            space_impl: opts.get("impl").cloned(),
+            bypass,
+            queues,
+            requests: opts.get("requests").cloned(),
+        };
+        Self::from_spec(&spec).map_err(bad)
+    }
+
+    /// Checks vIOMMU options from the command line or the API.
+    pub fn from_spec(spec: &IommuSpec) -> Result<Self, String> {
+        let mut o = Self {
+            bypass: spec.bypass,
+            ..Self::default()
+        };
+        if let Some(i) = &spec.space_impl {
+            o.space_impl = i.parse()?;
         }
-        if let Some(b) = opts.get("bypass") {
-            o.bypass = parse_on_off("iommu", value, "bypass", b)?;
-        }
-        if let Some(q) = opts.get("queues") {
-            o.queues = q
-                .parse()
+        if let Some(q) = spec.queues {
+            o.queues = u16::try_from(q)
                 .ok()
                 .filter(|n| (1..=MAX_REQUEST_QUEUES).contains(n))
-                .ok_or_else(|| Error::InvalidOption {
-                    option: "iommu",
-                    value: value.to_string(),
-                    reason: format!("queues must be 1..={MAX_REQUEST_QUEUES}, not '{q}'"),
-                })?;
+                .ok_or_else(|| format!("queues must be 1..={MAX_REQUEST_QUEUES}, not '{q}'"))?;
         }
-        if let Some(r) = opts.get("requests") {
+        if let Some(r) = &spec.requests {
             o.requests = match r.as_str() {
                 "inline" => RequestServing::Inline,
                 "thread" => RequestServing::Thread,
-                other => {
-                    return Err(Error::InvalidOption {
-                        option: "iommu",
-                        value: value.to_string(),
-                        reason: format!("requests must be inline or thread, not '{other}'"),
-                    })
-                }
+                other => return Err(format!("requests must be inline or thread, not '{other}'")),
             };
         }
         Ok(o)
+    }
+
+    /// The description [`IommuOptions::from_spec`] turns back into `self`.
+    pub fn to_spec(&self) -> IommuSpec {
+        IommuSpec {
+            space_impl: Some(self.space_impl.to_string()),
+            bypass: self.bypass,
+            queues: Some(self.queues.into()),
+            requests: Some(
+                match self.requests {
+                    RequestServing::Inline => "inline",
+                    RequestServing::Thread => "thread",
+                }
+                .into(),
+            ),
+        }
     }
 }
 

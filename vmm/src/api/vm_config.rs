@@ -1,0 +1,365 @@
+//! `vm.create`'s body and `vm.info`'s `config`: cloud-hypervisor's
+//! `VmConfig` JSON (field names and units as its OpenAPI description has
+//! them, for the subset dmavisor implements) to and from [`VmConfig`].
+//!
+//! WHY one struct both ways: a management stack reads a VM's `config`
+//! from `vm.info` and sends it back to `vm.create` (and `vm.reboot` hands
+//! a created VM's configuration to the next process image the same way),
+//! so what is printed must be exactly what is accepted. Every value is
+//! checked by the same `from_spec` functions the command line's parsers
+//! end in; unknown fields are refused, not ignored, so a request for a
+//! feature dmavisor lacks gets a 400 that names it.
+//!
+//! dmavisor's additions, absent from cloud-hypervisor's description:
+//! `iommu_config` (the vIOMMU's options; `iommu: true` alone means the
+//! defaults) and `dma_test` (the DMA test devices).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::block::config::DiskSpec;
+use crate::config::{
+    ConsoleMode, ConsoleSpec, CpusConfig, CpusSpec, MemoryConfig, MemorySpec, SerialConfig,
+    VmConfig,
+};
+use crate::devices::dma_test::DmaTestConfig;
+use crate::net::config::NetSpec;
+use crate::vfio::config::DeviceSpec;
+use crate::virtio::iommu::options::IommuSpec;
+use crate::virtio::iommu::IommuOptions;
+
+/// cloud-hypervisor's default guest RAM when `memory` is absent.
+const DEFAULT_MEMORY: u64 = 512 << 20;
+
+/// Why a `VmConfig` body was refused (the API answers 400 with it).
+#[derive(Debug, Error)]
+pub enum VmConfigError {
+    /// Not JSON, or not of `VmConfig`'s shape (a type, an unknown field).
+    #[error("invalid VmConfig: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A value out of range or unsupported.
+    #[error("invalid VmConfig: {field}: {reason}")]
+    Invalid {
+        /// Where, e.g. `disks[1]`.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// `payload`: dmavisor boots a kernel directly (no firmware).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PayloadSpec {
+    /// bzImage or PVH vmlinux.
+    #[serde(default)]
+    pub kernel: Option<PathBuf>,
+    /// Initramfs.
+    #[serde(default)]
+    pub initramfs: Option<PathBuf>,
+    /// Kernel command line.
+    #[serde(default)]
+    pub cmdline: Option<String>,
+}
+
+/// cloud-hypervisor's `VmConfig`, the fields dmavisor has.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmConfigSpec {
+    /// vCPUs (default: 1).
+    #[serde(default)]
+    pub cpus: CpusSpec,
+    /// RAM (default: 512 MiB).
+    #[serde(default = "default_memory")]
+    pub memory: MemorySpec,
+    /// What to boot (required).
+    pub payload: PayloadSpec,
+    /// COM1 (default: none, cloud-hypervisor's `Null`).
+    #[serde(default)]
+    pub serial: Option<ConsoleSpec>,
+    /// virtio-console: dmavisor has none, so only `Off` or `Null`.
+    #[serde(default)]
+    pub console: Option<ConsoleSpec>,
+    /// virtio-net devices.
+    #[serde(default)]
+    pub net: Option<Vec<NetSpec>>,
+    /// virtio-blk devices.
+    #[serde(default)]
+    pub disks: Option<Vec<DiskSpec>>,
+    /// Assigned host PCI functions.
+    #[serde(default)]
+    pub devices: Option<Vec<DeviceSpec>>,
+    /// A virtio-iommu.
+    #[serde(default)]
+    pub iommu: bool,
+    /// The virtio-iommu's options (dmavisor's addition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iommu_config: Option<IommuSpec>,
+    /// DMA test devices (dmavisor's addition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dma_test: Option<Vec<DmaTestConfig>>,
+}
+
+fn default_memory() -> MemorySpec {
+    MemorySpec {
+        size: DEFAULT_MEMORY,
+        ..MemorySpec::default()
+    }
+}
+
+fn invalid(field: impl Into<String>) -> impl FnOnce(String) -> VmConfigError {
+    let field = field.into();
+    move |reason| VmConfigError::Invalid { field, reason }
+}
+
+/// Checks every entry of a device list with `check`, naming the bad one.
+fn each<S, C>(
+    list: &Option<Vec<S>>,
+    name: &str,
+    check: impl Fn(&S) -> Result<C, String>,
+) -> Result<Vec<C>, VmConfigError> {
+    list.iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, s)| check(s).map_err(invalid(format!("{name}[{i}]"))))
+        .collect()
+}
+
+impl VmConfigSpec {
+    /// The VM this describes, checked as the command line is.
+    pub fn to_config(&self) -> Result<VmConfig, VmConfigError> {
+        let kernel = self
+            .payload
+            .kernel
+            .clone()
+            .filter(|k| !k.as_os_str().is_empty())
+            .ok_or_else(|| {
+                invalid("payload.kernel")("required (dmavisor boots a kernel, not firmware)".into())
+            })?;
+        if let Some(c) = &self.console {
+            if !matches!(c.mode, ConsoleMode::Off | ConsoleMode::Null) || c.file.is_some() {
+                return Err(invalid("console")(
+                    "dmavisor has no virtio-console: use mode Off and serial".into(),
+                ));
+            }
+        }
+        if self.iommu_config.is_some() && !self.iommu {
+            return Err(invalid("iommu_config")("needs iommu: true".into()));
+        }
+        let serial = match &self.serial {
+            Some(s) => SerialConfig::from_spec(s).map_err(invalid("serial"))?,
+            None => SerialConfig::Off,
+        };
+        let iommu = match (self.iommu, &self.iommu_config) {
+            (false, _) => None,
+            (true, None) => Some(IommuOptions::default()),
+            (true, Some(o)) => Some(IommuOptions::from_spec(o).map_err(invalid("iommu_config"))?),
+        };
+        Ok(VmConfig {
+            kernel,
+            initramfs: self.payload.initramfs.clone(),
+            cmdline: self.payload.cmdline.clone().unwrap_or_default(),
+            cpus: CpusConfig::from_spec(&self.cpus).map_err(invalid("cpus"))?,
+            memory: MemoryConfig::from_spec(&self.memory).map_err(invalid("memory"))?,
+            serial,
+            net: each(&self.net, "net", crate::net::NetConfig::from_spec)?,
+            disks: each(&self.disks, "disks", crate::block::DiskConfig::from_spec)?,
+            iommu,
+            dma_test: self.dma_test.clone().unwrap_or_default(),
+            devices: each(&self.devices, "devices", crate::vfio::VfioConfig::from_spec)?,
+        })
+    }
+
+    /// The description of `c`, as `vm.info` prints it.
+    pub fn from_config(c: &VmConfig) -> Self {
+        Self {
+            cpus: c.cpus.to_spec(),
+            memory: c.memory.to_spec(),
+            payload: PayloadSpec {
+                kernel: Some(c.kernel.clone()),
+                initramfs: c.initramfs.clone(),
+                cmdline: Some(c.cmdline.clone()),
+            },
+            serial: Some(c.serial.to_spec()),
+            console: Some(ConsoleSpec {
+                mode: ConsoleMode::Off,
+                file: None,
+            }),
+            net: Some(c.net.iter().map(|n| n.to_spec()).collect()),
+            disks: Some(c.disks.iter().map(|d| d.to_spec()).collect()),
+            devices: Some(c.devices.iter().map(|d| d.to_spec()).collect()),
+            iommu: c.iommu.is_some(),
+            iommu_config: c.iommu.as_ref().map(IommuOptions::to_spec),
+            dma_test: (!c.dma_test.is_empty()).then(|| c.dma_test.clone()),
+        }
+    }
+}
+
+/// Parses and checks a `vm.create` body.
+pub fn parse(body: &[u8]) -> Result<VmConfig, VmConfigError> {
+    serde_json::from_slice::<VmConfigSpec>(body)?.to_config()
+}
+
+/// `vm.info`'s `config` for `c`.
+pub fn to_json(c: &VmConfig) -> Value {
+    // Plain structs of strings, numbers and booleans: serialising them
+    // cannot fail.
+    serde_json::to_value(VmConfigSpec::from_config(c)).unwrap_or(Value::Null)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::Cli;
+    use clap::Parser;
+    use serde_json::json;
+
+    fn cli_config(args: &[&str]) -> VmConfig {
+        let mut argv = vec!["dmavisor", "--kernel", "/k"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv)
+            .expect("command line")
+            .to_config()
+            .expect("valid")
+            .expect("a VM")
+    }
+
+    /// Everything dmavisor can configure, off its defaults.
+    fn full() -> VmConfig {
+        cli_config(&[
+            "--initramfs",
+            "/i.cpio.gz",
+            "--cmdline",
+            "console=ttyS0 quiet",
+            "--cpus",
+            "boot=2,max=4",
+            "--memory",
+            "size=1G,thp=off,shared=on",
+            "--serial",
+            "file=/tmp/serial.log",
+            "--net",
+            "tap=t0,mac=52:54:00:00:00:01,ip=192.168.249.1,mask=255.255.255.0,num_queues=4,queue_size=512,iommu=on",
+            "--net",
+            "vhost_user=on,socket=/run/vu.sock,vhost_mode=server",
+            "--disk",
+            "path=/img/d.raw,readonly=on,num_queues=2,queue_size=64,id=disk0,iommu=on",
+            "--disk",
+            "path=/img/e.raw",
+            "--iommu",
+            "impl=baseline,bypass=on,queues=2,requests=inline",
+            "--dma-test",
+            "iommu=on",
+            "--dma-test",
+            "--device",
+            "path=/sys/bus/pci/devices/0000:00:03.0,iommu=on,id=nic0",
+            "--device",
+            "path=/sys/bus/pci/devices/0000:00:04.0",
+        ])
+    }
+
+    #[test]
+    fn vm_info_config_fed_to_vm_create_gives_the_same_config() {
+        for c in [
+            full(),
+            cli_config(&[]),
+            cli_config(&["--iommu", "--serial", "off"]),
+        ] {
+            let text = to_json(&c).to_string();
+            let back = parse(text.as_bytes()).unwrap_or_else(|e| panic!("{e}: {text}"));
+            assert_eq!(back, c, "{text}");
+            // And printing it again gives the same text.
+            assert_eq!(to_json(&back).to_string(), text);
+        }
+    }
+
+    #[test]
+    fn prints_cloud_hypervisor_field_names_and_units() {
+        let c = to_json(&full());
+        assert_eq!(c["cpus"], json!({ "boot_vcpus": 2, "max_vcpus": 4 }));
+        assert_eq!(c["memory"]["size"], json!(1u64 << 30));
+        assert_eq!(c["memory"]["shared"], json!(true));
+        assert_eq!(c["payload"]["kernel"], json!("/k"));
+        assert_eq!(c["payload"]["initramfs"], json!("/i.cpio.gz"));
+        assert_eq!(
+            c["serial"],
+            json!({ "mode": "File", "file": "/tmp/serial.log" })
+        );
+        assert_eq!(c["console"], json!({ "mode": "Off" }));
+        assert_eq!(c["net"][0]["mac"], json!("52:54:00:00:00:01"));
+        assert_eq!(c["net"][1]["vhost_socket"], json!("/run/vu.sock"));
+        assert_eq!(c["net"][1]["vhost_mode"], json!("Server"));
+        assert_eq!(c["disks"][0]["id"], json!("disk0"));
+        assert_eq!(c["disks"][1]["queue_size"], json!(128));
+        assert_eq!(c["devices"][1]["id"], Value::Null);
+        assert_eq!(c["iommu"], json!(true));
+        assert_eq!(c["iommu_config"]["impl"], json!("baseline"));
+        assert_eq!(
+            c["dma_test"],
+            json!([{ "iommu": true }, { "iommu": false }])
+        );
+    }
+
+    #[test]
+    fn a_minimal_body_gets_cloud_hypervisor_defaults() {
+        let c = parse(br#"{"payload": {"kernel": "/k"}}"#).expect("valid");
+        assert_eq!(c.kernel, PathBuf::from("/k"));
+        assert_eq!((c.cpus.boot, c.cpus.max), (1, 1));
+        assert_eq!(c.memory.size, 512 << 20);
+        assert!(c.memory.thp && !c.memory.shared);
+        assert_eq!(c.serial, SerialConfig::Off);
+        assert!(c.net.is_empty() && c.disks.is_empty() && c.devices.is_empty());
+        assert!(c.iommu.is_none());
+        let c = parse(
+            br#"{"payload": {"kernel": "/k"}, "net": null, "disks": null, "iommu": true,
+                 "serial": {"mode": "Tty"}, "console": {"mode": "Null"},
+                 "cpus": {"boot_vcpus": 2, "max_vcpus": 2}}"#,
+        )
+        .expect("valid");
+        assert_eq!(c.iommu, Some(IommuOptions::default()));
+        assert_eq!(c.serial, SerialConfig::Tty);
+        assert_eq!(c.cpus.boot, 2);
+    }
+
+    #[test]
+    fn invalid_bodies_say_what_is_wrong() {
+        for (body, says) in [
+            (&b"{"[..], "EOF"),
+            (b"[]", "invalid length"),
+            (b"1", "invalid type"),
+            (b"{}", "payload"),
+            (br#"{"payload": {}}"#, "payload.kernel"),
+            (br#"{"payload": {"firmware": "/f"}}"#, "firmware"),
+            (br#"{"payload": {"kernel": "/k"}, "cpus": {"boot_vcpus": 0}}"#, "cpus"),
+            (br#"{"payload": {"kernel": "/k"}, "cpus": {"boot_vcpus": 65}}"#, "cpus"),
+            (br#"{"payload": {"kernel": "/k"}, "cpus": {"boot_vcpus": 4, "max_vcpus": 2}}"#, "max"),
+            (br#"{"payload": {"kernel": "/k"}, "cpus": {"boot_vcpus": -1}}"#, "invalid value"),
+            (br#"{"payload": {"kernel": "/k"}, "memory": {"size": 1048576}}"#, "64 MiB"),
+            (br#"{"payload": {"kernel": "/k"}, "memory": {"size": "512M"}}"#, "invalid type"),
+            (br#"{"payload": {"kernel": "/k"}, "memory": {"size": 536870912, "hugepages": true}}"#, "hugepages"),
+            (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Pty"}}"#, "serial"),
+            (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "File"}}"#, "file"),
+            (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Loud"}}"#, "unknown variant"),
+            (br#"{"payload": {"kernel": "/k"}, "console": {"mode": "Tty"}}"#, "virtio-console"),
+            (br#"{"payload": {"kernel": "/k"}, "net": [{"tap": "t0"}, {"mac": "01:00:00:00:00:00"}]}"#, "net[1]"),
+            (br#"{"payload": {"kernel": "/k"}, "net": [{"num_queues": 3}]}"#, "num_queues"),
+            (br#"{"payload": {"kernel": "/k"}, "net": [{"vhost_user": true}]}"#, "socket"),
+            (br#"{"payload": {"kernel": "/k"}, "disks": [{"readonly": true}]}"#, "disks[0]"),
+            (br#"{"payload": {"kernel": "/k"}, "disks": [{"path": "/d", "direct": true}]}"#, "direct"),
+            (br#"{"payload": {"kernel": "/k"}, "disks": [{"path": "/d", "num_queues": 17}]}"#, "num_queues"),
+            (br#"{"payload": {"kernel": "/k"}, "devices": [{"iommu": true}]}"#, "devices[0]"),
+            (br#"{"payload": {"kernel": "/k"}, "iommu_config": {"queues": 2}}"#, "iommu: true"),
+            (br#"{"payload": {"kernel": "/k"}, "iommu": true, "iommu_config": {"queues": 0}}"#, "queues"),
+            (br#"{"payload": {"kernel": "/k"}, "iommu": true, "iommu_config": {"impl": "fast"}}"#, "impl"),
+            (br#"{"payload": {"kernel": "/k"}, "rng": {"src": "/dev/urandom"}}"#, "rng"),
+        ] {
+            let text = String::from_utf8_lossy(body);
+            match parse(body) {
+                Ok(c) => panic!("{text} accepted: {c:?}"),
+                Err(e) => assert!(e.to_string().contains(says), "{text}: {e}"),
+            }
+        }
+    }
+}
