@@ -1421,3 +1421,58 @@ fn request_counts_follow_requests_and_batches() {
     drop(w2);
     assert_eq!(d.request_counts(), c);
 }
+
+// ---------------------------------------------------------------- hot-unplug
+
+/// An unplugged endpoint leaves its domain as a DETACH would: the last
+/// member's departure clears the domain's mappings and invalidates them
+/// in its consumers before `remove_endpoint` returns; requests naming it
+/// answer NOENT afterwards; a consumer removed from the device is no
+/// longer called.
+#[test]
+fn removed_endpoint_leaves_its_domain_and_is_unknown() {
+    let d = device();
+    let rec = Arc::new(Recorder::default());
+    let as_inv: Arc<dyn Invalidator> = rec.clone();
+    d.add_invalidator(as_inv.clone());
+    let mut w = d.new_worker();
+    assert_eq!(send(&d, &mut w, &attach(1, EP, 0)), Status::Ok);
+    assert_eq!(
+        send(&d, &mut w, &map(1, 0, PG - 1, 0x10_0000, RW)),
+        Status::Ok
+    );
+    d.complete_kick(&mut w);
+    assert!(runs(&d, EP, 0, PG, Perm::READ).is_ok());
+    let dma = d.endpoint_dma(EP).unwrap();
+
+    d.remove_endpoint(EP).unwrap();
+    let calls = rec.calls.lock().unwrap().clone();
+    assert_eq!(calls, vec![(1, vec![0..=PG - 1])], "teardown invalidated");
+    assert!(
+        dma.lookup(0, Perm::READ).is_err(),
+        "old handle translates nothing"
+    );
+    assert!(d.endpoint_dma(EP).is_err());
+    assert_eq!(send(&d, &mut w, &attach(1, EP, 0)), Status::NoEnt);
+    assert!(matches!(
+        d.remove_endpoint(EP),
+        Err(virtio_iommu::device::DeviceError::UnknownEndpoint(EP))
+    ));
+    // The id can be registered again (a function plugged into the slot).
+    d.add_endpoint(EP).unwrap();
+    assert_eq!(send(&d, &mut w, &attach(2, EP, 0)), Status::Ok);
+
+    assert!(d.remove_invalidator(&as_inv));
+    assert!(!d.remove_invalidator(&as_inv), "only once");
+    assert_eq!(
+        send(&d, &mut w, &map(2, 0, PG - 1, 0x10_0000, RW)),
+        Status::Ok
+    );
+    assert_eq!(send(&d, &mut w, &unmap(2, 0, PG - 1)), Status::Ok);
+    d.complete_kick(&mut w);
+    assert_eq!(
+        rec.calls.lock().unwrap().len(),
+        1,
+        "removed consumer not called"
+    );
+}

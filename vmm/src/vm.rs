@@ -25,6 +25,9 @@ use crate::boot::{load_kernel, BootProtocol};
 use crate::config::{SerialConfig, VmConfig};
 use crate::devices::bus::Bus;
 use crate::devices::ged::{ged, GedTrigger, GED_IRQ, GED_PORT};
+use crate::devices::pci_hotplug::{
+    HotplugEvents, PciHotplugRegs, PCI_HOTPLUG_LEN, PCI_HOTPLUG_PORT,
+};
 use crate::devices::power::{
     I8042Reset, PowerDevice, I8042_COMMAND_PORT, POWER_PORT_BASE, POWER_PORT_COUNT,
 };
@@ -40,11 +43,14 @@ use crate::memory::{create_guest_memory, GuestMemoryMmap};
 use crate::pci::config_access::{
     PciConfigIo, PciEcam, PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_PORT_SIZE,
 };
+use crate::pci::root::GENERAL_SLOTS;
 use crate::pci::{PciRoot, PciWindows};
 use crate::vcpu::{BootEntry, Vcpu};
 use crate::vcpu_control::VcpuControl;
+use crate::vfio::hotplug::VfioHotplug;
 
 /// Shared handles devices need to plug in (PCI devices, interrupts, DMA).
+#[derive(Clone)]
 pub struct VmResources {
     /// The KVM VM.
     pub vm: Arc<VmFd>,
@@ -252,6 +258,17 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
     )
     .map_err(device_err)?;
     let power_button = add_power_button(&vm, &pio)?;
+    let hotplug_events = Arc::new(HotplugEvents::default());
+    let (eject_tx, eject_rx) = crate::vfio::hotplug::eject_channel();
+    pio.insert(
+        u64::from(PCI_HOTPLUG_PORT),
+        u64::from(PCI_HOTPLUG_LEN),
+        Arc::new(Mutex::new(PciHotplugRegs::new(
+            hotplug_events.clone(),
+            eject_tx,
+        ))),
+    )
+    .map_err(device_err)?;
     let pci = Arc::new(PciRoot::new(mmio.clone(), pio.clone(), windows));
     pio.insert(
         PCI_CONFIG_IO_PORT,
@@ -294,7 +311,10 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
     }
     let mut assigned = Vec::new();
     for d in &config.devices {
-        assigned.push(crate::vfio::add_vfio_device(d, &resources, iommu.as_mut())?);
+        assigned.push((
+            d.clone(),
+            crate::vfio::add_vfio_device(d, &resources, iommu.as_mut(), GENERAL_SLOTS)?,
+        ));
     }
     if let Some(p) = &iommu {
         // The VIOT names BDFs known only now: write the tables again with
@@ -312,21 +332,31 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
         }
     }
 
+    // From here on the vIOMMU is shared with the hotplug thread.
+    let iommu = iommu.map(|p| Arc::new(Mutex::new(p)));
+    let iommu_device = iommu
+        .as_ref()
+        .map(|p| p.lock().unwrap_or_else(|e| e.into_inner()).device());
+    let hotplug = VfioHotplug::start(
+        resources.clone(),
+        iommu.clone(),
+        hotplug_events,
+        power_button.clone(),
+        assigned,
+        eject_rx,
+    )?;
+
     let vcpu_control = VcpuControl::new(usize::from(config.cpus.boot));
     let counters = crate::api::vm_state::CounterSources {
-        iommu: iommu.as_ref().map(|p| p.device()),
-        vfio: config
-            .devices
-            .iter()
-            .zip(&assigned)
-            .filter_map(|(d, a)| a.mirror.clone().map(|m| (d.name(), m)))
-            .collect(),
+        iommu: iommu_device.clone(),
+        vfio: Some(hotplug.clone()),
         vhost_user: net_devices.iotlbs.clone(),
     };
     let lifecycle = crate::api::vm_state::Lifecycle {
         control: vcpu_control.clone(),
         clock: Some(vm.clone()),
         power_button: Some(power_button),
+        hotplug: Some(hotplug.clone()),
     };
     let api = Arc::new(crate::api::vm_state::VmState::new(
         config,
@@ -394,14 +424,14 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
             event.describe(),
             started.elapsed().as_secs_f64()
         );
-        for m in assigned.iter().filter_map(|a| a.mirror.as_ref()) {
+        for (_, m) in hotplug.mirrors() {
             m.log_stats();
         }
         for (name, iotlb) in &net_devices.iotlbs {
             iotlb.log_stats(name);
         }
-        if let Some(p) = &iommu {
-            let c = p.device().request_counts();
+        if let Some(p) = &iommu_device {
+            let c = p.request_counts();
             info!(
                 "virtio-iommu: {} MAP, {} UNMAP, {} ATTACH, {} DETACH, {} PROBE requests \
                  ({} failed); {} invalidation batches, {} consumer calls",

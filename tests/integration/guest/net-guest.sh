@@ -32,6 +32,24 @@ m=$(sed -n 's/.*net_me=\([0-9.]*\).*/\1/p' /proc/cmdline)
 [ -n "$h" ] && HOST=$h
 [ -n "$m" ] && ME=$m
 
+# net_hotplug=1: the NIC is hotplugged once the guest says it waits for
+# it (guest/vfio-hotplug.sh on the host).
+has_nic() {
+    for d in /sys/class/net/*; do
+        [ "${d##*/}" = lo ] || return 0
+    done
+    return 1
+}
+if grep -q 'net_hotplug=1' /proc/cmdline; then
+    echo "GUEST-HOTPLUG-WAIT"
+    i=0
+    while [ $i -lt 300 ] && ! has_nic; do
+        sleep 1
+        i=$((i + 1))
+    done
+    echo "GUEST-HOTPLUG-SEEN after=$i ifaces=$(echo /sys/class/net/* | tr ' ' ,)"
+fi
+
 iface=""
 for d in /sys/class/net/*; do
     n=$(basename "$d")
@@ -161,5 +179,18 @@ if [ -d /sys/module/vviommu ]; then
     mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
     st=/sys/kernel/debug/vviommu/$pci/stats
     echo "GUEST-VVI policy=$(sed -n 's/^policy=//p' $st) state=$(sed -n 's/^state=//p' $st) maps=$(sed -n 's/^maps=//p' $st) requests=$(sed -n 's/^requests=//p' $st)"
+fi
+# net_hotplug=1: the host asks for the NIC back (vm.remove-device); the
+# guest's acpiphp releases and ejects it, and its function disappears.
+if grep -q 'net_hotplug=1' /proc/cmdline; then
+    echo "GUEST-UNPLUG-WAIT pci=$pci"
+    i=0
+    while [ $i -lt 120 ] && [ -e "/sys/bus/pci/devices/$pci" ]; do
+        sleep 1
+        i=$((i + 1))
+    done
+    gone=1
+    [ -e "/sys/bus/pci/devices/$pci" ] && gone=0
+    echo "GUEST-UNPLUG pci=$pci gone=$gone after=$i ifaces=$(echo /sys/class/net/* | tr ' ' ,)"
 fi
 echo "GUEST-NET-DONE"

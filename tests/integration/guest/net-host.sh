@@ -14,6 +14,8 @@
 #       to the runner kernel's own driver, see docs/runner.md)
 #   net-host.sh dmavisor-vfio-lazy|dmavisor-vfio-strict BIN KERNEL INITRD
 #       (the same NIC behind --iommu, the guest's driver lazy or strict)
+#   net-host.sh dmavisor-vfio-hotplug BIN KERNEL INITRD   (the assigned NIC
+#       hotplugged behind the strict vIOMMU through the API, and unplugged)
 #   net-host.sh dmavisor-vfio-vvi-POLICY BIN KERNEL INITRD
 #       (behind --iommu, the project's vviommu driver with POLICY,
 #       lazy-percpu; the initramfs carries the modules in /opt/vvi)
@@ -120,6 +122,26 @@ dmavisor|dmavisor-mq|dmavisor-viommu)
     run_vmm "$bin" --kernel "$kernel" --initramfs "$initrd" --cmdline "$cmdline net_nomaster=1" \
         --cpus boot=2 --memory size=512M --serial tty $viommu \
         --net tap=dmvtap0,mac=52:54:00:12:34:56,ip=192.168.249.1,mask=255.255.255.0,num_queues=$queues,iommu=$iommu -v
+    ;;
+dmavisor-vfio-hotplug)
+    # The runner's NIC is not on the command line: the guest boots
+    # without it, and it is hotplugged behind the strict vIOMMU through
+    # the API once the guest waits for it, then unplugged through the API
+    # once the transfers are done (guest/vfio-hotplug.sh drives both).
+    peer_ip=${DMAVISOR_ASSIGN_PEER%/*}
+    api=/tmp/dmv-hotplug-api.sock
+    serial=$(mktemp)
+    rm -f "$api"
+    sh "$here/vfio-hotplug.sh" "$serial" "$api" "/sys/bus/pci/devices/$DMAVISOR_ASSIGN_BDF" &
+    driver=$!
+    run_vmm "$bin" --kernel "$kernel" --initramfs "$initrd" \
+        --cmdline "$cmdline net_host=$peer_ip net_me=${peer_ip%.*}.2 ${NET_SIZE:+net_size=$NET_SIZE} net_hotplug=1 iommu.strict=1" \
+        --cpus boot=2 --memory size=512M --serial "file=$serial" --iommu \
+        --api-socket "path=$api" -v
+    kill "$driver" 2>/dev/null
+    wait "$driver" 2>/dev/null
+    cat "$serial"
+    rm -f "$serial" "$api"
     ;;
 dmavisor-vfio|dmavisor-vfio-msi|dmavisor-vfio-lazy|dmavisor-vfio-strict|dmavisor-vfio-vvi-*)
     peer_ip=${DMAVISOR_ASSIGN_PEER%/*}

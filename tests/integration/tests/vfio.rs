@@ -10,7 +10,8 @@
 //! without a vIOMMU (bookworm 6.1), and behind dmavisor's vIOMMU with
 //! Linux 6.12's in-tree virtio-iommu driver, lazy and strict; and behind
 //! dmavisor's vIOMMU with the project's vviommu driver (bookworm 6.1,
-//! magazine and identity, lazy-percpu); and, as the reference, QEMU 7.2's
+//! magazine and identity, lazy-percpu); the strict case's NIC hotplugged
+//! and unplugged through the API; and, as the reference, QEMU 7.2's
 //! vfio-pci alone and behind its virtio-iommu-pci with the same guests,
 //! its VFIO calls counted by an LD_PRELOAD shim (guest/vfio-ioctl-count.c).
 //! One runner session runs the nine cases, one of which drives the NIC
@@ -121,9 +122,11 @@ fn session() -> &'static SharedSession {
                     tk,
                     &tinitrd,
                 ),
+                // Strict, and hotplugged: the guest boots without the
+                // NIC, which is added and removed through the API.
                 net_case(
                     "vfio_nic_viommu_strict",
-                    "dmavisor-vfio-strict",
+                    "dmavisor-vfio-hotplug",
                     &bin,
                     tk,
                     &tinitrd,
@@ -306,7 +309,7 @@ fn vfio_nic_viommu_lazy() {
 }
 
 /// The same, strict: every UNMAP reaches the host IOMMU before it
-/// completes.
+/// completes. (This NIC is hotplugged: `vfio_hotplug_behind_viommu`.)
 #[test]
 fn vfio_nic_viommu_strict() {
     let out = check_nic("vfio_nic_viommu_strict", Some("DMA"));
@@ -316,6 +319,53 @@ fn vfio_nic_viommu_strict() {
         unmaps >= maps / 2,
         "strict unmaps follow maps: {maps} / {unmaps}"
     );
+}
+
+/// The strict case's NIC is hotplugged: the guest boots without it,
+/// `vm.add-device` assigns it behind the vIOMMU in a slot the VIOT names
+/// for hotplug, the guest's acpiphp finds it and its in-tree
+/// virtio-iommu driver translates it (the transfers above, strict);
+/// `vm.remove-device` makes the guest eject it, and only then does the
+/// VMM tear it down. Bad requests get 400 and change nothing.
+#[test]
+fn vfio_hotplug_behind_viommu() {
+    let out = check_nic("vfio_nic_viommu_strict", Some("DMA"));
+    let api = |what: &str| -> &str {
+        out.lines()
+            .find(|l| l.starts_with("HOTPLUG-API") && l.contains(what))
+            .unwrap_or_else(|| panic!("no '{what}' API line:\n{out}"))
+    };
+    let add = api("PUT vm.add-device {");
+    assert!(
+        add.contains("-> 200 ") && add.contains("\"bdf\":\"0000:00:18.0\""),
+        "added at the first hotplug slot behind the vIOMMU: {add}"
+    );
+    assert!(add.contains("\"id\":\"nic0\""), "{add}");
+    let again = api("vm.add-device (again)");
+    assert!(
+        again.contains("-> 400 "),
+        "a second nic0 is refused: {again}"
+    );
+    let listed = api("GET vm.info devices ->");
+    assert!(
+        listed.contains("nic0") && listed.contains("\"iommu\":true"),
+        "{listed}"
+    );
+    let seen = marker_line(&out, "GUEST-HOTPLUG-SEEN").unwrap_or_else(|| panic!("{out}"));
+    let waited: u32 = field(seen, "after").parse().unwrap_or(u32::MAX);
+    assert!(waited < 300, "the guest never saw the NIC: {seen}");
+    let unknown = api("vm.remove-device (unknown id)");
+    assert!(unknown.contains("-> 400 "), "{unknown}");
+    let remove = api("PUT vm.remove-device ->");
+    assert!(remove.contains("-> 204"), "{remove}");
+    let gone = marker_line(&out, "GUEST-UNPLUG").unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(field(gone, "gone"), "1", "the guest kept the NIC: {gone}");
+    assert!(
+        out.contains("vfio nic0: removed from 00:18.0 (ejected by the guest)"),
+        "the VMM did not tear the NIC down:\n{out}"
+    );
+    let after = api("after the eject");
+    assert!(!after.contains("nic0"), "vm.info still lists it: {after}");
 }
 
 /// A reference QEMU case's throughput, or None (and a line saying why) when

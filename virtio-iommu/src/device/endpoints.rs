@@ -77,6 +77,11 @@ impl EndpointTable {
         true
     }
 
+    /// Forgets an endpoint (its function was unplugged); returns it.
+    pub fn remove(&self, id: u32) -> Option<Arc<Endpoint>> {
+        write(&self.map).remove(&id)
+    }
+
     pub fn all(&self) -> Vec<Arc<Endpoint>> {
         read(&self.map).values().cloned().collect()
     }

@@ -279,6 +279,25 @@ impl IommuDevice {
         write(&self.invalidators).push(inv);
     }
 
+    /// Forgets a consumer registered with [`IommuDevice::add_invalidator`]
+    /// (its device was unplugged); true if it was registered.
+    pub fn remove_invalidator(&self, inv: &Arc<dyn Invalidator>) -> bool {
+        let mut all = write(&self.invalidators);
+        let before = all.len();
+        all.retain(|i| !Arc::ptr_eq(i, inv));
+        all.len() != before
+    }
+
+    /// Forgets a mirror registered with [`IommuDevice::add_map_mirror`];
+    /// true if it was registered.
+    pub fn remove_map_mirror(&self, m: &Arc<dyn MapMirror>) -> bool {
+        let mut all = write(&self.mirrors);
+        let before = all.len();
+        all.retain(|x| !Arc::ptr_eq(x, m));
+        self.has_mirrors.store(!all.is_empty(), Ordering::Release);
+        all.len() != before
+    }
+
     /// Registers a consumer to be told when an endpoint changes domain.
     pub fn add_endpoint_listener(&self, l: Arc<dyn EndpointListener>) {
         write(&self.listeners).push(l);

@@ -112,6 +112,28 @@ impl IommuDevice {
         Status::Ok
     }
 
+    /// Host-side removal of an endpoint whose function was unplugged: it
+    /// leaves its domain as a DETACH would (the domain's consumers are
+    /// invalidated before this returns if it was the last member), and
+    /// requests naming its id answer NOENT from now on. The guest detaches
+    /// a function before ejecting it; this covers a guest that did not.
+    pub fn remove_endpoint(&self, endpoint_id: u32) -> Result<(), super::DeviceError> {
+        let mut w = self.new_worker();
+        {
+            let _t = lock(&self.topology);
+            let ep = self
+                .endpoints
+                .remove(endpoint_id)
+                .ok_or(super::DeviceError::UnknownEndpoint(endpoint_id))?;
+            if let Some(cur) = ep.set_domain(None) {
+                self.notify_moved(endpoint_id, Some(cur.id()), None, false);
+                self.leave(&mut w, &cur, endpoint_id);
+            }
+        }
+        self.complete_kick(&mut w);
+        Ok(())
+    }
+
     /// Removes `endpoint` from `d`; destroys `d` if it was the last member.
     /// Caller holds the topology lock and has already repointed the endpoint.
     fn leave(&self, w: &mut Worker, d: &Arc<Domain>, endpoint: u32) {

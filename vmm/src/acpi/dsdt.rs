@@ -27,6 +27,8 @@ pub fn build_dsdt(windows: &PciWindows) -> Sdt {
     let mut sdt = Sdt::new(*b"DSDT", 36, 6, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
     let mut body = Vec::new();
     body.extend(pci_host_bridge(windows));
+    body.extend(super::pci_hotplug::slot_devices());
+    body.extend(super::pci_hotplug::controller());
     body.extend(com1());
     body.extend(super::ged::power_button());
     body.extend(super::ged::generic_event_device());

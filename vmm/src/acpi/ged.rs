@@ -10,12 +10,13 @@
 
 use acpi_tables::aml::{
     self, And, Device, EISAName, Equal, Field, FieldAccessType, FieldEntry, FieldLockRule,
-    FieldUpdateRule, If, Interrupt, Local, Method, Name, Notify, OpRegion, OpRegionSpace, Path,
-    ResourceTemplate, Store,
+    FieldUpdateRule, If, Interrupt, Local, Method, MethodCall, Name, Notify, OpRegion,
+    OpRegionSpace, Path, ResourceTemplate, Store,
 };
 use acpi_tables::Aml;
 
-use crate::devices::ged::{EVENT_POWER_BUTTON, GED_IRQ, GED_PORT};
+use super::pci_hotplug::SCAN_METHOD;
+use crate::devices::ged::{EVENT_PCI_HOTPLUG, EVENT_POWER_BUTTON, GED_IRQ, GED_PORT};
 
 /// Path of the power button device.
 pub const POWER_BUTTON_PATH: &str = "\\_SB_.PWRB";
@@ -66,7 +67,13 @@ pub fn generic_event_device() -> Vec<u8> {
     let status = NOTIFY_STATUS_CHANGE;
     let notify = Notify::new(&button, &status);
     let on_press = If::new(&pressed, vec![&notify]);
-    let evt = Method::new("_EVT".into(), 1, true, vec![&read, &on_press]);
+    // If ((Local0 & hotplug) == hotplug) { \_SB_.PCI0.PSCN () }
+    let hp_bit = EVENT_PCI_HOTPLUG;
+    let hp_masked = And::new(&zero, &local0, &hp_bit);
+    let hp_set = Equal::new(&hp_masked, &hp_bit);
+    let scan = MethodCall::new(SCAN_METHOD.into(), vec![]);
+    let on_hotplug = If::new(&hp_set, vec![&scan]);
+    let evt = Method::new("_EVT".into(), 1, true, vec![&read, &on_press, &on_hotplug]);
     let hid_name = Name::new("_HID".into(), &hid);
     let uid = Name::new("_UID".into(), &zero);
     let crs_name = Name::new("_CRS".into(), &crs);
@@ -113,5 +120,7 @@ mod tests {
         // Notify (\_SB_.PWRB, 0x80).
         assert!(contains(&g, &[0x86, b'\\', 0x2e, b'_', b'S', b'B', b'_']));
         assert!(contains(&g, &[b'P', b'W', b'R', b'B', 0x0a, 0x80]));
+        // The hotplug bit calls \_SB_.PCI0.PSCN.
+        assert!(contains(&g, b"\\/\x03_SB_PCI0PSCN"));
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod dsdt;
 pub mod ged;
+pub mod pci_hotplug;
 pub mod tables;
 pub mod viot;
 

@@ -30,8 +30,9 @@ enum Phase {
         config: VmConfig,
         booting: bool,
     },
+    /// Its configuration is the VM's own (`VmApi::config`): hotplug
+    /// changes it.
     Running {
-        config: VmConfig,
         vm: Arc<dyn VmApi>,
         finish: Option<Finish>,
     },
@@ -98,7 +99,6 @@ impl Controller {
         match (self.build)(&config, self.exit.clone()) {
             Ok(booted) => {
                 *self.lock() = Phase::Running {
-                    config,
                     vm: booted.api,
                     finish: Some(booted.finish),
                 };
@@ -119,9 +119,9 @@ impl Controller {
     pub fn config_json(&self) -> Option<String> {
         match &*self.lock() {
             Phase::Empty => None,
-            Phase::Created { config, .. } | Phase::Running { config, .. } => {
-                Some(vm_config::to_json(config).to_string())
-            }
+            Phase::Created { config, .. } => Some(vm_config::to_json(config).to_string()),
+            // The running VM's own view: it includes hotplugged devices.
+            Phase::Running { vm, .. } => Some(vm.config().to_string()),
         }
     }
 
@@ -238,12 +238,13 @@ mod tests {
     use super::*;
     use crate::api::routes::RunState;
 
-    /// A VM that reports its reboot on the exit channel, as `VmState` does.
-    struct FakeVm(ExitSender);
+    /// A VM that reports its reboot on the exit channel, as `VmState` does,
+    /// and its configuration as built.
+    struct FakeVm(ExitSender, Value);
 
     impl VmApi for FakeVm {
         fn config(&self) -> Value {
-            json!({})
+            self.1.clone()
         }
         fn memory_actual_size(&self) -> u64 {
             0
@@ -288,7 +289,7 @@ mod tests {
             fail: AtomicBool::new(false),
         });
         let p = probe.clone();
-        let build: Builder = Box::new(move |_config, exit| {
+        let build: Builder = Box::new(move |config, exit| {
             p.builds.fetch_add(1, Ordering::SeqCst);
             if p.fail.load(Ordering::SeqCst) {
                 return Err(Error::ReadFile {
@@ -299,7 +300,7 @@ mod tests {
             }
             let done = p.clone();
             Ok(Booted {
-                api: Arc::new(FakeVm(exit)),
+                api: Arc::new(FakeVm(exit, vm_config::to_json(config))),
                 finish: Box::new(move |_| {
                     done.finished.fetch_add(1, Ordering::SeqCst);
                 }),
@@ -392,11 +393,11 @@ mod tests {
         let (release, released) = channel::<()>();
         let entered_tx = Mutex::new(entered_tx);
         let released = Mutex::new(released);
-        let build: Builder = Box::new(move |_config, exit| {
+        let build: Builder = Box::new(move |config, exit| {
             let _ = entered_tx.lock().map(|t| t.send(()));
             let _ = released.lock().map(|r| r.recv());
             Ok(Booted {
-                api: Arc::new(FakeVm(exit)),
+                api: Arc::new(FakeVm(exit, vm_config::to_json(config))),
                 finish: Box::new(|_| {}),
             })
         });

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 pub use super::error::ApiError;
 use crate::config::VmConfig;
+use crate::vfio::config::{DeviceSpec, VfioConfig};
 
 /// The path prefix of every endpoint.
 pub const PREFIX: &str = "/api/v1/";
@@ -73,6 +74,21 @@ pub trait VmApi: Send + Sync {
     /// Tears the VM down and boots it again from its configuration.
     /// Called by the server once the reply that asked for it has been sent.
     fn reboot(&self);
+    /// Assigns a host PCI function (`vm.add-device`) and tells the guest
+    /// its slot changed; returns cloud-hypervisor's `PciDeviceInfo`
+    /// (`{"id": .., "bdf": ..}`).
+    fn add_device(&self, _device: VfioConfig) -> Result<Value, ApiError> {
+        Err(ApiError::Unsupported(
+            "vm.add-device: this VM has no PCI hotplug; the VM is unchanged".into(),
+        ))
+    }
+    /// Asks the guest to give up the assigned function `id`
+    /// (`vm.remove-device`); it is torn down when the guest ejects it.
+    fn remove_device(&self, _id: &str) -> Result<(), ApiError> {
+        Err(ApiError::Unsupported(
+            "vm.remove-device: this VM has no PCI hotplug; the VM is unchanged".into(),
+        ))
+    }
 }
 
 /// The VM a [`VmmApi`] holds.
@@ -183,6 +199,8 @@ enum Endpoint {
     Create,
     Boot,
     Delete,
+    AddDevice,
+    RemoveDevice,
     /// Known to cloud-hypervisor, not implemented here; `true` when its
     /// request carries a JSON body.
     Missing(bool),
@@ -203,8 +221,11 @@ fn endpoint(name: &str) -> Option<(Endpoint, &'static str)> {
         "vm.create" => (Endpoint::Create, "PUT"),
         "vm.boot" => (Endpoint::Boot, "PUT"),
         "vm.delete" => (Endpoint::Delete, "PUT"),
-        "vm.add-device" | "vm.remove-device" | "vm.add-disk" | "vm.add-net" | "vm.resize"
-        | "vm.snapshot" | "vm.restore" => (Endpoint::Missing(true), "PUT"),
+        "vm.add-device" => (Endpoint::AddDevice, "PUT"),
+        "vm.remove-device" => (Endpoint::RemoveDevice, "PUT"),
+        "vm.add-disk" | "vm.add-net" | "vm.resize" | "vm.snapshot" | "vm.restore" => {
+            (Endpoint::Missing(true), "PUT")
+        }
         _ => return None,
     })
 }
@@ -272,6 +293,32 @@ fn delete(vmm: &dyn VmmApi) -> Reply {
     }
 }
 
+/// `vm.add-device`: the body is cloud-hypervisor's `DeviceConfig`.
+fn add_device(vm: &dyn VmApi, body: &[u8]) -> Reply {
+    let device = serde_json::from_slice::<DeviceSpec>(body)
+        .map_err(|e| format!("invalid DeviceConfig: {e}"))
+        .and_then(|spec| VfioConfig::from_spec(&spec));
+    match device {
+        Ok(d) => match vm.add_device(d) {
+            Ok(info) => Reply::json(200, &info),
+            Err(e) => Reply::error(e.status(), e.to_string()),
+        },
+        Err(e) => Reply::error(400, format!("vm.add-device: {e}")),
+    }
+}
+
+/// `vm.remove-device`: the body is cloud-hypervisor's `VmRemoveDeviceData`.
+fn remove_device(vm: &dyn VmApi, body: &[u8]) -> Reply {
+    #[derive(serde::Deserialize)]
+    struct RemoveDevice {
+        id: String,
+    }
+    match serde_json::from_slice::<RemoveDevice>(body) {
+        Ok(r) => Reply::from_result(vm.remove_device(&r.id)),
+        Err(e) => Reply::error(400, format!("vm.remove-device: invalid body: {e}")),
+    }
+}
+
 /// Answers one request. `url` may carry a query string (ignored, as by
 /// cloud-hypervisor).
 pub fn handle(method: &str, url: &str, body: &[u8], vmm: &dyn VmmApi) -> Reply {
@@ -312,6 +359,8 @@ pub fn handle(method: &str, url: &str, body: &[u8], vmm: &dyn VmmApi) -> Reply {
                 Err(e) => Reply::error(e.status(), e.to_string()),
             },
         ),
+        Endpoint::AddDevice => vm().map_or_else(|r| r, |vm| add_device(vm.as_ref(), body)),
+        Endpoint::RemoveDevice => vm().map_or_else(|r| r, |vm| remove_device(vm.as_ref(), body)),
         Endpoint::Missing(takes_body) => {
             if takes_body {
                 if let Err(e) = serde_json::from_slice::<Value>(body) {

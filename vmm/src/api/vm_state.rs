@@ -20,7 +20,8 @@ use crate::config::VmConfig;
 use crate::devices::ged::GedTrigger;
 use crate::exit::{ExitEvent, ExitSender};
 use crate::vcpu_control::VcpuControl;
-use crate::vfio::VfioMirror;
+use crate::vfio::hotplug::{HotplugError, VfioHotplug};
+use crate::vfio::VfioConfig;
 use crate::vhost_user::iotlb::BackendIotlb;
 
 /// Name of the vIOMMU's entry in `vm.counters`.
@@ -31,8 +32,8 @@ pub const IOMMU_COUNTERS: &str = "iommu";
 pub struct CounterSources {
     /// The vIOMMU's device model (requests and invalidation batches).
     pub iommu: Option<Arc<IommuDevice>>,
-    /// Assigned functions behind the vIOMMU, by name.
-    pub vfio: Vec<(String, Arc<VfioMirror>)>,
+    /// The assigned functions (those behind the vIOMMU count).
+    pub vfio: Option<Arc<VfioHotplug>>,
     /// vhost-user back-ends behind the vIOMMU (their IOTLBs), by name.
     pub vhost_user: Vec<(String, Arc<BackendIotlb>)>,
 }
@@ -52,11 +53,16 @@ pub struct Lifecycle {
     pub clock: Option<Arc<VmFd>>,
     /// The power button's event register.
     pub power_button: Option<GedTrigger>,
+    /// Adds and removes assigned functions (`vm.add-device`,
+    /// `vm.remove-device`). `None` in tests without KVM.
+    pub hotplug: Option<Arc<VfioHotplug>>,
 }
 
 /// What the API reads of a running VM.
 pub struct VmState {
-    config: Value,
+    /// The configuration the VM was built from; its `devices` are those
+    /// of `lifecycle.hotplug` while it runs.
+    config: VmConfig,
     memory: u64,
     counters: CounterSources,
     exit: ExitSender,
@@ -76,7 +82,7 @@ impl VmState {
         lifecycle: Lifecycle,
     ) -> Self {
         Self {
-            config: super::vm_config::to_json(config),
+            config: config.clone(),
             memory: config.memory.size,
             counters,
             exit,
@@ -84,6 +90,18 @@ impl VmState {
             frozen_clock: Mutex::new(None),
             no_reboot: reboot_obstacle(config),
         }
+    }
+}
+
+/// The answer to a refused or failed hotplug request: the caller's
+/// mistakes are 400s (cloud-hypervisor answers every device error 500,
+/// which tells a management stack less), what failed on the host is 500.
+fn hotplug_error(e: HotplugError) -> ApiError {
+    match e {
+        HotplugError::DuplicateId(_) | HotplugError::UnknownId(_) | HotplugError::Removing(_) => {
+            ApiError::BadRequest(e.to_string())
+        }
+        HotplugError::Assign(_) | HotplugError::Notify(_) => ApiError::Failed(e.to_string()),
     }
 }
 
@@ -105,7 +123,14 @@ pub fn reboot_obstacle(c: &VmConfig) -> Option<String> {
 
 impl VmApi for VmState {
     fn config(&self) -> Value {
-        self.config.clone()
+        match &self.lifecycle.hotplug {
+            Some(h) => {
+                let mut now = self.config.clone();
+                now.devices = h.configs();
+                super::vm_config::to_json(&now)
+            }
+            None => super::vm_config::to_json(&self.config),
+        }
     }
 
     fn memory_actual_size(&self) -> u64 {
@@ -131,7 +156,13 @@ impl VmApi for VmState {
                 }),
             );
         }
-        for (name, m) in &self.counters.vfio {
+        let mirrors = self
+            .counters
+            .vfio
+            .as_ref()
+            .map(|h| h.mirrors())
+            .unwrap_or_default();
+        for (name, m) in &mirrors {
             let s = &m.stats;
             out.insert(
                 name.clone(),
@@ -213,6 +244,28 @@ impl VmApi for VmState {
             .map_err(|e| ApiError::Failed(format!("raising the power button interrupt: {e}")))?;
         info!("power button pressed through the API");
         Ok(())
+    }
+
+    fn add_device(&self, device: VfioConfig) -> Result<Value, ApiError> {
+        let Some(h) = &self.lifecycle.hotplug else {
+            return Err(ApiError::Unsupported(
+                "vm.add-device: this VM has no PCI hotplug".into(),
+            ));
+        };
+        let (id, addr) = h.add(device).map_err(hotplug_error)?;
+        Ok(json!({
+            "id": id,
+            "bdf": format!("0000:{addr}"),
+        }))
+    }
+
+    fn remove_device(&self, id: &str) -> Result<(), ApiError> {
+        let Some(h) = &self.lifecycle.hotplug else {
+            return Err(ApiError::Unsupported(
+                "vm.remove-device: this VM has no PCI hotplug".into(),
+            ));
+        };
+        h.request_removal(id).map_err(hotplug_error)
     }
 
     fn can_reboot(&self) -> Result<(), ApiError> {
@@ -299,6 +352,7 @@ mod tests {
             control: VcpuControl::new(vcpus),
             clock: None,
             power_button: None,
+            hotplug: None,
         }
     }
 

@@ -27,6 +27,8 @@ pub const GED_PORT: u16 = 0x610;
 pub const GED_IRQ: u32 = 5;
 /// Event bit: the power button was pressed.
 pub const EVENT_POWER_BUTTON: u8 = 1 << 0;
+/// Event bit: PCI slots changed (`devices::pci_hotplug` says which).
+pub const EVENT_PCI_HOTPLUG: u8 = 1 << 1;
 
 /// The guest's side: the event register on the port bus.
 pub struct GedDevice {
@@ -34,9 +36,10 @@ pub struct GedDevice {
 }
 
 /// The VMM's side: raises events (from the API thread).
+#[derive(Clone)]
 pub struct GedTrigger {
     pending: Arc<AtomicU8>,
-    irq: EventFd,
+    irq: Arc<EventFd>,
 }
 
 /// A connected device and trigger; `irq` is an eventfd registered as the
@@ -47,7 +50,10 @@ pub fn ged(irq: EventFd) -> (GedDevice, GedTrigger) {
         GedDevice {
             pending: pending.clone(),
         },
-        GedTrigger { pending, irq },
+        GedTrigger {
+            pending,
+            irq: Arc::new(irq),
+        },
     )
 }
 
@@ -56,7 +62,17 @@ impl GedTrigger {
     /// (in that order, so the guest's `_EVT` finds the bit). While the VM
     /// is paused the interrupt waits in KVM's IOAPIC for the vCPUs.
     pub fn power_button(&self) -> io::Result<()> {
-        self.pending.fetch_or(EVENT_POWER_BUTTON, Ordering::SeqCst);
+        self.raise(EVENT_POWER_BUTTON)
+    }
+
+    /// Tells the guest that PCI slots changed (after the hotplug registers
+    /// were updated).
+    pub fn pci_hotplug(&self) -> io::Result<()> {
+        self.raise(EVENT_PCI_HOTPLUG)
+    }
+
+    fn raise(&self, event: u8) -> io::Result<()> {
+        self.pending.fetch_or(event, Ordering::SeqCst);
         self.irq.write(1)
     }
 }
@@ -106,5 +122,11 @@ mod tests {
         dev.read(base, 0, &mut wide);
         assert_eq!(wide, [EVENT_POWER_BUTTON, 0, 0, 0]);
         dev.read(base, 0, &mut []);
+        // Both events in one read: _EVT handles each bit it finds.
+        let other = trigger.clone();
+        trigger.power_button().unwrap();
+        other.pci_hotplug().unwrap();
+        dev.read(base, 0, &mut b);
+        assert_eq!(b[0], EVENT_POWER_BUTTON | EVENT_PCI_HOTPLUG);
     }
 }

@@ -13,6 +13,14 @@ use crate::devices::bus::{Bus, BusDevice, BusError};
 /// Number of device slots on bus 0.
 pub const NUM_SLOTS: usize = 32;
 
+/// Slots kept free for functions hotplugged behind the vIOMMU: the guest
+/// reads the VIOT once, at boot, so it must already name them. Every
+/// other device (cold-plugged, or hotplugged without `iommu=on`) takes
+/// one of the [`GENERAL_SLOTS`].
+pub const IOMMU_HOTPLUG_SLOTS: std::ops::Range<usize> = 24..NUM_SLOTS;
+/// Slots of every device not hotplugged behind the vIOMMU.
+pub const GENERAL_SLOTS: std::ops::Range<usize> = 1..IOMMU_HOTPLUG_SLOTS.start;
+
 /// Errors from the root complex.
 #[derive(Debug, Error)]
 pub enum PciError {
@@ -27,6 +35,9 @@ pub enum PciError {
         /// Size requested.
         size: u64,
     },
+    /// No function at this address (or one that cannot be removed).
+    #[error("no removable PCI function at {0}")]
+    NoDevice(PciAddress),
     /// Registering a BAR on a bus failed.
     #[error("cannot map BAR: {0}")]
     Bus(#[from] BusError),
@@ -143,12 +154,24 @@ impl PciRoot {
         }
     }
 
-    /// Plugs `device` into the next free slot, allocates and maps its BARs.
+    /// Plugs `device` into the next free one of the [`GENERAL_SLOTS`],
+    /// allocates and maps its BARs.
     pub fn add_device(&self, device: SharedPciDevice) -> Result<PciAddress, PciError> {
+        self.add_device_in(device, GENERAL_SLOTS)
+    }
+
+    /// Plugs `device` into the first free slot of `range` (a hotplugged
+    /// function behind the vIOMMU must land in the slots the VIOT names
+    /// for it), allocates and maps its BARs.
+    pub fn add_device_in(
+        &self,
+        device: SharedPciDevice,
+        range: std::ops::Range<usize>,
+    ) -> Result<PciAddress, PciError> {
         let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
-        let slot = slots
-            .iter()
-            .position(Option::is_none)
+        let slot = range
+            .into_iter()
+            .find(|&s| slots.get(s).is_some_and(Option::is_none))
             .ok_or(PciError::NoFreeSlot)?;
         let bars: Vec<_> = {
             let dev = device.lock().unwrap_or_else(|e| e.into_inner());
@@ -199,6 +222,34 @@ impl PciRoot {
             device: slot as u8,
             function: 0,
         })
+    }
+
+    /// Unplugs the function at `addr`: its BARs leave the buses and its
+    /// slot reads as empty. Returns it, so the caller decides when it is
+    /// dropped (a guest access already dispatched holds it until done).
+    /// Their address space is not handed out again (bump allocators).
+    pub fn remove_device(&self, addr: PciAddress) -> Result<SharedPciDevice, PciError> {
+        if addr.bus != 0 || addr.function != 0 || addr.device == 0 {
+            return Err(PciError::NoDevice(addr));
+        }
+        let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+        let device = slots
+            .get_mut(usize::from(addr.device))
+            .and_then(Option::take)
+            .ok_or(PciError::NoDevice(addr))?;
+        let bars: Vec<_> = {
+            let dev = device.lock().unwrap_or_else(|e| e.into_inner());
+            dev.config().bars().collect()
+        };
+        for (index, bar) in bars {
+            if let Err(e) = self.bus_for(bar.kind).remove(bar.addr) {
+                warn!(
+                    "PCI {addr}: BAR {index} at {:#x} was not on the bus: {e}",
+                    bar.addr
+                );
+            }
+        }
+        Ok(device)
     }
 
     fn bus_for(&self, kind: BarKind) -> &Bus {
@@ -447,6 +498,47 @@ mod tests {
         let mut b = [0u8; 1];
         assert!(!mmio.read(0xc000_0000, &mut b));
         assert_eq!(root.config_read(at(1), 0), 0xffff_ffff);
+    }
+
+    #[test]
+    fn removed_device_leaves_the_buses_and_its_slot() {
+        let (root, mmio, pio) = root();
+        let dev = test_device();
+        let addr = root.add_device(dev.clone()).unwrap();
+        // The guest moved BAR 0 before the unplug: the current range goes.
+        root.config_write(addr, 4, 0, &0xd000_0000u32.to_le_bytes());
+        let removed = root.remove_device(addr).unwrap();
+        assert!(Arc::ptr_eq(&removed, &(dev as SharedPciDevice)));
+        let mut b = [0u8; 1];
+        assert!(!mmio.read(0xd000_0000, &mut b));
+        assert!(!mmio.read(0x1_0000_0000, &mut b));
+        assert!(!pio.read(0x1000, &mut b));
+        assert_eq!(root.config_read(addr, 0), 0xffff_ffff);
+        assert!(matches!(
+            root.remove_device(addr),
+            Err(PciError::NoDevice(_))
+        ));
+        assert!(root.remove_device(at(0)).is_err(), "the host bridge stays");
+        // The slot is free again; new BARs come from fresh addresses.
+        let again = root.add_device(test_device()).unwrap();
+        assert_eq!(again, addr);
+        assert_eq!(root.config_read(again, 4), 0xc000_1000);
+    }
+
+    #[test]
+    fn add_device_in_takes_the_first_free_slot_of_its_range() {
+        let (root, _, _) = root();
+        assert_eq!(root.add_device_in(test_device(), 24..32).unwrap(), at(24));
+        assert_eq!(root.add_device_in(test_device(), 24..32).unwrap(), at(25));
+        assert_eq!(root.add_device(test_device()).unwrap(), at(1));
+        assert!(matches!(
+            root.add_device_in(test_device(), 31..40),
+            Ok(a) if a == at(31)
+        ));
+        assert!(matches!(
+            root.add_device_in(test_device(), 31..40),
+            Err(PciError::NoFreeSlot)
+        ));
     }
 
     #[test]

@@ -10,6 +10,7 @@
 pub mod config;
 pub mod device;
 mod direct_bar;
+pub mod hotplug;
 pub mod mirror;
 pub mod msi;
 
@@ -31,6 +32,7 @@ use crate::virtio::msix::MsiSink;
 use crate::vm::VmResources;
 
 /// An assigned function: where it sits, and its mirror behind the vIOMMU.
+#[derive(Clone)]
 pub struct AssignedDevice {
     /// Its PCI address in the guest.
     pub addr: PciAddress,
@@ -77,13 +79,15 @@ fn check_bound_to_vfio(name: &str, path: &Path) -> Result<(), Error> {
 }
 
 /// Assigns the function `cfg` names: its own container, the device reset,
-/// its PCI function plugged into the VM; then either all guest RAM mapped
-/// in the container, or (`iommu=on`) the device made an endpoint of the
-/// vIOMMU whose domain the container mirrors.
+/// its PCI function plugged into the first free slot of `slots`; then
+/// either all guest RAM mapped in the container, or (`iommu=on`) the
+/// device made an endpoint of the vIOMMU whose domain the container
+/// mirrors.
 pub fn add_vfio_device(
     cfg: &VfioConfig,
     res: &VmResources,
     iommu: Option<&mut IommuPlatform>,
+    slots: std::ops::Range<usize>,
 ) -> Result<AssignedDevice, Error> {
     let name = cfg.name();
     if cfg.iommu && iommu.is_none() {
@@ -110,7 +114,7 @@ pub fn add_vfio_device(
         .map_err(Error::Device)?;
     let addr = res
         .pci
-        .add_device(Arc::new(Mutex::new(dev)))
+        .add_device_in(Arc::new(Mutex::new(dev)), slots)
         .map_err(|e| vfio_err(&name, "PCI", e))?;
     match iommu.filter(|_| cfg.iommu) {
         Some(platform) => {

@@ -22,6 +22,7 @@ use crate::dma::DmaSpace;
 use crate::error::Error;
 use crate::interrupt::GsiRouter;
 use crate::memory::GuestMemoryMmap;
+use crate::pci::root::IOMMU_HOTPLUG_SLOTS;
 use crate::pci::{PciAddress, PciRoot};
 use crate::virtio::pci::VirtioPciDevice;
 
@@ -117,27 +118,55 @@ impl IommuPlatform {
             .with_quiescer(self.quiescer.clone()))
     }
 
+    /// Takes the function at `addr` from behind the vIOMMU (it was
+    /// unplugged): it leaves its domain, and `mirror`, the consumer that
+    /// followed it, is no longer told about maps and invalidations.
+    pub fn remove_endpoint(
+        &mut self,
+        addr: PciAddress,
+        mirror: Option<Arc<crate::vfio::VfioMirror>>,
+    ) -> Result<(), Error> {
+        if let Some(m) = mirror {
+            let inv: Arc<dyn virtio_iommu::mapping::Invalidator> = m.clone();
+            let map: Arc<dyn virtio_iommu::device::MapMirror> = m;
+            self.iommu.remove_map_mirror(&map);
+            self.iommu.remove_invalidator(&inv);
+        }
+        self.endpoints.retain(|a| *a != addr);
+        self.iommu
+            .remove_endpoint(u32::from(bdf(addr)))
+            .map_err(|e| Error::Device(format!("vIOMMU endpoint {addr}: {e}")))
+    }
+
     /// The device model (statistics, tests).
     pub fn iommu(&self) -> &Arc<IommuDevice> {
         &self.iommu
     }
 
-    /// Where the virtio-iommu function sits.
     /// The device model, for its request counters (`vm.counters`).
     pub fn device(&self) -> Arc<IommuDevice> {
         self.iommu.clone()
     }
 
+    /// Where the virtio-iommu function sits.
     pub fn address(&self) -> PciAddress {
         self.address
     }
 
-    /// The VIOT table for the current endpoints.
+    /// The VIOT table for the current endpoints and the slots kept for
+    /// hotplug behind the vIOMMU.
     pub fn viot(&self) -> Vec<u8> {
+        let hotplug = IOMMU_HOTPLUG_SLOTS.filter_map(|slot| {
+            Some(PciAddress {
+                bus: 0,
+                device: u8::try_from(slot).ok()?,
+                function: 0,
+            })
+        });
         build_viot(&ViotConfig {
             segment: SEGMENT,
             iommu: self.address,
-            endpoints: self.endpoints.clone(),
+            endpoints: self.endpoints.iter().copied().chain(hotplug).collect(),
         })
     }
 }
