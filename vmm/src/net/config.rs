@@ -6,8 +6,8 @@
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
-use crate::config::parse_options;
 use crate::error::Error;
+use crate::options::parse_options;
 
 /// Largest number of queue pairs accepted.
 pub const MAX_QUEUE_PAIRS: usize = 16;
