@@ -41,7 +41,7 @@ use super::{ActivateContext, ActivateError, VirtioDevice};
 use crate::dma::DmaSpace;
 
 /// Virtio device id of the IOMMU.
-pub const VIRTIO_ID_IOMMU: u32 = 23;
+pub use virtio_bindings::virtio_ids::VIRTIO_ID_IOMMU;
 /// Size of each request queue.
 pub const REQUEST_QUEUE_SIZE: u16 = 256;
 /// Size of the event queue.
