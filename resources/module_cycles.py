@@ -62,6 +62,7 @@ def module_files(src):
 
 def use_paths(tree):
     """Expand one `use` tree (`a::{b, c::{d, e}}`) into its leaf paths."""
+    tree = re.sub(r"\s+as\s+\w+", "", tree)  # `x as y` names x
     tree = tree.replace(" ", "").replace("\n", "")
     out = []
 
