@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::mapping::{
+use crate::space::{
     check_map_args, DomainSpace, Fault, Limits, MapError, Perm, SpaceStats, Translation,
     UnmapError, Worker, IOVA_MAX,
 };

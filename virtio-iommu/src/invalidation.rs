@@ -12,7 +12,14 @@
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 
-use crate::mapping::Invalidator;
+/// A DMA consumer outside the table (VFIO container, vhost-user back-end,
+/// translation caches). Receives ONE call per flush and domain with the
+/// merged ranges of that domain.
+pub trait Invalidator: Send + Sync {
+    /// Every translation of `domain` inside `ranges` cached by the consumer
+    /// must be gone when this returns.
+    fn invalidate(&self, domain: u32, ranges: &[RangeInclusive<u64>]);
+}
 
 /// Ranges removed during one kick.
 #[derive(Debug, Default)]

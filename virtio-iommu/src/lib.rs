@@ -3,11 +3,16 @@
 pub mod baseline;
 pub mod counters;
 pub mod device;
+pub(crate) mod domain;
+pub(crate) mod endpoint;
 pub mod events;
 pub mod invalidation;
+mod locks;
 pub mod magazine;
 pub mod mapping;
+pub mod node;
 pub mod quiesce;
+pub mod space;
 pub mod table;
 pub mod translate;
 pub mod wire;

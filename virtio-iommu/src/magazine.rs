@@ -15,7 +15,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use crate::table::node::NodePtr;
+use crate::node::NodePtr;
 
 /// Nodes per magazine.
 pub const MAGAZINE_SIZE: usize = 16;

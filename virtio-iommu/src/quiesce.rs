@@ -43,7 +43,7 @@ use loom::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 #[cfg(not(loom))]
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 
-use crate::mapping::Invalidator;
+use crate::invalidation::Invalidator;
 
 /// Most live slots one quiescer tracks (device threads are few; a bound
 /// keeps a registration bug from growing the list without end). A slot

@@ -27,7 +27,8 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-use crate::device::{Domain, Endpoint};
+use crate::domain::Domain;
+use crate::endpoint::Endpoint;
 use crate::events::FaultQueue;
 use crate::mapping::{Fault, Perm, Translation};
 use crate::wire::{

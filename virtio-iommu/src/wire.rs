@@ -45,7 +45,7 @@ pub mod feature {
     /// Project proposal: several request queues (see docs/multiqueue.md).
     pub const MULTIQUEUE: u32 = 23;
     /// Generic virtio: the device is a modern (1.0+) device.
-    pub const VIRTIO_F_VERSION_1: u32 = 32;
+    pub use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 
     /// The feature bit as a mask.
     pub const fn bit(n: u32) -> u64 {

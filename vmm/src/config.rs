@@ -11,7 +11,6 @@
 //! `parse` fills it from `key=value` text, the REST API's `vm.create` from
 //! JSON (`api/vm_config.rs`), so both refuse the same values.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -23,34 +22,7 @@ use crate::memory::layout::{MAX_MEMORY_SIZE, MIN_MEMORY_SIZE};
 /// the xAPIC destination format.
 pub const MAX_VCPUS: u8 = 64;
 
-/// Splits `key=value,...` into a map, refusing unknown or repeated keys.
-pub fn parse_options(
-    option: &'static str,
-    value: &str,
-    known: &[&str],
-) -> Result<BTreeMap<String, String>, Error> {
-    let bad = |reason: String| Error::InvalidOption {
-        option,
-        value: value.to_string(),
-        reason,
-    };
-    let mut map = BTreeMap::new();
-    for part in value.split(',').filter(|p| !p.is_empty()) {
-        let (k, v) = part
-            .split_once('=')
-            .ok_or_else(|| bad(format!("'{part}' is not key=value")))?;
-        if !known.contains(&k) {
-            return Err(bad(format!(
-                "unknown key '{k}' (known: {})",
-                known.join(", ")
-            )));
-        }
-        if map.insert(k.to_string(), v.to_string()).is_some() {
-            return Err(bad(format!("key '{k}' given twice")));
-        }
-    }
-    Ok(map)
-}
+pub use crate::options::parse_options;
 
 /// Parses a byte size with an optional binary suffix: `512M`, `2G`, `65536K`, `1073741824`.
 pub fn parse_size(text: &str) -> Option<u64> {

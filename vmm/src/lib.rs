@@ -16,6 +16,7 @@ pub mod interrupt;
 pub mod kvm_check;
 pub mod memory;
 pub mod net;
+pub mod options;
 pub mod panic_exit;
 pub mod pci;
 pub mod reboot;

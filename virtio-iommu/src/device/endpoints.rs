@@ -1,56 +1,12 @@
-//! Endpoints (PCI requester IDs) managed by the device and their attachment.
-//!
-//! WHY a per-endpoint `RwLock<Option<Arc<Domain>>>`: the DMA path of a device
-//! reads "which domain am I in" on every access, concurrently with the request
-//! queues; a read lock on the endpoint's own slot never contends with other
-//! endpoints, and attach/detach (rare) swap the `Arc` atomically with respect
-//! to readers. Endpoints are registered by the host (never by the guest), so
+//! The table of endpoints the device manages (the endpoint type is in
+//! `crate::endpoint`). Endpoints are registered by the host (never by the guest), so
 //! the table is bounded by the host's `max_endpoints` limit.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use super::domains::Domain;
-use super::sync::{read, write};
-use crate::wire::ResvMem;
-
-/// One endpoint behind the vIOMMU.
-pub struct Endpoint {
-    id: u32,
-    /// Reserved regions specific to this endpoint (reported by PROBE after
-    /// the global ones).
-    resv: Vec<ResvMem>,
-    attached: RwLock<Option<Arc<Domain>>>,
-}
-
-impl Endpoint {
-    pub fn new(id: u32, resv: Vec<ResvMem>) -> Self {
-        Self {
-            id,
-            resv,
-            attached: RwLock::new(None),
-        }
-    }
-
-    pub fn id(&self) -> u32 {
-        self.id
-    }
-
-    pub fn resv(&self) -> &[ResvMem] {
-        &self.resv
-    }
-
-    /// The domain this endpoint is attached to, if any.
-    pub fn domain(&self) -> Option<Arc<Domain>> {
-        read(&self.attached).clone()
-    }
-
-    /// Sets the attachment; returns the previous one. Caller holds the
-    /// device's topology lock.
-    pub fn set_domain(&self, d: Option<Arc<Domain>>) -> Option<Arc<Domain>> {
-        std::mem::replace(&mut *write(&self.attached), d)
-    }
-}
+use crate::endpoint::Endpoint;
+use crate::locks::{read, write};
 
 /// All endpoints by id.
 #[derive(Default)]
@@ -70,10 +26,10 @@ impl EndpointTable {
     /// Inserts unless present; returns false if the id already exists.
     pub fn insert(&self, ep: Endpoint) -> bool {
         let mut m = write(&self.map);
-        if m.contains_key(&ep.id) {
+        if m.contains_key(&ep.id()) {
             return false;
         }
-        m.insert(ep.id, Arc::new(ep));
+        m.insert(ep.id(), Arc::new(ep));
         true
     }
 

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::domains::Domain;
+use crate::domain::Domain;
 
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 

@@ -5,8 +5,8 @@
 //! validation the spec asks of the device happens before the table is
 //! touched, with checked arithmetic on every guest-supplied address.
 
-use super::domains::Domain;
 use super::IommuDevice;
+use crate::domain::Domain;
 use crate::mapping::{DomainSpace, MapError, Perm, UnmapError, Worker, GPA_MAX};
 use crate::wire::{feature, MapReq, Status, UnmapReq, MAP_F_ALL, MAP_F_MMIO};
 

@@ -45,7 +45,6 @@ mod lookup;
 mod maps;
 mod mirror;
 mod probe;
-mod sync;
 mod topology;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,16 +58,15 @@ pub use listener::EndpointListener;
 pub use mirror::{MapMirror, MirrorError};
 
 use crate::counters::{CounterRegistry, RequestCounts};
+use crate::endpoint::Endpoint;
 use crate::events::FaultQueue;
+use crate::locks::{lock, read, write};
 use crate::mapping::{Depot, Invalidator, SpaceStats, Worker};
 use crate::translate::EndpointDma;
 use crate::wire::{feature, ConfigSpace, ResvMem, CONFIG_BYPASS_OFFSET, FAULT_SIZE};
-pub(crate) use domains::Domain;
 use domains::DomainRegistry;
-pub(crate) use endpoints::Endpoint;
 use endpoints::EndpointTable;
 use features::Features;
-use sync::{lock, read, write};
 
 /// Size of the config-space extension carrying `num_request_queues` (le16 +
 /// 2 reserved bytes), present only when the multi-queue feature is offered.

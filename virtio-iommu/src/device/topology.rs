@@ -12,9 +12,9 @@
 
 use std::sync::Arc;
 
-use super::domains::{Domain, DomainKind};
-use super::sync::lock;
 use super::IommuDevice;
+use crate::domain::{Domain, DomainKind};
+use crate::locks::lock;
 use crate::mapping::{new_space, Limits, Worker};
 use crate::wire::{feature, AttachReq, DetachReq, Status, ATTACH_F_ALL, ATTACH_F_BYPASS};
 

@@ -7,8 +7,8 @@
 use std::sync::atomic::Ordering::Acquire;
 
 use super::entry::{self, HEAD, TAIL};
-use super::node::Node;
 use super::{quota, span, Table, ROOT_LEVEL};
+use crate::node::Node;
 
 /// What an audit counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -82,7 +82,7 @@ fn walk(
                 return Err(format!("generation mismatch at {iova:#x}"));
             }
             if child.owner.load(Acquire) != t.id()
-                || child.base.load(Acquire) != super::node::tag(iova, level - 1)
+                || child.base.load(Acquire) != crate::node::tag(iova, level - 1)
             {
                 return Err(format!("node at {iova:#x} tagged for another position"));
             }

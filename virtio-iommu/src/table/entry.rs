@@ -18,7 +18,7 @@
 //! at the two entries at its range's edges to know whether it would split a
 //! mapping, because a mapping partly covered must contain one of them.
 
-use crate::mapping::Perm;
+use crate::space::Perm;
 
 /// A mapping, visible to translators.
 pub const VALID: u64 = 1 << 0;

@@ -22,7 +22,6 @@
 
 mod audit;
 pub mod entry;
-pub mod node;
 mod ops;
 mod quota;
 mod range;
@@ -31,14 +30,19 @@ mod retire;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::mapping::{
-    Depot, DomainSpace, Fault, Limits, MapError, Perm, SpaceStats, Translation, UnmapError, Worker,
+use std::any::Any;
+
+use crate::invalidation::Batch;
+use crate::magazine::{Depot, NodeCache};
+use crate::node::{self, Node, NodePtr, NODE_BYTES};
+use crate::space::{
+    DomainSpace, Fault, Limits, MapError, Perm, SpaceStats, Translation, UnmapError, Worker,
+    WorkerState,
 };
 pub use audit::Audit;
-use node::{Node, NodePtr, NODE_BYTES};
 pub(crate) use quota::Padded;
 use quota::{Credits, Shard, SHARDS};
-pub(crate) use retire::{release_credits, retire_candidates, trim_credits};
+use retire::{release_credits, retire_candidates, trim_credits};
 
 /// Level of the root node.
 pub(crate) const ROOT_LEVEL: u32 = 3;
@@ -59,6 +63,18 @@ pub(crate) const fn span(level: u32) -> u64 {
 #[inline]
 pub(crate) const fn index(iova: u64, level: u32) -> usize {
     ((iova >> shift(level)) & 511) as usize
+}
+
+/// Waits politely for another operation to release an entry: spin a little,
+/// then give the core away (the holder may be preempted on a busy host).
+#[inline]
+pub(crate) fn backoff(spins: &mut u32) {
+    if *spins < 64 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+    *spins = spins.saturating_add(1);
 }
 
 /// A node whose `live` count reached zero, to try to unlink at the flush.
@@ -117,6 +133,95 @@ impl WorkerTableState {
             leaf_cache: None,
         }
     }
+}
+
+/// What the scalable table keeps per worker (behind [`WorkerState`], so
+/// the contract in `space.rs` does not know it): the magazines of table
+/// nodes and the retire lists and quota of [`WorkerTableState`].
+pub(crate) struct TableWorker {
+    pub(crate) depot: Arc<Depot>,
+    pub(crate) nodes: NodeCache,
+    pub(crate) table: WorkerTableState,
+}
+
+impl TableWorker {
+    /// A worker's table state drawing nodes from `depot`.
+    pub(crate) fn new(depot: &Arc<Depot>) -> TableWorker {
+        TableWorker {
+            depot: Arc::clone(depot),
+            nodes: NodeCache::new(),
+            table: WorkerTableState::new(depot.next_worker_id()),
+        }
+    }
+
+    /// Borrows the parts the table's operations use, with `batch`.
+    fn ctx<'a>(&'a mut self, batch: &'a mut Batch) -> Ctx<'a> {
+        Ctx {
+            depot: &self.depot,
+            nodes: &mut self.nodes,
+            table: &mut self.table,
+            batch,
+        }
+    }
+
+    /// Returns the nodes unlinked during the kick to the magazines.
+    fn recycle_deferred(&mut self) {
+        while let Some(node) = self.table.deferred.pop() {
+            self.nodes.free(&self.depot, node);
+        }
+    }
+}
+
+impl WorkerState for TableWorker {
+    fn before_invalidate(&mut self, batch: &mut Batch) {
+        retire_candidates(&mut self.ctx(batch));
+        // The cached leaf link is re-validated on use anyway; dropping it
+        // each kick bounds how long a stale one can be kept.
+        self.table.leaf_cache = None;
+    }
+
+    fn after_invalidate(&mut self, batch: &mut Batch, invalidated: bool) {
+        if invalidated || !self.table.deferred.is_empty() {
+            self.depot.advance_epoch();
+        }
+        self.recycle_deferred();
+        trim_credits(&mut self.ctx(batch));
+    }
+
+    fn release(&mut self, batch: &mut Batch) {
+        retire_candidates(&mut self.ctx(batch));
+        self.recycle_deferred();
+        release_credits(&mut self.ctx(batch));
+        self.nodes.drain_to(&self.depot);
+    }
+
+    fn id(&self) -> usize {
+        self.table.id
+    }
+
+    fn cached_nodes(&self) -> u64 {
+        self.nodes.cached()
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// One worker as the table's operations see it: its table state and the
+/// kick's invalidation batch, borrowed together for one request.
+pub(crate) struct Ctx<'a> {
+    pub(crate) depot: &'a Arc<Depot>,
+    pub(crate) nodes: &'a mut NodeCache,
+    pub(crate) table: &'a mut WorkerTableState,
+    pub(crate) batch: &'a mut Batch,
+}
+
+/// The table's view of a worker built by `Worker::new`.
+#[inline]
+fn ctx(w: &mut Worker) -> Ctx<'_> {
+    let (tw, batch) = w.parts::<TableWorker>();
+    tw.ctx(batch)
 }
 
 /// The shared part of a scalable domain.
@@ -227,15 +332,15 @@ impl DomainSpace for ScalableSpace {
         gpa: u64,
         perm: Perm,
     ) -> Result<(), MapError> {
-        ops::map(&self.t, w, iova, last, gpa, perm)
+        ops::map(&self.t, &mut ctx(w), iova, last, gpa, perm)
     }
 
     fn unmap(&self, w: &mut Worker, iova: u64, last: u64) -> Result<(), UnmapError> {
-        ops::unmap(&self.t, w, iova, last)
+        ops::unmap(&self.t, &mut ctx(w), iova, last)
     }
 
     fn clear(&self, w: &mut Worker) {
-        ops::clear(&self.t, w)
+        ops::clear(&self.t, &mut ctx(w))
     }
 
     fn translate(&self, iova: u64, access: Perm) -> Result<Translation, Fault> {

@@ -5,25 +5,13 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, SeqCst};
 use std::sync::Arc;
 
 use super::entry::{self, HEAD, LOCKED, TAIL, VALID};
-use super::node::{self, Node};
 use super::range;
-use super::{index, quota, span, Candidate, Table, ROOT_LEVEL};
-use crate::mapping::{
-    check_map_args, Fault, MapError, Perm, Translation, UnmapError, Worker, HUGE_PAGE_SIZE,
-    IOVA_MAX, PAGE_SIZE,
+use super::{backoff, index, quota, span, Candidate, Ctx, Table, ROOT_LEVEL};
+use crate::node::{self, Node};
+use crate::space::{
+    check_map_args, Fault, MapError, Perm, Translation, UnmapError, HUGE_PAGE_SIZE, IOVA_MAX,
+    PAGE_SIZE,
 };
-
-/// Waits politely for another operation to release an entry: spin a little,
-/// then give the core away (the holder may be preempted on a busy host).
-#[inline]
-pub(crate) fn backoff(spins: &mut u32) {
-    if *spins < 64 {
-        std::hint::spin_loop();
-    } else {
-        std::thread::yield_now();
-    }
-    *spins = spins.saturating_add(1);
-}
 
 /// What a walk found at the requested level.
 pub(crate) enum Found<'a> {
@@ -73,7 +61,14 @@ impl Table {
     /// Drops `k` from the live count of `n` (a node at `level` covering
     /// `iova`); queues it for retirement if that empties it.
     #[inline]
-    pub(crate) fn unpin(self: &Arc<Self>, w: &mut Worker, n: &Node, iova: u64, level: u32, k: u64) {
+    pub(crate) fn unpin(
+        self: &Arc<Self>,
+        w: &mut Ctx<'_>,
+        n: &Node,
+        iova: u64,
+        level: u32,
+        k: u64,
+    ) {
         if level >= ROOT_LEVEL || k == 0 {
             return;
         }
@@ -86,7 +81,7 @@ impl Table {
     /// directory nodes are installed if `install`.
     pub(crate) fn find<'a>(
         self: &'a Arc<Self>,
-        w: &mut Worker,
+        w: &mut Ctx<'_>,
         iova: u64,
         level: u32,
         install: bool,
@@ -169,7 +164,7 @@ impl Table {
     /// `link`). Ok(false): `n` was unlinked meanwhile, walk again.
     fn install(
         self: &Arc<Self>,
-        w: &mut Worker,
+        w: &mut Ctx<'_>,
         n: &Node,
         lvl: u32,
         iova: u64,
@@ -201,21 +196,21 @@ impl Table {
     /// in `n.live`.
     pub(crate) fn link_new_child(
         &self,
-        w: &mut Worker,
+        w: &mut Ctx<'_>,
         n: &Node,
         i: usize,
         child_tag: u64,
     ) -> Result<bool, MapError> {
-        let max_nodes = self.limits.max_table_bytes / super::node::NODE_BYTES;
+        let max_nodes = self.limits.max_table_bytes / crate::node::NODE_BYTES;
         // +1: the root.
         if self.nodes.fetch_add(1, AcqRel) + 2 > max_nodes {
             self.nodes.fetch_sub(1, AcqRel);
             return Err(MapError::NoMemory);
         }
-        let child = w.nodes.alloc(&w.depot);
+        let child = w.nodes.alloc(w.depot);
         if child.addr() & !entry::ADDR_MASK != 0 {
             // Not representable in an entry (above 2^48): keep it cached.
-            w.nodes.free(&w.depot, child);
+            w.nodes.free(w.depot, child);
             self.nodes.fetch_sub(1, AcqRel);
             return Err(MapError::NoMemory);
         }
@@ -229,7 +224,7 @@ impl Table {
                 Ok(true)
             }
             Err(_) => {
-                w.nodes.free(&w.depot, child);
+                w.nodes.free(w.depot, child);
                 self.nodes.fetch_sub(1, AcqRel);
                 Ok(false)
             }
@@ -244,7 +239,7 @@ pub(crate) fn node_tag(iova: u64, level: u32) -> u64 {
 }
 
 /// Queues the node of `level` covering `iova` for retirement at the flush.
-pub(crate) fn push_candidate(t: &Arc<Table>, w: &mut Worker, iova: u64, level: u32) {
+pub(crate) fn push_candidate(t: &Arc<Table>, w: &mut Ctx<'_>, iova: u64, level: u32) {
     let base = iova & !(span(level + 1) - 1);
     if let Some(c) = w.table.candidates.last() {
         if Arc::ptr_eq(&c.table, t) && c.iova == base && c.level == level {
@@ -272,7 +267,7 @@ enum Fast {
 /// MAP.
 pub(crate) fn map(
     t: &Arc<Table>,
-    w: &mut Worker,
+    w: &mut Ctx<'_>,
     iova: u64,
     last: u64,
     gpa: u64,
@@ -302,7 +297,7 @@ pub(crate) fn map(
 }
 
 /// One-entry MAP: a single compare-and-swap from empty to the mapping.
-fn map_one(t: &Arc<Table>, w: &mut Worker, iova: u64, level: u32, value: u64) -> Fast {
+fn map_one(t: &Arc<Table>, w: &mut Ctx<'_>, iova: u64, level: u32, value: u64) -> Fast {
     let n = match t.find(w, iova, level, true) {
         Ok(Found::Node(n)) => n,
         Ok(Found::Leaf) => return Fast::Done(Err(MapError::Overlap)),
@@ -331,7 +326,7 @@ fn map_one(t: &Arc<Table>, w: &mut Worker, iova: u64, level: u32, value: u64) ->
 /// UNMAP.
 pub(crate) fn unmap(
     t: &Arc<Table>,
-    w: &mut Worker,
+    w: &mut Ctx<'_>,
     iova: u64,
     last: u64,
 ) -> Result<(), UnmapError> {
@@ -349,7 +344,7 @@ pub(crate) fn unmap(
 
 /// One-page UNMAP of a one-page mapping: one compare-and-swap to empty.
 /// `None`: the page holds a claim of a range operation; use the range path.
-fn unmap_one(t: &Arc<Table>, w: &mut Worker, iova: u64) -> Option<Result<(), UnmapError>> {
+fn unmap_one(t: &Arc<Table>, w: &mut Ctx<'_>, iova: u64) -> Option<Result<(), UnmapError>> {
     let n = match t.find(w, iova, 0, false) {
         Ok(Found::Node(n)) => n,
         Ok(Found::Absent) => return Some(Ok(())),
@@ -385,7 +380,7 @@ fn unmap_one(t: &Arc<Table>, w: &mut Worker, iova: u64) -> Option<Result<(), Unm
 }
 
 /// Removes every mapping.
-pub(crate) fn clear(t: &Arc<Table>, w: &mut Worker) {
+pub(crate) fn clear(t: &Arc<Table>, w: &mut Ctx<'_>) {
     // A range covering the whole space cannot split anything.
     let _ = range::run_unmap(t, w, 0, IOVA_MAX);
 }

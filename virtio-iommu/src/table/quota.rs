@@ -15,8 +15,8 @@ use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::Table;
-use crate::mapping::{MapError, Worker, PAGE_SIZE};
+use super::{Ctx, Table};
+use crate::space::{MapError, PAGE_SIZE};
 
 /// Number of counter shards per domain.
 pub(crate) const SHARDS: usize = 8;
@@ -71,7 +71,7 @@ pub(crate) fn totals(t: &Table) -> (u64, u64) {
 
 /// Adds to this worker's shard of `t`'s counters.
 #[inline]
-pub(crate) fn account(t: &Table, w: &Worker, mappings: i64, bytes: i64) {
+pub(crate) fn account(t: &Table, w: &Ctx<'_>, mappings: i64, bytes: i64) {
     let delta =
         ((mappings as u64) << MAPPINGS_SHIFT).wrapping_add((bytes / PAGE_SIZE as i64) as u64);
     t.shards[w.table.id % SHARDS]
@@ -80,7 +80,7 @@ pub(crate) fn account(t: &Table, w: &Worker, mappings: i64, bytes: i64) {
 }
 
 /// Gives a worker's credits back to their domain.
-pub(crate) fn release(w: &mut Worker) {
+pub(crate) fn release(w: &mut Ctx<'_>) {
     if let Some(c) = w.table.credits.take() {
         if c.count > 0 {
             c.table.reserved.fetch_sub(c.count, Ordering::AcqRel);
@@ -92,7 +92,7 @@ pub(crate) fn release(w: &mut Worker) {
 /// has finished its kick the limit is exact (a held credit would make
 /// another queue's MAP fail early). The reference to the domain is kept so
 /// the next kick does not touch the domain's reference count.
-pub(crate) fn trim(w: &mut Worker) {
+pub(crate) fn trim(w: &mut Ctx<'_>) {
     if let Some(c) = w.table.credits.as_mut() {
         if c.count > 0 {
             c.table.reserved.fetch_sub(c.count, Ordering::AcqRel);
@@ -103,7 +103,7 @@ pub(crate) fn trim(w: &mut Worker) {
 
 /// Takes quota for one new mapping of `t`.
 #[inline]
-pub(crate) fn take(t: &Arc<Table>, w: &mut Worker) -> Result<(), MapError> {
+pub(crate) fn take(t: &Arc<Table>, w: &mut Ctx<'_>) -> Result<(), MapError> {
     if let Some(c) = w.table.credits.as_mut() {
         if Arc::ptr_eq(&c.table, t) && c.count > 0 {
             c.count -= 1;
@@ -113,7 +113,7 @@ pub(crate) fn take(t: &Arc<Table>, w: &mut Worker) -> Result<(), MapError> {
     take_slow(t, w)
 }
 
-fn take_slow(t: &Arc<Table>, w: &mut Worker) -> Result<(), MapError> {
+fn take_slow(t: &Arc<Table>, w: &mut Ctx<'_>) -> Result<(), MapError> {
     let max = t.limits.max_mappings;
     let mut chunk = if t.reserved.load(Ordering::Relaxed).saturating_add(2 * CHUNK) <= max / 2 {
         CHUNK
@@ -148,7 +148,7 @@ fn take_slow(t: &Arc<Table>, w: &mut Worker) -> Result<(), MapError> {
 /// Returns quota for `n` mappings of `t` that no longer exist (or were
 /// never made).
 #[inline]
-pub(crate) fn give(t: &Arc<Table>, w: &mut Worker, n: u64) {
+pub(crate) fn give(t: &Arc<Table>, w: &mut Ctx<'_>, n: u64) {
     if n == 0 {
         return;
     }

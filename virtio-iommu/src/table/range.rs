@@ -14,10 +14,9 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
 use std::sync::Arc;
 
 use super::entry::{self, CLAIM_EMPTY, HEAD, LOCKED, PENDING, TAIL, VALID};
-use super::node::{self, Node};
-use super::ops::backoff;
-use super::{index, quota, span, Pin, Table, ROOT_LEVEL};
-use crate::mapping::{MapError, Perm, UnmapError, Worker, HUGE_PAGE_SIZE};
+use super::{backoff, index, quota, span, Ctx, Pin, Table, ROOT_LEVEL};
+use crate::node::{self, Node};
+use crate::space::{MapError, Perm, UnmapError, HUGE_PAGE_SIZE};
 
 /// More removed mappings than this in one UNMAP are reported to consumers
 /// as one covering range (bounds the batch).
@@ -70,7 +69,7 @@ impl Op<'_> {
     /// `lo..=hi`, descending into children.
     fn claim(
         &self,
-        w: &mut Worker,
+        w: &mut Ctx<'_>,
         n: &Node,
         level: u32,
         base: u64,
@@ -183,7 +182,7 @@ impl Op<'_> {
     #[allow(clippy::too_many_arguments)]
     fn finish(
         &self,
-        w: &mut Worker,
+        w: &mut Ctx<'_>,
         n: &Node,
         level: u32,
         base: u64,
@@ -279,7 +278,7 @@ impl Op<'_> {
     }
 
     /// Unpins every node the claim walk pinned, deepest first.
-    fn unpin_all(&self, w: &mut Worker) {
+    fn unpin_all(&self, w: &mut Ctx<'_>) {
         let pins = std::mem::take(&mut w.table.pins);
         for p in pins.iter().rev() {
             let n = self.t.node(p.node);
@@ -293,7 +292,7 @@ impl Op<'_> {
 /// MAP of `lo..=hi` (checked, page-aligned) to `gpa..`.
 pub(crate) fn run_map(
     t: &Arc<Table>,
-    w: &mut Worker,
+    w: &mut Ctx<'_>,
     lo: u64,
     hi: u64,
     gpa: u64,
@@ -339,7 +338,7 @@ pub(crate) fn run_map(
 /// UNMAP of `lo..=hi` (any alignment, `hi` within the IOVA space).
 pub(crate) fn run_unmap(
     t: &Arc<Table>,
-    w: &mut Worker,
+    w: &mut Ctx<'_>,
     lo: u64,
     hi: u64,
 ) -> Result<(), UnmapError> {

@@ -14,12 +14,11 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 use std::sync::Arc;
 
 use super::entry::{self, LOCKED};
-use super::node::{Node, NodePtr};
-use super::{index, quota, Table, ROOT_LEVEL};
-use crate::mapping::Worker;
+use super::{index, quota, Ctx, Table, ROOT_LEVEL};
+use crate::node::{Node, NodePtr};
 
 /// Tries to unlink every node this worker saw become empty.
-pub(crate) fn retire_candidates(w: &mut Worker) {
+pub(super) fn retire_candidates(w: &mut Ctx<'_>) {
     let mut cands = std::mem::take(&mut w.table.candidates);
     for c in cands.drain(..) {
         try_retire(&c.table, w, c.iova, c.level);
@@ -28,18 +27,18 @@ pub(crate) fn retire_candidates(w: &mut Worker) {
 }
 
 /// End of a kick: gives unused mapping quota back to its domain.
-pub(crate) fn trim_credits(w: &mut Worker) {
+pub(super) fn trim_credits(w: &mut Ctx<'_>) {
     quota::trim(w);
 }
 
 /// Gives all the worker's mapping quota back (worker going away).
-pub(crate) fn release_credits(w: &mut Worker) {
+pub(super) fn release_credits(w: &mut Ctx<'_>) {
     quota::release(w);
 }
 
 /// Unlinks the node of `level` covering `iova` if it is empty and unpinned,
 /// then its parent if that emptied it, and so on below the root.
-fn try_retire(t: &Arc<Table>, w: &mut Worker, iova: u64, mut level: u32) {
+fn try_retire(t: &Arc<Table>, w: &mut Ctx<'_>, iova: u64, mut level: u32) {
     while level < ROOT_LEVEL {
         // Walk to the node, validating each step like a translator.
         let mut n = t.root();

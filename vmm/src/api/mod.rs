@@ -28,8 +28,8 @@ use std::thread;
 use log::{debug, info, warn};
 use tiny_http::{Header, Response, Server};
 
-use crate::config::parse_options;
 use crate::error::Error;
+use crate::options::parse_options;
 pub use routes::{VmApi, VmmApi};
 
 /// Largest request body read; a larger one is refused with 413.

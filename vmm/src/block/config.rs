@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::parse_options;
 use crate::error::Error;
+use crate::options::parse_options;
 
 /// Most request queues one disk may have (one worker thread each).
 pub const MAX_QUEUES: usize = 16;

@@ -24,7 +24,7 @@ use std::thread::{self, JoinHandle};
 
 use virtio_iommu::quiesce::ReaderSlot;
 
-use super::dma_test::{copy_guest, DmaError};
+use super::dma_copy::{copy_guest, DmaError};
 use crate::dma::DmaSpace;
 
 /// One stream: what to copy where, pass after pass.

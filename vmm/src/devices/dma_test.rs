@@ -63,17 +63,18 @@ use std::sync::{Arc, Mutex};
 
 use log::debug;
 use virtio_iommu::quiesce::ReaderSlot;
-use vm_memory::{GuestAddress, GuestMemory, Permissions};
 
-use crate::config::parse_options;
+use crate::devices::dma_copy::copy_guest;
+pub use crate::devices::dma_copy::DmaError;
 use crate::devices::dma_stream::{DmaStreamer, StreamJob};
 use crate::dma::DmaSpace;
 use crate::error::Error;
 use crate::memory::GuestMemoryMmap;
+use crate::options::parse_on_off;
+use crate::options::parse_options;
 use crate::pci::{
     BarKind, BarReprogram, PciAddress, PciConfiguration, PciDevice, PciHeader, PciRoot,
 };
-use crate::virtio::iommu::options::parse_on_off;
 use crate::virtio::iommu::IommuPlatform;
 
 /// PCI vendor id of QEMU's edu device.
@@ -194,23 +195,6 @@ pub fn add_dma_test(
         if cfg.iommu { " behind the vIOMMU" } else { "" }
     );
     Ok(addr)
-}
-
-/// Values of the DMA error register (0xa0).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u64)]
-pub enum DmaError {
-    /// The last command completed.
-    None = 0,
-    /// The IOMMU refused the guest-side range (nothing was copied).
-    IommuFault = 1,
-    /// The device-side range is outside 0x40000..0x41000 or the count is
-    /// larger than the buffer.
-    BadDeviceRange = 2,
-    /// The guest-side range is not guest RAM (after translation).
-    NotRam = 3,
-    /// Bus mastering is disabled in the PCI command register.
-    BusMasterOff = 4,
 }
 
 /// The DMA test device.
@@ -518,56 +502,6 @@ impl DmaTestDevice {
     }
 }
 
-/// Copies between `buf` and the guest range `[iova, iova + buf.len())` of
-/// `dma`: the whole range is translated first and only then copied, so a
-/// refused access changes nothing. Returns `IommuFault` when the
-/// translator refused the range, `NotRam` when it is not guest RAM.
-pub(super) fn copy_guest(dma: &DmaSpace, buf: &mut [u8], iova: u64, to_ram: bool) -> DmaError {
-    let count = buf.len();
-    let access = if to_ram {
-        Permissions::Write
-    } else {
-        Permissions::Read
-    };
-    let faults_before = dma.fault_count();
-    let slices = match dma.get_slices(GuestAddress(iova), count, access) {
-        Ok(it) => it.collect::<Result<Vec<_>, _>>(),
-        Err(e) => Err(e),
-    };
-    let slices = match slices {
-        Ok(s) => s,
-        Err(e) => {
-            debug!("dma-test: DMA at {iova:#x} len {count:#x} refused: {e}");
-            return if dma.fault_count() != faults_before {
-                DmaError::IommuFault
-            } else {
-                DmaError::NotRam
-            };
-        }
-    };
-    if slices.iter().map(|s| s.len()).sum::<usize>() != count {
-        return DmaError::NotRam;
-    }
-    let mut pos = 0usize;
-    for s in &slices {
-        let len = s.len();
-        let Some(chunk) = buf.get_mut(pos..pos + len) else {
-            return DmaError::NotRam;
-        };
-        let copied = if to_ram {
-            s.copy_from(chunk);
-            len
-        } else {
-            s.copy_to(chunk)
-        };
-        if copied != len {
-            return DmaError::NotRam;
-        }
-        pos += len;
-    }
-    DmaError::None
-}
-
 impl PciDevice for DmaTestDevice {
     fn config(&self) -> &PciConfiguration {
         &self.config
@@ -658,7 +592,7 @@ fn register_of(addr: u64) -> (u64, usize) {
 mod tests {
     use std::sync::Arc;
 
-    use vm_memory::Bytes;
+    use vm_memory::{Bytes, GuestAddress};
 
     use super::*;
     use crate::dma::iommu::IommuTranslate;

@@ -1,6 +1,7 @@
 //! Platform devices and the address-range buses that dispatch guest accesses.
 
 pub mod bus;
+pub mod dma_copy;
 pub mod dma_stream;
 pub mod dma_test;
 pub mod ged;

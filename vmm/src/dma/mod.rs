@@ -21,6 +21,8 @@
 //! guest RAM and costs one region lookup, like the plain memory object.
 
 pub mod iommu;
+#[cfg(test)]
+mod iommu_tests;
 mod space;
 #[cfg(test)]
 pub(crate) mod test_iommu;

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::parse_options;
 use crate::error::Error;
+use crate::options::parse_options;
 
 /// Largest number of queue pairs accepted.
 pub const MAX_QUEUE_PAIRS: usize = 16;

@@ -17,7 +17,7 @@ use crate::virtio::{
 };
 
 /// Virtio device id of a network card.
-pub const VIRTIO_ID_NET: u32 = 1;
+pub use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 
 /// Feature bits (virtio 1.2, 5.1.3).
 pub mod features {

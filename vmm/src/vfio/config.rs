@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::parse_options;
 use crate::error::Error;
-use crate::virtio::iommu::options::parse_on_off;
+use crate::options::parse_on_off;
+use crate::options::parse_options;
 
 /// One host PCI function to assign to the guest.
 #[derive(Clone, Debug, PartialEq, Eq)]

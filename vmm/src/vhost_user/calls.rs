@@ -12,9 +12,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use log::{error, warn};
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::epoll::{Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::virtio::wake::epoll_with;
 use crate::virtio::VirtioInterrupt;
 
 const TOKEN_STOP: u64 = u64::MAX;
@@ -86,25 +87,18 @@ pub fn run_call_forwarder(f: CallForwarder) {
 }
 
 fn setup(f: &CallForwarder) -> std::io::Result<Epoll> {
-    let epoll = Epoll::new()?;
-    epoll.ctl(
-        ControlOperation::Add,
-        f.stop.as_raw_fd(),
-        EpollEvent::new(EventSet::IN, TOKEN_STOP),
-    )?;
-    epoll.ctl(
-        ControlOperation::Add,
-        f.socket_fd,
-        EpollEvent::new(EventSet::READ_HANG_UP | EventSet::HANG_UP, TOKEN_SOCKET),
-    )?;
+    let mut fds = vec![
+        (f.stop.as_raw_fd(), TOKEN_STOP, EventSet::IN),
+        (
+            f.socket_fd,
+            TOKEN_SOCKET,
+            EventSet::READ_HANG_UP | EventSet::HANG_UP,
+        ),
+    ];
     for (i, (_, fd)) in f.calls.iter().enumerate() {
-        epoll.ctl(
-            ControlOperation::Add,
-            fd.as_raw_fd(),
-            EpollEvent::new(EventSet::IN, i as u64),
-        )?;
+        fds.push((fd.as_raw_fd(), i as u64, EventSet::IN));
     }
-    Ok(epoll)
+    epoll_with(&fds)
 }
 
 #[cfg(test)]

@@ -26,14 +26,12 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::dma::DmaSpace;
 
-/// Feature bit: the device follows virtio 1.x (mandatory here).
-pub const VIRTIO_F_VERSION_1: u32 = 32;
-/// Feature bit: the device's DMA goes through the platform IOMMU.
-pub const VIRTIO_F_ACCESS_PLATFORM: u32 = 33;
-/// Feature bit: used/avail event index notification suppression.
-pub const VIRTIO_RING_F_EVENT_IDX: u32 = 29;
-/// Feature bit: indirect descriptor tables.
-pub const VIRTIO_RING_F_INDIRECT_DESC: u32 = 28;
+// The generic feature bits every device here offers or checks, from the
+// bindings rather than written again: VERSION_1 (virtio 1.x, mandatory
+// here), ACCESS_PLATFORM (DMA through the platform IOMMU), EVENT_IDX
+// (notification suppression), INDIRECT_DESC (indirect tables).
+pub use virtio_bindings::virtio_config::{VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_VERSION_1};
+pub use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 
 /// Device status bits (virtio 1.2, 2.1).
 pub mod status {

@@ -15,7 +15,7 @@ use virtio_iommu::wire::FAULT_SIZE;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{scatter, wait};
+use super::{scatter, wait, wake_on};
 use crate::dma::DmaSpace;
 use crate::virtio::chain::{walk_into, Chain};
 use crate::virtio::{ActiveQueue, VirtioInterrupt};
@@ -49,7 +49,12 @@ pub(super) fn spawn(
     let kick = q.kick;
     std::thread::Builder::new()
         .name("viommu-event".into())
-        .spawn(move || while eq.deliver() && wait(&[&kick, &faults], &stop) {})
+        .spawn(move || {
+            let Some(wake) = wake_on(&[&kick, &faults], &stop) else {
+                return;
+            };
+            while eq.deliver() && wait(&wake) {}
+        })
 }
 
 impl EventQueue {

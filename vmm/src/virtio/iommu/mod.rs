@@ -37,11 +37,12 @@ use vmm_sys_util::eventfd::EventFd;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::chain::Buffer;
+use super::wake::Wake;
 use super::{ActivateContext, ActivateError, VirtioDevice};
 use crate::dma::DmaSpace;
 
 /// Virtio device id of the IOMMU.
-pub const VIRTIO_ID_IOMMU: u32 = 23;
+pub use virtio_bindings::virtio_ids::VIRTIO_ID_IOMMU;
 /// Size of each request queue.
 pub const REQUEST_QUEUE_SIZE: u16 = 256;
 /// Size of the event queue.
@@ -217,42 +218,20 @@ impl Drop for VirtioIommu {
     }
 }
 
-/// Waits until `wake` or `stop` is readable; returns false on stop.
-/// Both eventfds are consumed.
-fn wait(fds: &[&EventFd], stop: &EventFd) -> bool {
-    use std::os::fd::AsRawFd;
-    let mut pfds: Vec<libc::pollfd> = fds
-        .iter()
-        .chain(std::iter::once(&stop))
-        .map(|e| libc::pollfd {
-            fd: e.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    loop {
-        // SAFETY: `pfds` is a valid array of pollfd for the whole call.
-        let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, -1) };
-        if r < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            warn!("virtio-iommu: poll: {err}");
-            return false;
-        }
-        break;
-    }
-    if pfds.last().is_some_and(|p| p.revents != 0) {
-        return false;
-    }
-    for (p, e) in pfds.iter().zip(fds) {
-        if p.revents != 0 {
-            // Non-blocking: a spurious wake-up reads EAGAIN, which is fine.
-            let _ = e.read();
-        }
-    }
-    true
+/// Sleeps on `wake`; false on stop, and on an epoll error (logged: the
+/// thread ends as it would on a stop).
+fn wait(wake: &Wake) -> bool {
+    wake.wait().unwrap_or_else(|err| {
+        warn!("virtio-iommu: epoll: {err}");
+        false
+    })
+}
+
+/// The thread's wake-up set, or `None` (logged) if epoll failed.
+fn wake_on<'a>(fds: &[&'a EventFd], stop: &EventFd) -> Option<Wake<'a>> {
+    Wake::new(fds, stop)
+        .map_err(|err| warn!("virtio-iommu: epoll: {err}"))
+        .ok()
 }
 
 /// Copies `data` into the device-writable buffers `bufs` in order; false if

@@ -5,8 +5,8 @@
 use serde::{Deserialize, Serialize};
 use virtio_iommu::mapping::SpaceImpl;
 
-use crate::config::parse_options;
 use crate::error::Error;
+use crate::options::{parse_on_off, parse_options};
 
 /// Host choices for the virtio-iommu device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,19 +50,6 @@ impl Default for IommuOptions {
             queues: 1,
             requests: RequestServing::Thread,
         }
-    }
-}
-
-/// Parses an `on|off` value of `key` in option `option`.
-pub fn parse_on_off(option: &'static str, value: &str, key: &str, v: &str) -> Result<bool, Error> {
-    match v {
-        "on" => Ok(true),
-        "off" => Ok(false),
-        other => Err(Error::InvalidOption {
-            option,
-            value: value.to_string(),
-            reason: format!("{key} must be on or off, not '{other}'"),
-        }),
     }
 }
 

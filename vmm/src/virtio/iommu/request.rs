@@ -18,7 +18,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{scatter, wait};
+use super::{scatter, wait, wake_on};
 use crate::dma::DmaSpace;
 use crate::virtio::chain::{walk_into, Buffer, Chain};
 use crate::virtio::VirtioInterrupt;
@@ -101,8 +101,11 @@ impl RequestQueue {
         std::thread::Builder::new()
             .name(format!("viommu-req{}", self.index))
             .spawn(move || {
+                let Some(wake) = wake_on(&[&kick], &stop) else {
+                    return;
+                };
                 // Buffers may already be there when the driver set DRIVER_OK.
-                while self.process() && wait(&[&kick], &stop) {}
+                while self.process() && wait(&wake) {}
             })
     }
 }
