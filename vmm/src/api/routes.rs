@@ -391,6 +391,9 @@ mod tests {
         paused: AtomicBool,
         stuck: AtomicBool,
         no_reboot: AtomicBool,
+        /// Hotplug works; the assigned functions' ids.
+        hotplug: AtomicBool,
+        devices: Mutex<Vec<String>>,
     }
 
     impl VmApi for FakeVm {
@@ -437,6 +440,27 @@ mod tests {
         }
         fn shutdown(&self) {}
         fn reboot(&self) {}
+        fn add_device(&self, device: VfioConfig) -> Result<Value, ApiError> {
+            if !self.hotplug.load(Ordering::Relaxed) {
+                return Err(ApiError::Unsupported("no hotplug".into()));
+            }
+            let mut devices = self.devices.lock().unwrap();
+            let id = device.name();
+            if devices.contains(&id) {
+                return Err(ApiError::BadRequest(format!("{id} exists")));
+            }
+            devices.push(id.clone());
+            Ok(json!({ "id": id, "bdf": "0000:00:18.0" }))
+        }
+        fn remove_device(&self, id: &str) -> Result<(), ApiError> {
+            let mut devices = self.devices.lock().unwrap();
+            let before = devices.len();
+            devices.retain(|d| d != id);
+            if devices.len() == before {
+                return Err(ApiError::BadRequest(format!("no {id}")));
+            }
+            Ok(())
+        }
     }
 
     enum FakeSlot {
@@ -657,6 +681,60 @@ mod tests {
         assert_eq!((r.status, r.after), (501, After::Nothing), "{r:?}");
         assert!(body_has_error(&r));
         assert_eq!(handle("GET", "/api/v1/vm.reboot", b"", &vmm).status, 405);
+    }
+
+    #[test]
+    fn devices_are_added_and_removed_with_cloud_hypervisors_bodies() {
+        let (vmm, vm) = FakeVmm::running();
+        vm.hotplug.store(true, Ordering::Relaxed);
+        let add = |body: &[u8]| handle("PUT", "/api/v1/vm.add-device", body, &vmm);
+        let r =
+            add(br#"{"path": "/sys/bus/pci/devices/0000:01:00.0", "iommu": true, "id": "nic0"}"#);
+        assert_eq!(r.status, 200, "{r:?}");
+        let info: Value = serde_json::from_str(r.body.as_deref().unwrap_or("")).unwrap();
+        assert_eq!(info, json!({ "id": "nic0", "bdf": "0000:00:18.0" }));
+        // Without an id the BDF names it.
+        let r = add(br#"{"path": "/sys/bus/pci/devices/0000:02:00.0"}"#);
+        assert_eq!(r.status, 200, "{r:?}");
+        assert!(r.body.unwrap_or_default().contains("0000:02:00.0"));
+        for (body, status) in [
+            (
+                &br#"{"path": "/sys/bus/pci/devices/0000:01:00.0", "id": "nic0"}"#[..],
+                400,
+            ),
+            (br#"{"iommu": true}"#, 400),
+            (br#"{"path": "/x", "pci_segment": 1}"#, 400),
+            (br#"{"path": "/x", "bogus": 1}"#, 400),
+            (br#"{"path": 7}"#, 400),
+        ] {
+            let r = add(body);
+            assert_eq!(r.status, status, "{}: {r:?}", String::from_utf8_lossy(body));
+            assert!(body_has_error(&r));
+        }
+        assert_eq!(vm.devices.lock().unwrap().len(), 2, "refusals add nothing");
+        let remove = |body: &[u8]| handle("PUT", "/api/v1/vm.remove-device", body, &vmm);
+        assert_eq!(remove(br#"{"id": "nic0"}"#).status, 204);
+        for body in [
+            &br#"{"id": "nic0"}"#[..],
+            br#"{}"#,
+            br#"{"id": 3}"#,
+            b"nic0",
+        ] {
+            let r = remove(body);
+            assert_eq!(r.status, 400, "{}: {r:?}", String::from_utf8_lossy(body));
+            assert!(body_has_error(&r));
+        }
+        assert_eq!(
+            *vm.devices.lock().unwrap(),
+            vec!["0000:02:00.0".to_string()]
+        );
+        assert_eq!(
+            handle("GET", "/api/v1/vm.add-device", b"", &vmm).status,
+            405
+        );
+        // A VM without hotplug says so.
+        vm.hotplug.store(false, Ordering::Relaxed);
+        assert_eq!(add(br#"{"path": "/x"}"#).status, 501);
     }
 
     #[test]
