@@ -33,14 +33,13 @@ struct Inherited {
 /// Serves the API (if asked) and boots the VM of the command line or of
 /// the reboot hand-over (if any); the VM then runs on its own threads.
 fn start(cli: &cli::Cli, vmm: &Arc<Controller>, inherited: Inherited) -> Result<(), Error> {
-    let config = match cli.to_config()? {
-        Some(c) => Some(c),
-        None => inherited
-            .config
-            .map(|json| {
-                api::vm_config::parse(json.as_bytes()).map_err(|e| Error::HandedOver(e.to_string()))
-            })
-            .transpose()?,
+    // A handed-over configuration is the VM as it ran (created through
+    // the API, or changed by hotplug since the command line built it).
+    let config = match inherited.config {
+        Some(json) => Some(
+            api::vm_config::parse(json.as_bytes()).map_err(|e| Error::HandedOver(e.to_string()))?,
+        ),
+        None => cli.to_config()?,
     };
     let mut socket = cli.api_socket()?;
     // A rebooted image serves the socket its predecessor listened on.
@@ -86,12 +85,16 @@ fn main() {
         .unwrap_or_else(|_| ExitEvent::Error("the exit channel closed".into()));
     vmm.finish(&event);
     if event == ExitEvent::ApiReboot {
-        // A VM created through the API is not in the arguments.
-        let handover = if cli.kernel.is_none() {
-            vmm.config_json()
-        } else {
-            None
-        };
+        // A VM created through the API is not in the arguments, and one
+        // whose devices were hotplugged is no longer what they say.
+        let from_cli = cli
+            .to_config()
+            .ok()
+            .flatten()
+            .map(|c| api::vm_config::to_json(&c).to_string());
+        let handover = vmm
+            .config_json()
+            .filter(|now| Some(now) != from_cli.as_ref());
         let e = reboot::reexec(api::listener_fd(), handover.as_deref());
         eprintln!("dmavisor: error: {e}");
         std::process::exit(1);

@@ -192,5 +192,7 @@ if grep -q 'net_hotplug=1' /proc/cmdline; then
     gone=1
     [ -e "/sys/bus/pci/devices/$pci" ] && gone=0
     echo "GUEST-UNPLUG pci=$pci gone=$gone after=$i ifaces=$(echo /sys/class/net/* | tr ' ' ,)"
+    # The host reads vm.info after the eject: stay up a little longer.
+    sleep 10
 fi
 echo "GUEST-NET-DONE"

@@ -45,6 +45,12 @@ wait_for GUEST-UNPLUG-WAIT || exit 1
 echo "HOTPLUG-API PUT vm.remove-device (unknown id) -> $(call PUT vm.remove-device '{"id": "nic9"}')"
 echo "HOTPLUG-API PUT vm.remove-device -> $(call PUT vm.remove-device '{"id": "nic0"}')"
 wait_for "GUEST-UNPLUG pci=" || exit 1
-sleep 2
+# The VMM tears the function down once the guest's _EJ0 ran, just after
+# the guest saw it go: wait (bounded) until vm.info no longer lists it.
+i=0
+while devices | grep -q nic0 && [ $i -lt 20 ]; do
+    sleep 0.5
+    i=$((i + 1))
+done
 echo "HOTPLUG-API GET vm.info devices after the eject -> $(devices)"
 echo "HOTPLUG-API GET vm.counters -> $(call GET vm.counters)"

@@ -358,11 +358,17 @@ fn vfio_hotplug_behind_viommu() {
     assert!(unknown.contains("-> 400 "), "{unknown}");
     let remove = api("PUT vm.remove-device ->");
     assert!(remove.contains("-> 204"), "{remove}");
-    let gone = marker_line(&out, "GUEST-UNPLUG").unwrap_or_else(|| panic!("{out}"));
+    let gone = marker_line(&out, "GUEST-UNPLUG pci=").unwrap_or_else(|| panic!("{out}"));
     assert_eq!(field(gone, "gone"), "1", "the guest kept the NIC: {gone}");
     assert!(
         out.contains("vfio nic0: removed from 00:18.0 (ejected by the guest)"),
         "the VMM did not tear the NIC down:\n{out}"
+    );
+    // Its container and group were released (VFIO refuses while any
+    // file of the device is still open).
+    assert!(
+        !out.contains("Could not unbind VFIO group"),
+        "the group was not released:\n{out}"
     );
     let after = api("after the eject");
     assert!(!after.contains("nic0"), "vm.info still lists it: {after}");

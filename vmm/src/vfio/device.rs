@@ -474,10 +474,14 @@ impl PciDevice for VfioPciDevice {
 
 impl Drop for VfioPciDevice {
     fn drop(&mut self) {
-        // Slots go before their mmaps (dropped with `direct`).
+        // Slots go before their mmaps, and the mmaps before the device
+        // (a field dropped before `direct`): an mmap holds the device's
+        // file open, and VFIO refuses to release the group's container
+        // while it is (EBUSY when the function is hot-unplugged).
         for d in &mut self.direct {
             let _ = d.place(&self.vm, None);
         }
+        self.direct.clear();
         if self.msix.as_ref().is_some_and(|m| m.live) {
             let _ = self.device.disable_msix();
         }
