@@ -195,4 +195,16 @@ if grep -q 'net_hotplug=1' /proc/cmdline; then
     # The host reads vm.info after the eject: stay up a little longer.
     sleep 10
 fi
+# An assigned NIC behind a vIOMMU gives its driver back before the guest
+# powers off: Linux 6.12's shutdown resets the virtio-iommu device before
+# the NIC's driver shuts down, and a DMA unmap or flush-queue flush after
+# that waits for a request the reset device never answers. The guest then
+# stalls at power-off, under QEMU's virtio-iommu as under dmavisor's (seen
+# in both; the same failure is tracked for RHEL as RHEL-109504). With the
+# driver unbound first, every unmap happens while the vIOMMU still runs.
+if [ "$drv" != virtio_net ] && [ -e "$grp/type" ] && [ -e "/sys/bus/pci/devices/$pci/driver" ]; then
+    drv_now=$(basename "$(readlink -f "/sys/bus/pci/devices/$pci/driver")")
+    echo "$pci" > "/sys/bus/pci/drivers/$drv_now/unbind"
+    echo "GUEST-NET-UNBOUND pci=$pci driver=$drv_now"
+fi
 echo "GUEST-NET-DONE"
