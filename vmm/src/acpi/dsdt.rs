@@ -114,6 +114,7 @@ fn s5() -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::acpi::test_util::contains;
 
     fn windows() -> PciWindows {
         PciWindows {
@@ -121,10 +122,6 @@ mod tests {
             mmio32: (0xc000_0000, 0x2000_0000),
             mmio64: (0x1_0000_0000, 0x4_0000_0000),
         }
-    }
-
-    fn contains(hay: &[u8], needle: &[u8]) -> bool {
-        hay.windows(needle.len()).any(|w| w == needle)
     }
 
     #[test]

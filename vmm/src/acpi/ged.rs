@@ -86,10 +86,7 @@ pub fn generic_event_device() -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn contains(hay: &[u8], needle: &[u8]) -> bool {
-        hay.windows(needle.len()).any(|w| w == needle)
-    }
+    use crate::acpi::test_util::contains;
 
     #[test]
     fn power_button_is_pnp0c0c() {

@@ -9,6 +9,14 @@ pub mod viot;
 
 pub use tables::{create_acpi_tables, AcpiConfig};
 
+#[cfg(test)]
+mod test_util {
+    /// Whether the AML (or table) bytes `hay` contain `needle`.
+    pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
+        hay.windows(needle.len()).any(|w| w == needle)
+    }
+}
+
 /// OEM id stamped into every table.
 pub const OEM_ID: [u8; 6] = *b"DMAVSR";
 /// OEM table id stamped into every table.

@@ -112,10 +112,7 @@ pub fn controller() -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn contains(hay: &[u8], needle: &[u8]) -> bool {
-        hay.windows(needle.len()).any(|w| w == needle)
-    }
+    use crate::acpi::test_util::contains;
 
     #[test]
     fn every_slot_but_the_bridge_is_ejectable() {
