@@ -9,6 +9,13 @@ pub mod viot;
 
 pub use tables::{create_acpi_tables, AcpiConfig};
 
+/// OEM id stamped into every table.
+pub const OEM_ID: [u8; 6] = *b"DMAVSR";
+/// OEM table id stamped into every table.
+pub const OEM_TABLE_ID: [u8; 8] = *b"DMAVISOR";
+/// OEM revision.
+pub const OEM_REVISION: u32 = 1;
+
 #[cfg(test)]
 mod test_util {
     /// Whether the AML (or table) bytes `hay` contain `needle`.
@@ -16,10 +23,3 @@ mod test_util {
         hay.windows(needle.len()).any(|w| w == needle)
     }
 }
-
-/// OEM id stamped into every table.
-pub const OEM_ID: [u8; 6] = *b"DMAVSR";
-/// OEM table id stamped into every table.
-pub const OEM_TABLE_ID: [u8; 8] = *b"DMAVISOR";
-/// OEM revision.
-pub const OEM_REVISION: u32 = 1;
