@@ -17,7 +17,7 @@
 //! - `B0EJ` at +8: written by `_EJ0` with the slot the guest ejected.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::Arc;
 
 use log::warn;
@@ -59,18 +59,30 @@ impl HotplugEvents {
     }
 }
 
+/// Ejects waiting for the hotplug thread. A guest writes `B0EJ` once
+/// per slot it releases; one that writes it in a loop fills this and
+/// its further ejects are dropped (the bound keeps its memory bounded).
+pub const EJECT_QUEUE: usize = 32;
+
 /// The registers on the port bus. An eject is sent to the VMM's hotplug
 /// thread, never handled here: tearing a function down takes bus and
 /// VFIO locks that a vCPU in the middle of an I/O exit must not wait on.
 pub struct PciHotplugRegs {
     events: Arc<HotplugEvents>,
-    ejected: Sender<u8>,
+    ejected: SyncSender<u8>,
+    /// Ejects dropped because the queue was full (logged once).
+    dropped: u64,
 }
 
 impl PciHotplugRegs {
-    /// Registers over `events`; ejected slots are sent on `ejected`.
-    pub fn new(events: Arc<HotplugEvents>, ejected: Sender<u8>) -> Self {
-        Self { events, ejected }
+    /// Registers over `events`; ejected slots are sent on `ejected`
+    /// (a channel of [`EJECT_QUEUE`] entries).
+    pub fn new(events: Arc<HotplugEvents>, ejected: SyncSender<u8>) -> Self {
+        Self {
+            events,
+            ejected,
+            dropped: 0,
+        }
     }
 }
 
@@ -97,8 +109,17 @@ impl BusDevice for PciHotplugRegs {
         };
         let slots = u32::from_le_bytes(bytes);
         for slot in (0..32u8).filter(|s| slots & (1 << s) != 0) {
-            if self.ejected.send(slot).is_err() {
-                warn!("PCI hotplug: slot {slot} ejected, but no hotplug thread listens");
+            match self.ejected.try_send(slot) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) => {
+                    self.dropped += 1;
+                    if self.dropped == 1 {
+                        warn!("PCI hotplug: the guest ejects faster than they are served; dropped");
+                    }
+                }
+                Err(TrySendError::Disconnected(_)) => {
+                    warn!("PCI hotplug: slot {slot} ejected, but no hotplug thread listens");
+                }
             }
         }
     }
@@ -111,7 +132,7 @@ mod tests {
     #[test]
     fn events_read_once_and_ejects_reach_the_thread() {
         let events = Arc::new(HotplugEvents::default());
-        let (tx, rx) = std::sync::mpsc::channel();
+        let (tx, rx) = std::sync::mpsc::sync_channel(2);
         let mut regs = PciHotplugRegs::new(events.clone(), tx);
         let base = u64::from(PCI_HOTPLUG_PORT);
         let read = |regs: &mut PciHotplugRegs, off: u64| {
@@ -136,6 +157,12 @@ mod tests {
         regs.write(base, B0EJ_OFFSET, &[1, 0]); // not a whole register
         regs.write(base, PCIU_OFFSET, &1u32.to_le_bytes()); // read-only
         assert_eq!(rx.try_iter().collect::<Vec<_>>(), vec![5, 7]);
+        // A guest that ejects in a loop fills the queue; the rest is dropped.
+        for _ in 0..10 {
+            regs.write(base, B0EJ_OFFSET, &(1u32 << 9).to_le_bytes());
+        }
+        assert_eq!(rx.try_iter().count(), 2);
+        assert_eq!(regs.dropped, 8);
         drop(rx);
         regs.write(base, B0EJ_OFFSET, &1u32.to_le_bytes()); // no panic
     }

@@ -17,7 +17,8 @@
 //! ejects keeps the function, as on hardware.
 
 use std::ops::Range;
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 
@@ -25,7 +26,7 @@ use log::{info, warn};
 
 use super::{add_vfio_device, AssignedDevice, VfioConfig, VfioMirror};
 use crate::devices::ged::GedTrigger;
-use crate::devices::pci_hotplug::HotplugEvents;
+use crate::devices::pci_hotplug::{HotplugEvents, EJECT_QUEUE};
 use crate::error::Error;
 use crate::pci::root::{GENERAL_SLOTS, IOMMU_HOTPLUG_SLOTS};
 use crate::pci::PciAddress;
@@ -68,6 +69,9 @@ pub struct VfioHotplug {
     events: Arc<HotplugEvents>,
     ged: GedTrigger,
     plugged: Mutex<Vec<Plugged>>,
+    /// A guest ejected a slot with no assigned function (logged once: a
+    /// guest can do it at will).
+    stray_eject: AtomicBool,
 }
 
 fn slot_of(addr: PciAddress) -> u8 {
@@ -101,6 +105,7 @@ impl VfioHotplug {
                     })
                     .collect(),
             ),
+            stray_eject: AtomicBool::new(false),
         });
         let worker = Arc::downgrade(&me);
         thread::Builder::new()
@@ -192,7 +197,12 @@ impl VfioHotplug {
                 .map(|i| plugged.remove(i))
         };
         let Some(p) = taken else {
-            warn!("PCI hotplug: the guest ejected slot {slot}, which has no assigned function");
+            if !self.stray_eject.swap(true, Ordering::Relaxed) {
+                warn!(
+                    "PCI hotplug: the guest ejected slot {slot}, which has no assigned \
+                     function (only assigned functions are removed; not logged again)"
+                );
+            }
             return;
         };
         let name = p.cfg.name();
@@ -240,6 +250,6 @@ impl VfioHotplug {
 }
 
 /// The channel the hotplug registers send ejected slots on.
-pub fn eject_channel() -> (Sender<u8>, Receiver<u8>) {
-    channel()
+pub fn eject_channel() -> (SyncSender<u8>, Receiver<u8>) {
+    sync_channel(EJECT_QUEUE)
 }
