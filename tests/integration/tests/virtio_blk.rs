@@ -540,10 +540,13 @@ fn boot_from_virtio_blk_behind_viommu() {
         b.out
     );
     // dmavisor -v at exit: "virtio-iommu: N MAP, N UNMAP, ...".
-    let counts = line(b.out, " MAP, ", b.out);
-    let counts = counts
-        .split_once("virtio-iommu: ")
-        .map_or(counts, |(_, r)| r);
+    let counts = b
+        .out
+        .lines()
+        .find(|l| l.contains(" MAP, ") && l.contains("virtio-iommu: "))
+        .and_then(|l| l.split_once("virtio-iommu: "))
+        .map(|(_, r)| r.trim())
+        .unwrap_or_else(|| panic!("boot 2: no vIOMMU request counts:\n{}", b.out));
     let maps: u64 = counts
         .split_whitespace()
         .next()
