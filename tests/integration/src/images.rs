@@ -1,5 +1,6 @@
-//! Guest kernels (via `resources/guest-images`) and initramfs images (via
-//! `resources/mkinitramfs`).
+//! Guest kernels (via `resources/guest-images`), initramfs images (via
+//! `resources/mkinitramfs`) and the root disk image (via
+//! `resources/mkrootfs`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -115,6 +116,20 @@ pub fn build_initramfs(spec: &InitramfsSpec) -> Result<PathBuf, HarnessError> {
     }
     cmd.arg("--script").arg(&spec.script);
     let out = run_checked(&mut cmd)?;
+    let path = PathBuf::from(out.trim());
+    if path.exists() {
+        Ok(path)
+    } else {
+        Err(HarnessError::Missing(path))
+    }
+}
+
+/// The cached Debian root file system image (raw ext4, systemd as init,
+/// `resources/mkrootfs`), built when it is missing or stale. Tests boot a
+/// copy of it: the cached image stays as built.
+pub fn ensure_rootfs() -> Result<PathBuf, HarnessError> {
+    let _guard = FETCH_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let out = run_checked(&mut Command::new(resource("mkrootfs")))?;
     let path = PathBuf::from(out.trim());
     if path.exists() {
         Ok(path)
