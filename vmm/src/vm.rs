@@ -17,6 +17,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::acpi::dsdt::{COM1_IRQ, COM1_PORT};
 use crate::acpi::{create_acpi_tables, AcpiConfig};
+use crate::api::controller::Booted;
 use crate::boot::bzimage::{build_zero_page, write_zero_page, ZeroPageParams};
 use crate::boot::kernel::{load_cmdline, load_initramfs};
 use crate::boot::pvh::write_start_info;
@@ -118,16 +119,6 @@ fn serial_output(cfg: &SerialConfig) -> Result<Option<Box<dyn Write + Send>>, Er
                 })?,
         )),
     })
-}
-
-/// A VM whose vCPUs run: what the API asks of it, and what to do once the
-/// VMM's exit channel said why it ends.
-pub struct Booted {
-    /// The running VM as the REST API sees it.
-    pub api: Arc<dyn crate::api::VmApi>,
-    /// Flushes the serial output and logs the devices' figures. The vCPU
-    /// threads are not stopped: the caller ends the process right after.
-    pub finish: Box<dyn FnOnce(&ExitEvent) + Send>,
 }
 
 /// Builds the VM described by `config` and starts its vCPUs; every reason
