@@ -4,6 +4,7 @@
 
 pub mod acpi;
 pub mod api;
+pub mod api_socket;
 pub mod block;
 pub mod boot;
 pub mod cli;
