@@ -21,6 +21,7 @@ pub mod options;
 pub mod panic_exit;
 pub mod pci;
 pub mod reboot;
+pub mod resources;
 pub mod vcpu;
 pub mod vcpu_control;
 pub mod vfio;

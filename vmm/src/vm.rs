@@ -46,28 +46,10 @@ use crate::pci::config_access::{
 };
 use crate::pci::root::GENERAL_SLOTS;
 use crate::pci::{PciRoot, PciWindows};
+use crate::resources::VmResources;
 use crate::vcpu::{BootEntry, Vcpu};
 use crate::vcpu_control::VcpuControl;
 use crate::vfio::hotplug::VfioHotplug;
-
-/// Shared handles devices need to plug in (PCI devices, interrupts, DMA).
-#[derive(Clone)]
-pub struct VmResources {
-    /// The KVM VM.
-    pub vm: Arc<VmFd>,
-    /// Guest RAM.
-    pub mem: GuestMemoryMmap,
-    /// Port I/O bus.
-    pub pio: Arc<Bus>,
-    /// MMIO bus.
-    pub mmio: Arc<Bus>,
-    /// PCI bus 0.
-    pub pci: Arc<PciRoot>,
-    /// Exit channel.
-    pub exit: ExitSender,
-    /// The VM's GSI routing table (MSI routes for every device).
-    pub irq_router: Arc<crate::interrupt::GsiRouter>,
-}
 
 fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), Error> {
     for (slot, region) in mem.iter().enumerate() {

@@ -25,9 +25,9 @@ pub use image::DiskImage;
 use std::sync::{Arc, Mutex};
 
 use crate::error::Error;
+use crate::resources::VmResources;
 use crate::virtio::pci::VirtioPciDevice;
 use crate::virtio::plug::plug_virtio_pci;
-use crate::vm::VmResources;
 
 /// virtio-blk sectors are 512 bytes whatever the image's block size.
 pub const SECTOR_SIZE: u64 = 512;

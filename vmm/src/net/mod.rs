@@ -22,9 +22,9 @@ pub use device::{Net, NetError};
 use std::sync::{Arc, Mutex};
 
 use crate::error::Error;
+use crate::resources::VmResources;
 use crate::virtio::pci::VirtioPciDevice;
 use crate::virtio::plug::{plug_virtio_pci, Plugged};
-use crate::vm::VmResources;
 
 /// Creates one virtio-net PCI function per `--net` and plugs it into bus 0.
 ///

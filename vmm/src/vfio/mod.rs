@@ -27,9 +27,9 @@ pub use mirror::VfioMirror;
 use crate::acpi::viot::bdf;
 use crate::error::Error;
 use crate::pci::PciAddress;
+use crate::resources::VmResources;
 use crate::virtio::iommu::IommuPlatform;
 use crate::virtio::msix::MsiSink;
-use crate::vm::VmResources;
 
 /// An assigned function: where it sits, and its mirror behind the vIOMMU.
 #[derive(Clone)]

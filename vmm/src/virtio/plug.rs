@@ -9,7 +9,7 @@ use super::VirtioDevice;
 use crate::dma::DmaSpace;
 use crate::error::Error;
 use crate::pci::PciAddress;
-use crate::vm::VmResources;
+use crate::resources::VmResources;
 
 /// A virtio function on bus 0.
 pub struct Plugged {
