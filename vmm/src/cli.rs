@@ -135,7 +135,7 @@ impl Cli {
             dma_test: self
                 .dma_test
                 .iter()
-                .map(|d| crate::devices::dma_test::DmaTestConfig::parse(d))
+                .map(|d| crate::dma_test::DmaTestConfig::parse(d))
                 .collect::<Result<_, _>>()?,
             devices: self
                 .devices

@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 pub mod devices;
 pub mod dma;
+pub mod dma_test;
 pub mod error;
 pub mod exit;
 pub mod interrupt;

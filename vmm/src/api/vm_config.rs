@@ -25,7 +25,7 @@ use crate::config::{
     ConsoleMode, ConsoleSpec, CpusConfig, CpusSpec, MemoryConfig, MemorySpec, SerialConfig,
     VmConfig,
 };
-use crate::devices::dma_test::DmaTestConfig;
+use crate::dma_test::DmaTestConfig;
 use crate::net::config::NetSpec;
 use crate::vfio::config::DeviceSpec;
 use crate::virtio::iommu::options::IommuSpec;
