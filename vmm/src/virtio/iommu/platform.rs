@@ -11,7 +11,8 @@
 use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::VmFd;
-use virtio_iommu::device::{IommuConfig, IommuDevice};
+use virtio_iommu::device::{IommuConfig, IommuDevice, MapMirror};
+use virtio_iommu::mapping::Invalidator;
 use virtio_iommu::quiesce::Quiescer;
 
 use super::options::{IommuOptions, RequestServing};
@@ -120,15 +121,16 @@ impl IommuPlatform {
 
     /// Takes the function at `addr` from behind the vIOMMU (it was
     /// unplugged): it leaves its domain, and `mirror`, the consumer that
-    /// followed it, is no longer told about maps and invalidations.
-    pub fn remove_endpoint(
+    /// followed it (a VFIO container's mirror, `crate::vfio::VfioMirror`),
+    /// is no longer told about maps and invalidations.
+    pub fn remove_endpoint<M: MapMirror + Invalidator + 'static>(
         &mut self,
         addr: PciAddress,
-        mirror: Option<Arc<crate::vfio::VfioMirror>>,
+        mirror: Option<Arc<M>>,
     ) -> Result<(), Error> {
         if let Some(m) = mirror {
-            let inv: Arc<dyn virtio_iommu::mapping::Invalidator> = m.clone();
-            let map: Arc<dyn virtio_iommu::device::MapMirror> = m;
+            let inv: Arc<dyn Invalidator> = m.clone();
+            let map: Arc<dyn MapMirror> = m;
             self.iommu.remove_map_mirror(&map);
             self.iommu.remove_invalidator(&inv);
         }
