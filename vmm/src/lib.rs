@@ -18,6 +18,7 @@ pub mod interrupt;
 pub mod kvm_check;
 pub mod memory;
 pub mod net;
+pub mod net_devices;
 pub mod options;
 pub mod panic_exit;
 pub mod pci;

@@ -277,7 +277,7 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
         )?),
         None => None,
     };
-    let net_devices = crate::net::add_net_devices(&resources, &config.net, iommu.as_mut())?;
+    let net_devices = crate::net_devices::add_net_devices(&resources, &config.net, iommu.as_mut())?;
     crate::block::add_block_devices(&resources, &config.disks, iommu.as_mut())?;
     for d in &config.dma_test {
         crate::dma_test::add_dma_test(d, &resources.pci, &mem, iommu.as_mut())?;
