@@ -9,10 +9,29 @@
 use std::sync::{Arc, Mutex};
 
 use crate::error::Error;
-use crate::net::{Net, NetConfig};
+use crate::net::{Net, NetConfig, NetError};
 use crate::resources::VmResources;
+use crate::vhost_user::VhostUserNetError;
+use crate::virtio::iommu::platform::IommuPlatformError;
 use crate::virtio::pci::VirtioPciDevice;
 use crate::virtio::plug::{plug_virtio_pci, Plugged};
+
+/// Why a `--net` could not be added.
+#[derive(Debug, thiserror::Error)]
+pub enum NetSetupError {
+    /// Its TAP interface could not be set up.
+    #[error("--net: {0}")]
+    Tap(#[source] NetError),
+    /// Its vhost-user back-end could not be reached or set up.
+    #[error("--net: {0}")]
+    VhostUser(#[source] VhostUserNetError),
+}
+
+impl From<NetSetupError> for Error {
+    fn from(e: NetSetupError) -> Self {
+        Self::device(e)
+    }
+}
 
 /// Creates one virtio-net PCI function per `--net` and plugs it into bus 0.
 ///
@@ -32,12 +51,12 @@ pub fn add_net_devices(
             match &cfg.vhost_user_socket {
                 Some(path) => {
                     let net = crate::vhost_user::VhostUserNet::connect(cfg, res.mem.clone())
-                        .map_err(|e| Error::Device(format!("--net: {e}")))?;
+                        .map_err(NetSetupError::VhostUser)?;
                     iotlb = net.iotlb();
                     (Box::new(net), format!("vhost-user {}", path.display()))
                 }
                 None => {
-                    let net = Net::new(cfg).map_err(|e| Error::Device(format!("--net: {e}")))?;
+                    let net = Net::new(cfg).map_err(NetSetupError::Tap)?;
                     let name = format!("TAP {}", net.tap_name());
                     (Box::new(net), name)
                 }
@@ -53,7 +72,7 @@ pub fn add_net_devices(
                 let endpoint = platform
                     .iommu()
                     .endpoint_dma(id)
-                    .map_err(|e| Error::Device(format!("vIOMMU endpoint {bdf}: {e}")))?;
+                    .map_err(|source| IommuPlatformError::Endpoint { addr: bdf, source })?;
                 iotlb.set_endpoint(endpoint);
                 platform.iommu().add_invalidator(iotlb.clone());
                 platform.iommu().add_endpoint_listener(iotlb.clone());

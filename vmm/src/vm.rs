@@ -81,8 +81,7 @@ fn add_power_button(vm: &VmFd, pio: &Bus) -> Result<GedTrigger, Error> {
     vm.register_irqfd(&irq, GED_IRQ)
         .map_err(kvm_err("KVM_IRQFD"))?;
     let (dev, trigger) = ged(irq);
-    pio.insert(u64::from(GED_PORT), 1, Arc::new(Mutex::new(dev)))
-        .map_err(|e| Error::Device(e.to_string()))?;
+    pio.insert(u64::from(GED_PORT), 1, Arc::new(Mutex::new(dev)))?;
     Ok(trigger)
 }
 
@@ -202,7 +201,7 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
     // Devices.
     let pio = Arc::new(Bus::new());
     let mmio = Arc::new(Bus::new());
-    let device_err = |e: crate::devices::bus::BusError| Error::Device(e.to_string());
+    let device_err = Error::from;
     let serial = match serial_output(&config.serial)? {
         Some(out) => {
             let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|source| Error::Os {

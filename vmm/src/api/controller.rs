@@ -76,7 +76,7 @@ impl Controller {
     pub fn reserve(&self, config: VmConfig) -> Result<(), Error> {
         let mut phase = self.lock();
         if !matches!(*phase, Phase::Empty) {
-            return Err(Error::Device("a VM exists already".into()));
+            return Err(Error::VmExists);
         }
         *phase = Phase::Created {
             config,
@@ -93,7 +93,7 @@ impl Controller {
                 config,
                 booting: true,
             } => config.clone(),
-            _ => return Err(Error::Device("no VM reserved for booting".into())),
+            _ => return Err(Error::NothingReserved),
         };
         self.build_and_run(config)
     }

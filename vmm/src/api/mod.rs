@@ -46,8 +46,7 @@ pub fn listener_fd() -> Option<RawFd> {
 pub fn spawn(socket: &ApiSocket, vmm: Arc<dyn VmmApi>) -> Result<(), Error> {
     let listener = socket.listen()?;
     LISTENER_FD.store(listener.as_raw_fd(), Ordering::SeqCst);
-    let server = Server::from_listener(listener, None)
-        .map_err(|e| Error::Device(format!("API socket: {e}")))?;
+    let server = Server::from_listener(listener, None).map_err(Error::ApiServer)?;
     info!("API listening on {socket:?}");
     thread::Builder::new()
         .name("api".into())
