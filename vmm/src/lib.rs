@@ -2,6 +2,8 @@
 //! [`vm::start`] and the REST API's [`api::controller`]; devices (PCI, virtio) plug in through [`pci`] and
 //! [`devices::bus`].
 
+#![deny(missing_docs)]
+
 pub mod acpi;
 pub mod api;
 pub mod api_socket;
