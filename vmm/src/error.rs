@@ -50,9 +50,10 @@ pub enum Error {
         /// errno.
         source: kvm_ioctls::Error,
     },
-    /// Guest RAM could not be mapped.
+    /// Guest RAM could not be mapped (`memory::RamError`, or KVM's view
+    /// of a region).
     #[error("cannot allocate guest memory: {0}")]
-    GuestMemory(String),
+    GuestMemory(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// Writing boot data into guest memory failed.
     #[error("cannot write {0} into guest memory")]
     GuestWrite(&'static str),

@@ -56,7 +56,7 @@ fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), Error> {
     for (slot, region) in mem.iter().enumerate() {
         let host = region
             .get_host_address(vm_memory::MemoryRegionAddress(0))
-            .map_err(|e| Error::GuestMemory(e.to_string()))?;
+            .map_err(|e| Error::GuestMemory(Box::new(e)))?;
         let desc = kvm_userspace_memory_region {
             slot: slot as u32,
             flags: 0,
