@@ -10,6 +10,8 @@ pub mod api_socket;
 pub mod block;
 pub mod boot;
 pub mod cli;
+#[cfg(test)]
+mod cli_api_tests;
 pub mod config;
 pub mod devices;
 pub mod dma;
