@@ -40,12 +40,16 @@ struct RateState {
 pub enum RateDecision {
     /// Go ahead; `suppressed_before` events were swallowed since the last
     /// permitted one in a previous window (report it once).
-    Allow { suppressed_before: u64 },
+    Allow {
+        /// Events swallowed before this one.
+        suppressed_before: u64,
+    },
     /// Over budget for this window.
     Suppress,
 }
 
 impl RateLimiter {
+    /// A limiter allowing `per_window` events per `window`.
     pub fn new(per_window: u32, window: Duration) -> Self {
         Self {
             per_window,
@@ -58,6 +62,7 @@ impl RateLimiter {
         }
     }
 
+    /// Asks for permission to log one event now.
     pub fn check(&self) -> RateDecision {
         self.check_at(Instant::now())
     }
@@ -97,6 +102,7 @@ pub struct FaultQueue {
 }
 
 impl FaultQueue {
+    /// A queue keeping at most `capacity` pending events, logging at most `logs_per_sec` faults per second.
     pub fn new(capacity: usize, logs_per_sec: u32) -> Self {
         Self {
             capacity,
@@ -149,10 +155,12 @@ impl FaultQueue {
         self.lock().pop_front()
     }
 
+    /// Pending events.
     pub fn len(&self) -> usize {
         self.lock().len()
     }
 
+    /// Whether no event is pending.
     pub fn is_empty(&self) -> bool {
         self.lock().is_empty()
     }

@@ -1,5 +1,7 @@
 //! virtio-iommu device library.
 
+#![deny(missing_docs)]
+
 pub mod baseline;
 pub mod counters;
 pub mod device;

@@ -39,7 +39,9 @@ use crate::wire::{
 /// One physically contiguous piece of a translated access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DmaRun {
+    /// Guest-physical address of the piece.
     pub gpa: u64,
+    /// Its length in bytes.
     pub len: u64,
 }
 
@@ -48,16 +50,36 @@ pub struct DmaRun {
 pub enum DmaFault {
     /// The endpoint is not attached to a domain and bypass is off.
     #[error("endpoint {endpoint:#x} not attached to a domain (address {iova:#x})")]
-    NotAttached { endpoint: u32, iova: u64 },
+    NotAttached {
+        /// The endpoint whose access was refused.
+        endpoint: u32,
+        /// The refused I/O virtual address.
+        iova: u64,
+    },
     /// No mapping covers `iova`.
     #[error("endpoint {endpoint:#x}: address {iova:#x} not mapped")]
-    Unmapped { endpoint: u32, iova: u64 },
+    Unmapped {
+        /// The endpoint whose access was refused.
+        endpoint: u32,
+        /// The refused I/O virtual address.
+        iova: u64,
+    },
     /// The mapping covering `iova` lacks the requested permission.
     #[error("endpoint {endpoint:#x}: access to {iova:#x} not permitted")]
-    Permission { endpoint: u32, iova: u64 },
+    Permission {
+        /// The endpoint whose access was refused.
+        endpoint: u32,
+        /// The refused I/O virtual address.
+        iova: u64,
+    },
     /// `iova + len` wraps around the address space.
     #[error("endpoint {endpoint:#x}: access at {iova:#x} wraps the address space")]
-    Overflow { endpoint: u32, iova: u64 },
+    Overflow {
+        /// The endpoint whose access was refused.
+        endpoint: u32,
+        /// The refused I/O virtual address.
+        iova: u64,
+    },
 }
 
 /// How the current access is translated (sampled once per access).
@@ -80,6 +102,7 @@ impl EndpointDma {
         Self { ep, bypass, faults }
     }
 
+    /// The endpoint this handle translates for.
     pub fn endpoint_id(&self) -> u32 {
         self.ep.id()
     }

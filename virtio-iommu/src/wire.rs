@@ -55,10 +55,15 @@ pub mod feature {
 
 /// Request types.
 pub mod req_type {
+    /// VIRTIO_IOMMU_T_ATTACH: put an endpoint in a domain.
     pub const ATTACH: u8 = 1;
+    /// VIRTIO_IOMMU_T_DETACH: take an endpoint out of its domain.
     pub const DETACH: u8 = 2;
+    /// VIRTIO_IOMMU_T_MAP: map an IOVA range of a domain.
     pub const MAP: u8 = 3;
+    /// VIRTIO_IOMMU_T_UNMAP: unmap the mappings inside an IOVA range.
     pub const UNMAP: u8 = 4;
+    /// VIRTIO_IOMMU_T_PROBE: ask for an endpoint's properties.
     pub const PROBE: u8 = 5;
 }
 
@@ -67,48 +72,67 @@ pub const ATTACH_F_BYPASS: u32 = 1 << 0;
 /// Every ATTACH flag this device recognizes (when BYPASS_CONFIG is negotiated).
 pub const ATTACH_F_ALL: u32 = ATTACH_F_BYPASS;
 
-/// MAP flags; equal to the bits of `mapping::Perm`.
+/// MAP flag: the device may read the mapping (the flags equal the bits of
+/// `mapping::Perm`).
 pub const MAP_F_READ: u32 = 1 << 0;
+/// MAP flag: the device may write the mapping.
 pub const MAP_F_WRITE: u32 = 1 << 1;
+/// MAP flag: the mapping is of MMIO (VIRTIO_IOMMU_F_MMIO).
 pub const MAP_F_MMIO: u32 = 1 << 2;
 /// Every MAP flag this device recognizes.
 pub const MAP_F_ALL: u32 = MAP_F_READ | MAP_F_WRITE | MAP_F_MMIO;
 
-/// Probe property types.
+/// Probe property type: ends the property list.
 pub const PROBE_T_NONE: u16 = 0;
+/// Probe property type: a reserved memory region.
 pub const PROBE_T_RESV_MEM: u16 = 1;
 /// Only the low 12 bits of a property's type word are the type.
 pub const PROBE_T_MASK: u16 = 0x0fff;
 
-/// RESV_MEM subtypes.
+/// RESV_MEM subtype: the region is unusable for DMA; the driver never maps it.
 pub const RESV_MEM_T_RESERVED: u8 = 0;
+/// RESV_MEM subtype: the region is the MSI doorbell, identity-mapped.
 pub const RESV_MEM_T_MSI: u8 = 1;
 
-/// Fault reasons.
+/// Fault reason: not given.
 pub const FAULT_R_UNKNOWN: u8 = 0;
+/// Fault reason: the endpoint is not in a domain.
 pub const FAULT_R_DOMAIN: u8 = 1;
+/// Fault reason: no mapping (or the wrong permission) at the address.
 pub const FAULT_R_MAPPING: u8 = 2;
 
-/// Fault flags.
+/// Fault flag: the access was a read.
 pub const FAULT_F_READ: u32 = 1 << 0;
+/// Fault flag: the access was a write.
 pub const FAULT_F_WRITE: u32 = 1 << 1;
+/// Fault flag: the access was an instruction fetch.
 pub const FAULT_F_EXEC: u32 = 1 << 2;
+/// Fault flag: `address` holds the faulting address.
 pub const FAULT_F_ADDRESS: u32 = 1 << 8;
 
-/// Sizes of the fixed structures.
+/// Bytes of `req_head`.
 pub const HEAD_SIZE: usize = 4;
+/// Bytes of `req_tail`.
 pub const TAIL_SIZE: usize = 4;
+/// Device-readable bytes of an ATTACH request (head and body).
 pub const ATTACH_SIZE: usize = HEAD_SIZE + 16;
+/// Device-readable bytes of a DETACH request.
 pub const DETACH_SIZE: usize = HEAD_SIZE + 16;
+/// Device-readable bytes of a MAP request.
 pub const MAP_SIZE: usize = HEAD_SIZE + 32;
+/// Device-readable bytes of an UNMAP request.
 pub const UNMAP_SIZE: usize = HEAD_SIZE + 24;
+/// Device-readable bytes of a PROBE request.
 pub const PROBE_SIZE: usize = HEAD_SIZE + 4 + 64;
+/// Bytes of a probe property's header (type, length).
 pub const PROP_HEAD_SIZE: usize = 4;
 /// Value length of a RESV_MEM property (without its 4-byte header).
 pub const RESV_MEM_LEN: u16 = 20;
 /// Total bytes of one RESV_MEM property.
 pub const RESV_MEM_PROP_SIZE: usize = PROP_HEAD_SIZE + RESV_MEM_LEN as usize;
+/// Bytes of a fault event.
 pub const FAULT_SIZE: usize = 24;
+/// Bytes of the configuration space.
 pub const CONFIG_SIZE: usize = 40;
 
 /// Status codes written into `req_tail.status`.
@@ -159,8 +183,11 @@ pub enum WireError {
     /// The buffer ends before the field at `offset` of `need` bytes.
     #[error("buffer too short: need {need} bytes at offset {offset}, have {have}")]
     TooShort {
+        /// Where the field starts.
         offset: usize,
+        /// How many bytes it needs.
         need: usize,
+        /// How many bytes the buffer has.
         have: usize,
     },
     /// The request type byte is not one of the spec's types.
@@ -176,6 +203,7 @@ pub struct LeReader<'a> {
 }
 
 impl<'a> LeReader<'a> {
+    /// A reader at the start of `buf`.
     pub fn new(buf: &'a [u8]) -> Self {
         Self { buf, pos: 0 }
     }
@@ -200,18 +228,22 @@ impl<'a> LeReader<'a> {
         Ok(out)
     }
 
+    /// Reads one byte.
     pub fn u8(&mut self) -> Result<u8, WireError> {
         Ok(u8::from_le_bytes(self.bytes::<1>()?))
     }
 
+    /// Reads a little-endian u16.
     pub fn u16(&mut self) -> Result<u16, WireError> {
         Ok(u16::from_le_bytes(self.bytes::<2>()?))
     }
 
+    /// Reads a little-endian u32.
     pub fn u32(&mut self) -> Result<u32, WireError> {
         Ok(u32::from_le_bytes(self.bytes::<4>()?))
     }
 
+    /// Reads a little-endian u64.
     pub fn u64(&mut self) -> Result<u64, WireError> {
         Ok(u64::from_le_bytes(self.bytes::<8>()?))
     }
@@ -226,14 +258,17 @@ pub struct LeWriter<'a> {
 }
 
 impl<'a> LeWriter<'a> {
+    /// A writer at the start of `buf`.
     pub fn new(buf: &'a mut [u8]) -> Self {
         Self { buf, pos: 0 }
     }
 
+    /// Bytes written so far.
     pub fn pos(&self) -> usize {
         self.pos
     }
 
+    /// Appends `data`, or fails without writing when it does not fit.
     pub fn put(&mut self, data: &[u8]) -> Result<(), WireError> {
         let short = WireError::TooShort {
             offset: self.pos,
@@ -247,18 +282,22 @@ impl<'a> LeWriter<'a> {
         Ok(())
     }
 
+    /// Writes one byte.
     pub fn u8(&mut self, v: u8) -> Result<(), WireError> {
         self.put(&[v])
     }
 
+    /// Writes a little-endian u16.
     pub fn u16(&mut self, v: u16) -> Result<(), WireError> {
         self.put(&v.to_le_bytes())
     }
 
+    /// Writes a little-endian u32.
     pub fn u32(&mut self, v: u32) -> Result<(), WireError> {
         self.put(&v.to_le_bytes())
     }
 
+    /// Writes a little-endian u64.
     pub fn u64(&mut self, v: u64) -> Result<(), WireError> {
         self.put(&v.to_le_bytes())
     }
@@ -267,8 +306,11 @@ impl<'a> LeWriter<'a> {
 /// ATTACH request body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttachReq {
+    /// The domain to attach to (created on first use).
     pub domain: u32,
+    /// The endpoint to attach.
     pub endpoint: u32,
+    /// ATTACH_F_* flags.
     pub flags: u32,
     /// Must be zero (device MUST answer S_INVAL otherwise).
     pub reserved: [u8; 4],
@@ -277,41 +319,57 @@ pub struct AttachReq {
 /// DETACH request body (its reserved bytes are ignored, as the spec says).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DetachReq {
+    /// The domain the endpoint should leave.
     pub domain: u32,
+    /// The endpoint to detach.
     pub endpoint: u32,
 }
 
 /// MAP request body; `virt_end` is inclusive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MapReq {
+    /// The domain to map in.
     pub domain: u32,
+    /// First IOVA of the range.
     pub virt_start: u64,
+    /// Last IOVA of the range (inclusive).
     pub virt_end: u64,
+    /// Guest-physical address `virt_start` maps to.
     pub phys_start: u64,
+    /// MAP_F_* flags.
     pub flags: u32,
 }
 
 /// UNMAP request body; `virt_end` is inclusive; reserved bytes are ignored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UnmapReq {
+    /// The domain to unmap from.
     pub domain: u32,
+    /// First IOVA of the range.
     pub virt_start: u64,
+    /// Last IOVA of the range (inclusive).
     pub virt_end: u64,
 }
 
 /// PROBE request body (device-readable part; reserved bytes are ignored).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProbeReq {
+    /// The endpoint whose properties are asked for.
     pub endpoint: u32,
 }
 
 /// One parsed request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
+    /// An ATTACH request.
     Attach(AttachReq),
+    /// A DETACH request.
     Detach(DetachReq),
+    /// A MAP request.
     Map(MapReq),
+    /// An UNMAP request.
     Unmap(UnmapReq),
+    /// A PROBE request.
     Probe(ProbeReq),
 }
 
@@ -378,6 +436,7 @@ pub fn encode_tail(status: Status) -> [u8; TAIL_SIZE] {
 
 /// Serializes requests; used by tests, the fuzzer and any Rust-side driver.
 impl Request {
+    /// The request's device-readable bytes: head, then body.
     pub fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(PROBE_SIZE);
         match *self {
@@ -424,6 +483,7 @@ impl Request {
 pub struct ResvMem {
     /// RESV_MEM_T_RESERVED or RESV_MEM_T_MSI.
     pub subtype: u8,
+    /// First IOVA of the region.
     pub start: u64,
     /// Inclusive.
     pub end: u64,
@@ -447,6 +507,7 @@ impl ResvMem {
 /// One decoded probe property (for tests and Rust-side drivers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProbeProp {
+    /// A RESV_MEM property.
     ResvMem(ResvMem),
     /// A property of a type this decoder does not know (type, length).
     Other(u16, u16),
@@ -487,13 +548,18 @@ pub fn decode_probe_props(props: &[u8]) -> Result<Vec<ProbeProp>, WireError> {
 /// A fault event as written into an event-queue buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FaultEvent {
+    /// FAULT_R_* reason.
     pub reason: u8,
+    /// FAULT_F_* flags.
     pub flags: u32,
+    /// The endpoint whose access faulted.
     pub endpoint: u32,
+    /// The faulting address (valid with FAULT_F_ADDRESS).
     pub address: u64,
 }
 
 impl FaultEvent {
+    /// The event's FAULT_SIZE bytes.
     pub fn encode(&self) -> [u8; FAULT_SIZE] {
         let mut out = [0u8; FAULT_SIZE];
         let mut w = LeWriter::new(&mut out);
@@ -509,6 +575,7 @@ impl FaultEvent {
         out
     }
 
+    /// Parses an event's bytes (tests and Rust-side drivers).
     pub fn decode(buf: &[u8]) -> Result<FaultEvent, WireError> {
         let mut r = LeReader::new(buf);
         let reason = r.u8()?;
@@ -529,12 +596,19 @@ impl FaultEvent {
 /// The device configuration space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConfigSpace {
+    /// Supported page sizes (bit n: 2^n bytes).
     pub page_size_mask: u64,
+    /// First IOVA the device translates.
     pub input_start: u64,
+    /// Last IOVA the device translates (inclusive).
     pub input_end: u64,
+    /// First valid domain ID.
     pub domain_start: u32,
+    /// Last valid domain ID (inclusive).
     pub domain_end: u32,
+    /// Bytes of PROBE properties per endpoint.
     pub probe_size: u32,
+    /// Unattached endpoints bypass translation when 1.
     pub bypass: u8,
 }
 
@@ -542,6 +616,7 @@ pub struct ConfigSpace {
 pub const CONFIG_BYPASS_OFFSET: usize = 36;
 
 impl ConfigSpace {
+    /// The configuration space's CONFIG_SIZE bytes.
     pub fn encode(&self) -> [u8; CONFIG_SIZE] {
         let mut out = [0u8; CONFIG_SIZE];
         let mut w = LeWriter::new(&mut out);

@@ -135,7 +135,7 @@ impl Cli {
             dma_test: self
                 .dma_test
                 .iter()
-                .map(|d| crate::devices::dma_test::DmaTestConfig::parse(d))
+                .map(|d| crate::dma_test::DmaTestConfig::parse(d))
                 .collect::<Result<_, _>>()?,
             devices: self
                 .devices
@@ -146,10 +146,10 @@ impl Cli {
     }
 
     /// Where the REST API listens (`--api-socket`), if anywhere.
-    pub fn api_socket(&self) -> Result<Option<crate::api::ApiSocket>, Error> {
+    pub fn api_socket(&self) -> Result<Option<crate::api_socket::ApiSocket>, Error> {
         self.api_socket
             .as_deref()
-            .map(crate::api::ApiSocket::parse)
+            .map(crate::api_socket::ApiSocket::parse)
             .transpose()
     }
 }
@@ -270,7 +270,7 @@ mod tests {
         assert!(cli.to_config().unwrap().is_none());
         assert_eq!(
             cli.api_socket().unwrap(),
-            Some(crate::api::ApiSocket::Path("/run/a.sock".into()))
+            Some(crate::api_socket::ApiSocket::Path("/run/a.sock".into()))
         );
         let cli = Cli::try_parse_from(["dmavisor", "--api-socket", "fd=3", "-v"]).unwrap();
         assert!(cli.to_config().unwrap().is_none());

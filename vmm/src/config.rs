@@ -333,7 +333,7 @@ pub struct VmConfig {
     /// The virtio-iommu (`--iommu`), if any.
     pub iommu: Option<crate::virtio::iommu::IommuOptions>,
     /// DMA test devices (`--dma-test`, repeatable).
-    pub dma_test: Vec<crate::devices::dma_test::DmaTestConfig>,
+    pub dma_test: Vec<crate::dma_test::DmaTestConfig>,
     /// Assigned host PCI functions (`--device`, repeatable).
     pub devices: Vec<crate::vfio::VfioConfig>,
 }

@@ -50,9 +50,10 @@ pub enum Error {
         /// errno.
         source: kvm_ioctls::Error,
     },
-    /// Guest RAM could not be mapped.
+    /// Guest RAM could not be mapped (`memory::RamError`, or KVM's view
+    /// of a region).
     #[error("cannot allocate guest memory: {0}")]
-    GuestMemory(String),
+    GuestMemory(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// Writing boot data into guest memory failed.
     #[error("cannot write {0} into guest memory")]
     GuestWrite(&'static str),
@@ -67,9 +68,20 @@ pub enum Error {
         /// OS error.
         source: std::io::Error,
     },
-    /// Registering a device failed.
+    /// Setting up a device failed; the source is the device module's own
+    /// error (`BusError`, `PlugError`, `VfioError`, ...), turned into this
+    /// by [`Error::device`] or the module's `From` impl.
     #[error("device setup: {0}")]
-    Device(String),
+    Device(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The REST API's HTTP server could not start on its socket.
+    #[error("device setup: API socket: {0}")]
+    ApiServer(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// `vm.create` or a command-line VM while the VMM holds one already.
+    #[error("device setup: a VM exists already")]
+    VmExists,
+    /// `Controller::boot_reserved` without a `Controller::reserve` first.
+    #[error("device setup: no VM reserved for booting")]
+    NothingReserved,
     /// The configuration a reboot handed over (`crate::reboot`) is not
     /// valid: only a different dmavisor binary could have written it.
     #[error("the VM configuration handed over by vm.reboot: {0}")]
@@ -82,6 +94,13 @@ pub enum Error {
         /// OS error.
         source: std::io::Error,
     },
+}
+
+impl Error {
+    /// A device module's own error, as [`Error::Device`].
+    pub fn device(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::Device(Box::new(e))
+    }
 }
 
 /// Shorthand for KVM ioctl errors.

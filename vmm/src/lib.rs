@@ -2,24 +2,32 @@
 //! [`vm::start`] and the REST API's [`api::controller`]; devices (PCI, virtio) plug in through [`pci`] and
 //! [`devices::bus`].
 
+#![deny(missing_docs)]
+
 pub mod acpi;
 pub mod api;
+pub mod api_socket;
 pub mod block;
 pub mod boot;
 pub mod cli;
+#[cfg(test)]
+mod cli_api_tests;
 pub mod config;
 pub mod devices;
 pub mod dma;
+pub mod dma_test;
 pub mod error;
 pub mod exit;
 pub mod interrupt;
 pub mod kvm_check;
 pub mod memory;
 pub mod net;
+pub mod net_devices;
 pub mod options;
 pub mod panic_exit;
 pub mod pci;
 pub mod reboot;
+pub mod resources;
 pub mod vcpu;
 pub mod vcpu_control;
 pub mod vfio;

@@ -211,16 +211,12 @@ mod tests {
         let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
         set_cloexec(fd, false).unwrap();
         // SAFETY: reads the flags of a descriptor owned by `f`.
-        assert_eq!(
-            unsafe { libc::fcntl(fd, libc::F_GETFD) } & libc::FD_CLOEXEC,
-            0
-        );
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        assert_eq!(flags & libc::FD_CLOEXEC, 0);
         set_cloexec(fd, true).unwrap();
         // SAFETY: as above.
-        assert_ne!(
-            unsafe { libc::fcntl(fd, libc::F_GETFD) } & libc::FD_CLOEXEC,
-            0
-        );
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        assert_ne!(flags & libc::FD_CLOEXEC, 0);
         assert!(set_cloexec(1_000_000, true).is_err());
     }
 
@@ -233,7 +229,7 @@ mod tests {
             "serial": {"mode": "File", "file": "/tmp/s"}}"#;
         let created = crate::api::vm_config::parse(body).expect("valid");
         let (tx, _rx) = std::sync::mpsc::channel();
-        let never: Builder = Box::new(|_, _| Err(crate::error::Error::Device("no KVM".into())));
+        let never: Builder = Box::new(|_, _| Err(crate::error::Error::Kvm("no KVM".into())));
         let c = Controller::new(tx, never);
         c.create(created.clone()).expect("create");
         let json = c.config_json().expect("a config");

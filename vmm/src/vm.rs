@@ -10,13 +10,15 @@ use std::time::Instant;
 use kvm_bindings::{
     kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
 };
-use kvm_ioctls::{Cap, VmFd};
+use kvm_ioctls::{Cap, Kvm, VmFd};
 use log::{debug, info, warn};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::acpi::dsdt::{COM1_IRQ, COM1_PORT};
-use crate::acpi::{create_acpi_tables, AcpiConfig};
+use crate::acpi::tables::create_acpi_tables_with;
+use crate::acpi::AcpiConfig;
+use crate::api::controller::Booted;
 use crate::boot::bzimage::{build_zero_page, write_zero_page, ZeroPageParams};
 use crate::boot::kernel::{load_cmdline, load_initramfs};
 use crate::boot::pvh::write_start_info;
@@ -36,8 +38,8 @@ use crate::error::{kvm_err, Error};
 use crate::exit::{ExitEvent, ExitSender};
 use crate::kvm_check::open_kvm;
 use crate::memory::layout::{
-    self, KVM_IDENTITY_MAP_ADDRESS, KVM_TSS_ADDRESS, PCI_ECAM_SIZE, PCI_ECAM_START, PCI_IO_SIZE,
-    PCI_IO_START, PCI_MMIO32_SIZE, PCI_MMIO32_START, ZERO_PAGE_START,
+    self, ACPI_START, KVM_IDENTITY_MAP_ADDRESS, KVM_TSS_ADDRESS, PCI_ECAM_SIZE, PCI_ECAM_START,
+    PCI_IO_SIZE, PCI_IO_START, PCI_MMIO32_SIZE, PCI_MMIO32_START, ZERO_PAGE_START,
 };
 use crate::memory::{create_guest_memory, GuestMemoryMmap};
 use crate::pci::config_access::{
@@ -45,34 +47,16 @@ use crate::pci::config_access::{
 };
 use crate::pci::root::GENERAL_SLOTS;
 use crate::pci::{PciRoot, PciWindows};
+use crate::resources::VmResources;
 use crate::vcpu::{BootEntry, Vcpu};
 use crate::vcpu_control::VcpuControl;
 use crate::vfio::hotplug::VfioHotplug;
-
-/// Shared handles devices need to plug in (PCI devices, interrupts, DMA).
-#[derive(Clone)]
-pub struct VmResources {
-    /// The KVM VM.
-    pub vm: Arc<VmFd>,
-    /// Guest RAM.
-    pub mem: GuestMemoryMmap,
-    /// Port I/O bus.
-    pub pio: Arc<Bus>,
-    /// MMIO bus.
-    pub mmio: Arc<Bus>,
-    /// PCI bus 0.
-    pub pci: Arc<PciRoot>,
-    /// Exit channel.
-    pub exit: ExitSender,
-    /// The VM's GSI routing table (MSI routes for every device).
-    pub irq_router: Arc<crate::interrupt::GsiRouter>,
-}
 
 fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), Error> {
     for (slot, region) in mem.iter().enumerate() {
         let host = region
             .get_host_address(vm_memory::MemoryRegionAddress(0))
-            .map_err(|e| Error::GuestMemory(e.to_string()))?;
+            .map_err(|e| Error::GuestMemory(Box::new(e)))?;
         let desc = kvm_userspace_memory_region {
             slot: slot as u32,
             flags: 0,
@@ -98,8 +82,7 @@ fn add_power_button(vm: &VmFd, pio: &Bus) -> Result<GedTrigger, Error> {
     vm.register_irqfd(&irq, GED_IRQ)
         .map_err(kvm_err("KVM_IRQFD"))?;
     let (dev, trigger) = ged(irq);
-    pio.insert(u64::from(GED_PORT), 1, Arc::new(Mutex::new(dev)))
-        .map_err(|e| Error::Device(e.to_string()))?;
+    pio.insert(u64::from(GED_PORT), 1, Arc::new(Mutex::new(dev)))?;
     Ok(trigger)
 }
 
@@ -120,25 +103,22 @@ fn serial_output(cfg: &SerialConfig) -> Result<Option<Box<dyn Write + Send>>, Er
     })
 }
 
-/// A VM whose vCPUs run: what the API asks of it, and what to do once the
-/// VMM's exit channel said why it ends.
-pub struct Booted {
-    /// The running VM as the REST API sees it.
-    pub api: Arc<dyn crate::api::VmApi>,
-    /// Flushes the serial output and logs the devices' figures. The vCPU
-    /// threads are not stopped: the caller ends the process right after.
-    pub finish: Box<dyn FnOnce(&ExitEvent) + Send>,
+/// Guest RAM with the kernel, its command line, initramfs and boot data
+/// in place: what the first step leaves for the others.
+struct GuestImage {
+    mem: GuestMemoryMmap,
+    windows: PciWindows,
+    entry: u64,
+    boot_mode: EntryMode,
+    boot_data: u64,
 }
 
-/// Builds the VM described by `config` and starts its vCPUs; every reason
-/// for it to end is sent on `exit_tx`. Returns without waiting for the
-/// guest, so the REST API can boot a VM and go on answering.
-pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
-    let started = Instant::now();
-    // A device that cannot be assigned is the user's first problem.
-    for d in &config.devices {
-        crate::vfio::check_assignable(d)?;
-    }
+/// Step 1, memory and boot: guest RAM, the kernel, command line,
+/// initramfs, reset vector and boot data (zero page or PVH start info).
+/// Runs before KVM is opened so that bad files are reported first. The
+/// boot data points at the RSDP, which the ACPI step writes at
+/// [`ACPI_START`] once every device is known.
+fn load_memory_and_boot(config: &VmConfig) -> Result<GuestImage, Error> {
     let mem_size = config.memory.size;
     let mem = create_guest_memory(mem_size, config.memory.thp, config.memory.shared)?;
 
@@ -149,17 +129,9 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
         mmio64: (mmio64_start, mmio64_size),
     };
 
-    // Kernel, command line, initramfs, ACPI and boot data: checked before
-    // KVM is opened so that bad files are reported first.
     let kernel = load_kernel(&mem, &config.kernel)?;
     crate::boot::reset_vector::write_reset_vector(&mem)?;
-    let rsdp = create_acpi_tables(
-        &mem,
-        &AcpiConfig {
-            num_vcpus: config.cpus.boot,
-            pci_windows: windows,
-        },
-    )?;
+    let rsdp = ACPI_START;
     let low_end = layout::low_ram_end(mem_size);
     let (boot_mode, boot_data) = match kernel.protocol {
         BootProtocol::Linux64 { header } => {
@@ -194,7 +166,18 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
             )
         }
     };
+    Ok(GuestImage {
+        mem,
+        windows,
+        entry: kernel.entry,
+        boot_mode,
+        boot_data,
+    })
+}
 
+/// The KVM VM: its vCPU count checked against the host's, the x86 setup
+/// (TSS, identity map, irqchip, PIT) done and guest RAM registered.
+fn create_kvm_vm(config: &VmConfig, mem: &GuestMemoryMmap) -> Result<(Kvm, Arc<VmFd>), Error> {
     let kvm = open_kvm()?;
     let max_vcpus = kvm.get_max_vcpus();
     if usize::from(config.cpus.boot) > max_vcpus {
@@ -224,12 +207,33 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
     })
     .map_err(kvm_err("KVM_CREATE_PIT2"))?;
 
-    register_memory(&vm, &mem)?;
+    register_memory(&vm, mem)?;
+    Ok((kvm, vm))
+}
 
-    // Devices.
+/// What the legacy-devices step put on the buses.
+struct LegacyDevices {
+    pio: Arc<Bus>,
+    mmio: Arc<Bus>,
+    pci: Arc<PciRoot>,
+    serial: Option<Arc<Mutex<SerialDevice>>>,
+    power_button: GedTrigger,
+    hotplug_events: Arc<HotplugEvents>,
+    eject_rx: std::sync::mpsc::Receiver<u8>,
+}
+
+/// Step 2, legacy devices: the port and MMIO buses with COM1, the ACPI
+/// power and reset ports, the i8042 reset line, the power button, the PCI
+/// hotplug registers, and PCI bus 0 with its two configuration mechanisms.
+fn add_legacy_devices(
+    config: &VmConfig,
+    vm: &VmFd,
+    windows: PciWindows,
+    exit_tx: &ExitSender,
+) -> Result<LegacyDevices, Error> {
     let pio = Arc::new(Bus::new());
     let mmio = Arc::new(Bus::new());
-    let device_err = |e: crate::devices::bus::BusError| Error::Device(e.to_string());
+    let device_err = Error::from;
     let serial = match serial_output(&config.serial)? {
         Some(out) => {
             let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|source| Error::Os {
@@ -257,7 +261,7 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
         Arc::new(Mutex::new(I8042Reset::new(exit_tx.clone()))),
     )
     .map_err(device_err)?;
-    let power_button = add_power_button(&vm, &pio)?;
+    let power_button = add_power_button(vm, &pio)?;
     let hotplug_events = Arc::new(HotplugEvents::default());
     let (eject_tx, eject_rx) = crate::vfio::hotplug::eject_channel();
     pio.insert(
@@ -282,58 +286,155 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
         Arc::new(Mutex::new(PciEcam::new(pci.clone()))),
     )
     .map_err(device_err)?;
-
-    let resources = VmResources {
-        vm: vm.clone(),
-        mem: mem.clone(),
-        pio: pio.clone(),
-        mmio: mmio.clone(),
+    Ok(LegacyDevices {
+        pio,
+        mmio,
         pci,
-        exit: exit_tx.clone(),
-        irq_router: Arc::new(crate::interrupt::GsiRouter::new(vm.clone())),
-    };
-    // The vIOMMU comes first: devices with iommu=on register as its
-    // endpoints when they are plugged in.
+        serial,
+        power_button,
+        hotplug_events,
+        eject_rx,
+    })
+}
+
+/// What the PCI-devices step plugged in.
+struct PciDevices {
+    iommu: Option<crate::virtio::iommu::IommuPlatform>,
+    net: crate::net_devices::NetDevices,
+    assigned: Vec<(crate::vfio::VfioConfig, crate::vfio::AssignedDevice)>,
+}
+
+/// Step 3, PCI devices: the vIOMMU first (devices with `iommu=on` become
+/// its endpoints as they are plugged in), then `--net`, `--disk`,
+/// `--dma-test` and `--device`.
+fn add_pci_devices(config: &VmConfig, resources: &VmResources) -> Result<PciDevices, Error> {
     let mut iommu = match &config.iommu {
         Some(opts) => Some(crate::virtio::iommu::IommuPlatform::create(
             opts,
-            vm.clone(),
+            resources.vm.clone(),
             &resources.irq_router,
             &resources.pci,
-            mem.clone(),
+            resources.mem.clone(),
         )?),
         None => None,
     };
-    let net_devices = crate::net::add_net_devices(&resources, &config.net, iommu.as_mut())?;
-    crate::block::add_block_devices(&resources, &config.disks, iommu.as_mut())?;
+    let net = crate::net_devices::add_net_devices(resources, &config.net, iommu.as_mut())?;
+    crate::block::add_block_devices(resources, &config.disks, iommu.as_mut())?;
     for d in &config.dma_test {
-        crate::devices::dma_test::add_dma_test(d, &resources.pci, &mem, iommu.as_mut())?;
+        crate::dma_test::add_dma_test(d, &resources.pci, &resources.mem, iommu.as_mut())?;
     }
     let mut assigned = Vec::new();
     for d in &config.devices {
         assigned.push((
             d.clone(),
-            crate::vfio::add_vfio_device(d, &resources, iommu.as_mut(), GENERAL_SLOTS)?,
+            crate::vfio::add_vfio_device(d, resources, iommu.as_mut(), GENERAL_SLOTS)?,
         ));
     }
-    if let Some(p) = &iommu {
-        // The VIOT names BDFs known only now: write the tables again with
-        // it. The RSDP stays where the boot data already points.
-        let again = crate::acpi::tables::create_acpi_tables_with(
-            &mem,
-            &AcpiConfig {
-                num_vcpus: config.cpus.boot,
-                pci_windows: windows,
-            },
-            &[p.viot()],
-        )?;
-        if again != rsdp {
-            return Err(Error::Acpi("RSDP moved when adding the VIOT".into()));
-        }
+    Ok(PciDevices {
+        iommu,
+        net,
+        assigned,
+    })
+}
+
+/// Step 4, ACPI, once: every table, with the VIOT when there is a vIOMMU
+/// (it names BDFs known only once the PCI devices are plugged in). The
+/// RSDP lands at [`ACPI_START`], where step 1's boot data points.
+fn write_acpi(
+    config: &VmConfig,
+    mem: &GuestMemoryMmap,
+    windows: PciWindows,
+    iommu: Option<&crate::virtio::iommu::IommuPlatform>,
+) -> Result<(), Error> {
+    let extra: Vec<Vec<u8>> = iommu.map(|p| p.viot()).into_iter().collect();
+    let rsdp = create_acpi_tables_with(
+        mem,
+        &AcpiConfig {
+            num_vcpus: config.cpus.boot,
+            pci_windows: windows,
+        },
+        &extra,
+    )?;
+    if rsdp != ACPI_START {
+        return Err(Error::Acpi(format!(
+            "RSDP at {rsdp:#x}, the boot data says {ACPI_START:#x}"
+        )));
     }
+    Ok(())
+}
+
+/// Step 5, vCPUs: created on the buses and configured (CPUID, MSRs,
+/// LAPIC); the boot vCPU gets the entry point and boot data. Not started.
+fn create_vcpus(
+    kvm: &Kvm,
+    config: &VmConfig,
+    resources: &VmResources,
+    image: &GuestImage,
+    vcpu_control: &Arc<VcpuControl>,
+) -> Result<Vec<Vcpu>, Error> {
+    let supported = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+    let tsc_deadline = kvm.check_extension(Cap::TscDeadlineTimer);
+    let mut vcpus = Vec::new();
+    for index in 0..config.cpus.boot {
+        let vcpu = Vcpu::new(
+            &resources.vm,
+            index,
+            resources.pio.clone(),
+            resources.mmio.clone(),
+            resources.exit.clone(),
+            vcpu_control.clone(),
+        )?;
+        let boot = (index == 0).then_some(BootEntry {
+            mem: &image.mem,
+            mode: image.boot_mode,
+            entry: image.entry,
+            boot_data: image.boot_data,
+        });
+        vcpu.configure(supported.as_slice(), config.cpus.boot, tsc_deadline, boot)?;
+        vcpus.push(vcpu);
+    }
+    Ok(vcpus)
+}
+
+/// Builds the VM described by `config` and starts its vCPUs; every reason
+/// for it to end is sent on `exit_tx`. Returns without waiting for the
+/// guest, so the REST API can boot a VM and go on answering.
+///
+/// The build is a sequence of named steps: memory and boot, the KVM VM,
+/// legacy devices, PCI devices, ACPI (once), vCPUs.
+pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
+    let started = Instant::now();
+    // A device that cannot be assigned is the user's first problem.
+    for d in &config.devices {
+        crate::vfio::check_assignable(d)?;
+    }
+    let image = load_memory_and_boot(config)?;
+    let (kvm, vm) = create_kvm_vm(config, &image.mem)?;
+    let LegacyDevices {
+        pio,
+        mmio,
+        pci,
+        serial,
+        power_button,
+        hotplug_events,
+        eject_rx,
+    } = add_legacy_devices(config, &vm, image.windows, &exit_tx)?;
+    let resources = VmResources {
+        vm: vm.clone(),
+        mem: image.mem.clone(),
+        pio,
+        mmio,
+        pci,
+        exit: exit_tx.clone(),
+        irq_router: Arc::new(crate::interrupt::GsiRouter::new(vm.clone())),
+    };
+    let devices = add_pci_devices(config, &resources)?;
+    write_acpi(config, &image.mem, image.windows, devices.iommu.as_ref())?;
 
     // From here on the vIOMMU is shared with the hotplug thread.
-    let iommu = iommu.map(|p| Arc::new(Mutex::new(p)));
+    let iommu = devices.iommu.map(|p| Arc::new(Mutex::new(p)));
     let iommu_device = iommu
         .as_ref()
         .map(|p| p.lock().unwrap_or_else(|e| e.into_inner()).device());
@@ -342,15 +443,14 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
         iommu.clone(),
         hotplug_events,
         power_button.clone(),
-        assigned,
+        devices.assigned,
         eject_rx,
     )?;
-
     let vcpu_control = VcpuControl::new(usize::from(config.cpus.boot));
     let counters = crate::api::vm_state::CounterSources {
         iommu: iommu_device.clone(),
         vfio: Some(hotplug.clone()),
-        vhost_user: net_devices.iotlbs.clone(),
+        vhost_user: devices.net.iotlbs.clone(),
     };
     let lifecycle = crate::api::vm_state::Lifecycle {
         control: vcpu_control.clone(),
@@ -365,36 +465,14 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
         lifecycle,
     ));
 
-    // vCPUs.
-    let supported = kvm
-        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
-    let tsc_deadline = kvm.check_extension(Cap::TscDeadlineTimer);
-    let mut vcpus = Vec::new();
-    for index in 0..config.cpus.boot {
-        let vcpu = Vcpu::new(
-            &vm,
-            index,
-            pio.clone(),
-            mmio.clone(),
-            exit_tx.clone(),
-            vcpu_control.clone(),
-        )?;
-        let boot = (index == 0).then_some(BootEntry {
-            mem: &mem,
-            mode: boot_mode,
-            entry: kernel.entry,
-            boot_data,
-        });
-        vcpu.configure(supported.as_slice(), config.cpus.boot, tsc_deadline, boot)?;
-        vcpus.push(vcpu);
-    }
+    let vcpus = create_vcpus(&kvm, config, &resources, &image, &vcpu_control)?;
     info!(
-        "VM set up in {:?}: {} vCPU(s), {} MiB, entry {:#x} ({boot_mode:?})",
+        "VM set up in {:?}: {} vCPU(s), {} MiB, entry {:#x} ({:?})",
         started.elapsed(),
         config.cpus.boot,
-        mem_size >> 20,
-        kernel.entry
+        config.memory.size >> 20,
+        image.entry,
+        image.boot_mode
     );
 
     if let (Some(dev), SerialConfig::Tty) = (&serial, &config.serial) {
@@ -427,7 +505,7 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
         for (_, m) in hotplug.mirrors() {
             m.log_stats();
         }
-        for (name, iotlb) in &net_devices.iotlbs {
+        for (name, iotlb) in &devices.net.iotlbs {
             iotlb.log_stats(name);
         }
         if let Some(p) = &iommu_device {
@@ -450,7 +528,7 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
         // process right after this, so the VM is deliberately leaked.
         std::mem::forget(iommu);
         std::mem::forget(resources);
-        std::mem::forget(mem);
+        std::mem::forget(image.mem);
     };
     Ok(Booted {
         api,

@@ -52,9 +52,11 @@ pub struct IommuConfig {
     pub page_size_mask: u64,
     /// Inclusive IOVA range the device translates.
     pub input_start: u64,
+    /// Last IOVA the device translates (inclusive).
     pub input_end: u64,
     /// Inclusive range of valid domain IDs.
     pub domain_start: u32,
+    /// Last valid domain ID (inclusive).
     pub domain_end: u32,
     /// Bytes of PROBE properties; 0 means PROBE is not offered.
     pub probe_size: u32,
@@ -67,6 +69,7 @@ pub struct IommuConfig {
     /// translate by identity when set). Kept across device reset, restored
     /// only by [`IommuDevice::system_reset`](super::IommuDevice::system_reset).
     pub bypass: bool,
+    /// Bounds on the state a guest can make the device keep.
     pub limits: DeviceLimits,
     /// Which domain-table implementation backs MAP/UNMAP.
     pub space_impl: SpaceImpl,
@@ -103,20 +106,33 @@ impl Default for IommuConfig {
 /// Host-side configuration mistakes (never caused by the guest).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ConfigError {
+    /// No page size offered.
     #[error("page_size_mask must have at least one bit set")]
     EmptyPageSizeMask,
+    /// The granule is below what the domain table can map.
     #[error("granule {0:#x} is smaller than the table's page size")]
     GranuleTooSmall(u64),
+    /// The IOVA range is empty or outside the domain table's.
     #[error("input range {0:#x}-{1:#x} is empty or exceeds the table's IOVA space")]
     InputRange(u64, u64),
+    /// The first domain ID is above the last.
     #[error("domain range start {0} > end {1}")]
     DomainRange(u32, u32),
+    /// A reserved region ends before it starts.
     #[error("reserved region {0:#x}-{1:#x} has start > end")]
     BadReservedRegion(u64, u64),
+    /// The reserved regions' properties do not fit in `probe_size`.
     #[error("probe_size {have} cannot hold the {need} bytes of properties")]
-    ProbeTooSmall { need: usize, have: u32 },
+    ProbeTooSmall {
+        /// Bytes the properties take.
+        need: usize,
+        /// `probe_size`.
+        have: u32,
+    },
+    /// No request queue.
     #[error("num_request_queues must be at least 1")]
     NoQueues,
+    /// One of the [`DeviceLimits`] is zero.
     #[error("a limit is zero")]
     ZeroLimit,
 }
@@ -169,6 +185,7 @@ impl IommuConfig {
         Ok(())
     }
 
+    /// Checks the configuration before a device is built from it.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.page_size_mask == 0 {
             return Err(ConfigError::EmptyPageSizeMask);

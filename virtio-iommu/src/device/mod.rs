@@ -75,12 +75,16 @@ pub const CONFIG_MQ_EXT_SIZE: usize = 4;
 /// Host-side API misuse (never caused by guest requests).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum DeviceError {
+    /// The configuration is not valid.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The endpoint was never added.
     #[error("endpoint {0:#x} is not managed by this device")]
     UnknownEndpoint(u32),
+    /// The endpoint was added already.
     #[error("endpoint {0:#x} already exists")]
     EndpointExists(u32),
+    /// More endpoints than `DeviceLimits` allows.
     #[error("endpoint limit {0} reached")]
     TooManyEndpoints(u32),
 }
@@ -110,6 +114,7 @@ pub struct IommuDevice {
 }
 
 impl IommuDevice {
+    /// A device with configuration `cfg` (checked first).
     pub fn new(cfg: IommuConfig) -> Result<Self, DeviceError> {
         cfg.validate()?;
         let features = Features::new(cfg.probe_size > 0, cfg.num_request_queues > 1);
@@ -134,6 +139,7 @@ impl IommuDevice {
         })
     }
 
+    /// The configuration the device was built with.
     pub fn config(&self) -> &IommuConfig {
         &self.cfg
     }
@@ -168,10 +174,12 @@ impl IommuDevice {
         self.features.offered()
     }
 
+    /// Records the features the driver accepted (`acked` is masked by the offer).
     pub fn ack_features(&self, acked: u64) {
         self.features.ack(acked);
     }
 
+    /// The features the driver accepted.
     pub fn acked_features(&self) -> u64 {
         self.features.acked()
     }

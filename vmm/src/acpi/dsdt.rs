@@ -10,12 +10,10 @@ use acpi_tables::sdt::Sdt;
 use acpi_tables::Aml;
 
 use super::{OEM_ID, OEM_REVISION, OEM_TABLE_ID};
+use crate::devices::power::S5_SLEEP_TYPE;
 use crate::memory::layout::{PCI_ECAM_LAST_BUS, PCI_IO_SIZE, PCI_IO_START};
 use crate::pci::config_access::{PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_PORT_SIZE};
 use crate::pci::PciWindows;
-
-/// Sleep type value for S5 written to the sleep control register.
-pub const S5_SLEEP_TYPE: u8 = 5;
 
 /// COM1's port and IRQ as described to the guest.
 pub const COM1_PORT: u16 = 0x3f8;

@@ -17,12 +17,21 @@ use super::vm_config;
 use crate::config::VmConfig;
 use crate::error::Error;
 use crate::exit::{ExitEvent, ExitSender};
-use crate::vm::Booted;
 
 /// Builds and starts a VM (`crate::vm::start`; a fake in tests).
 pub type Builder = Box<dyn Fn(&VmConfig, ExitSender) -> Result<Booted, Error> + Send + Sync>;
 
 type Finish = Box<dyn FnOnce(&ExitEvent) + Send>;
+
+/// A VM whose vCPUs run: what the API asks of it, and what to do once the
+/// VMM's exit channel said why it ends.
+pub struct Booted {
+    /// The running VM as the REST API sees it.
+    pub api: Arc<dyn VmApi>,
+    /// Flushes the serial output and logs the devices' figures. The vCPU
+    /// threads are not stopped: the caller ends the process right after.
+    pub finish: Box<dyn FnOnce(&ExitEvent) + Send>,
+}
 
 enum Phase {
     Empty,
@@ -67,7 +76,7 @@ impl Controller {
     pub fn reserve(&self, config: VmConfig) -> Result<(), Error> {
         let mut phase = self.lock();
         if !matches!(*phase, Phase::Empty) {
-            return Err(Error::Device("a VM exists already".into()));
+            return Err(Error::VmExists);
         }
         *phase = Phase::Created {
             config,
@@ -84,7 +93,7 @@ impl Controller {
                 config,
                 booting: true,
             } => config.clone(),
-            _ => return Err(Error::Device("no VM reserved for booting".into())),
+            _ => return Err(Error::NothingReserved),
         };
         self.build_and_run(config)
     }

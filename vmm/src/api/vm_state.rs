@@ -288,8 +288,13 @@ impl VmApi for VmState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::Cli;
-    use clap::Parser;
+
+    /// A configuration as `vm.create` takes it: `extra` fields after the
+    /// payload.
+    fn config(extra: &str) -> VmConfig {
+        let body = format!(r#"{{"payload": {{"kernel": "/k"}}{extra}}}"#);
+        crate::api::vm_config::parse(body.as_bytes()).expect("a valid VM")
+    }
 
     #[test]
     fn counters_report_the_viommu_requests() {
@@ -312,17 +317,11 @@ mod tests {
         }
         iommu.complete_kick(&mut w);
         let (tx, _rx) = std::sync::mpsc::channel();
-        let cli = Cli::try_parse_from(["dmavisor", "--kernel", "/k"]).expect("command line");
         let sources = CounterSources {
             iommu: Some(iommu),
             ..CounterSources::default()
         };
-        let s = VmState::new(
-            &cli.to_config().expect("config").expect("a VM"),
-            sources,
-            tx,
-            lifecycle(1),
-        );
+        let s = VmState::new(&config(""), sources, tx, lifecycle(1));
         let c = s.counters();
         assert_eq!(c[IOMMU_COUNTERS]["attach_requests"], json!(2));
         assert_eq!(c[IOMMU_COUNTERS]["map_requests"], json!(0));
@@ -332,13 +331,7 @@ mod tests {
     #[test]
     fn shutdown_sends_the_api_exit_event() {
         let (tx, rx) = std::sync::mpsc::channel();
-        let cli = Cli::try_parse_from(["dmavisor", "--kernel", "/k"]).expect("command line");
-        let s = VmState::new(
-            &cli.to_config().expect("config").expect("a VM"),
-            CounterSources::default(),
-            tx,
-            lifecycle(1),
-        );
+        let s = VmState::new(&config(""), CounterSources::default(), tx, lifecycle(1));
         assert_eq!(s.counters(), json!({}));
         s.shutdown();
         assert_eq!(rx.try_recv(), Ok(ExitEvent::ApiShutdown));
@@ -356,23 +349,15 @@ mod tests {
         }
     }
 
-    fn state_of(config: &[&str], lc: Lifecycle) -> VmState {
-        let mut argv = vec!["dmavisor", "--kernel", "/k"];
-        argv.extend_from_slice(config);
-        let cli = Cli::try_parse_from(argv).expect("command line");
+    fn state_of(extra: &str, lc: Lifecycle) -> VmState {
         let (tx, _rx) = std::sync::mpsc::channel();
-        VmState::new(
-            &cli.to_config().expect("config").expect("a VM"),
-            CounterSources::default(),
-            tx,
-            lc,
-        )
+        VmState::new(&config(extra), CounterSources::default(), tx, lc)
     }
 
     #[test]
     fn pause_resume_drive_the_vcpu_control() {
         // No vCPU threads: every one of the 0 vCPUs parks at once.
-        let s = state_of(&[], lifecycle(0));
+        let s = state_of("", lifecycle(0));
         assert_eq!(s.state(), RunState::Running);
         assert_eq!(s.resume().map_err(|e| e.status()), Err(405));
         s.pause().unwrap();
@@ -385,7 +370,7 @@ mod tests {
     #[test]
     fn a_vcpu_that_never_parks_fails_the_pause() {
         // One vCPU that never reaches a checkpoint.
-        let s = state_of(&[], lifecycle(1));
+        let s = state_of("", lifecycle(1));
         let t0 = std::time::Instant::now();
         let err = s.pause().unwrap_err();
         assert_eq!(err.status(), 500, "{err}");
@@ -400,22 +385,18 @@ mod tests {
         let (_dev, trigger) = crate::devices::ged::ged(irq);
         let mut lc = lifecycle(0);
         lc.power_button = Some(trigger);
-        let s = state_of(&[], lc);
+        let s = state_of("", lc);
         s.power_button().unwrap();
         assert_eq!(probe.read().unwrap(), 1);
-        let without = state_of(&[], lifecycle(0));
+        let without = state_of("", lifecycle(0));
         assert_eq!(without.power_button().map_err(|e| e.status()), Err(501));
     }
 
     #[test]
     fn vhost_user_vms_refuse_reboot_with_a_reason() {
         let s = state_of(
-            &[
-                "--net",
-                "vhost_user=on,socket=/tmp/vu.sock",
-                "--memory",
-                "size=1G,shared=on",
-            ],
+            r#", "net": [{"vhost_user": true, "vhost_socket": "/tmp/vu.sock"}],
+                "memory": {"size": 1073741824, "shared": true}"#,
             lifecycle(0),
         );
         let err = s.can_reboot().unwrap_err();

@@ -25,9 +25,10 @@ pub use image::DiskImage;
 use std::sync::{Arc, Mutex};
 
 use crate::error::Error;
+use crate::resources::VmResources;
 use crate::virtio::pci::VirtioPciDevice;
 use crate::virtio::plug::plug_virtio_pci;
-use crate::vm::VmResources;
+use image::ImageError;
 
 /// virtio-blk sectors are 512 bytes whatever the image's block size.
 pub const SECTOR_SIZE: u64 = 512;
@@ -36,6 +37,20 @@ pub const SECTOR_SIZE: u64 = 512;
 pub const MAX_DISCARD_SEGMENTS: u32 = 1;
 /// Sectors one DISCARD / WRITE_ZEROES segment may cover (2 GiB - 512).
 pub const MAX_DISCARD_SECTORS: u32 = (u32::MAX >> 1) / SECTOR_SIZE as u32;
+
+/// Why a `--disk` could not be added.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskSetupError {
+    /// Its image cannot be opened.
+    #[error("--disk: {0}")]
+    Image(#[source] ImageError),
+}
+
+impl From<DiskSetupError> for Error {
+    fn from(e: DiskSetupError) -> Self {
+        Self::device(e)
+    }
+}
 
 /// Creates one virtio-blk PCI function per `--disk` and plugs it into
 /// bus 0; `iommu=on` disks become endpoints of the vIOMMU (their DMA space
@@ -49,7 +64,7 @@ pub fn add_block_devices(
     for cfg in configs {
         let name = cfg.name();
         let image = DiskImage::open(&cfg.path, cfg.readonly, cfg.id.as_deref())
-            .map_err(|e| Error::Device(format!("--disk: {e}")))?;
+            .map_err(DiskSetupError::Image)?;
         let num_queues = u16::try_from(cfg.num_queues).unwrap_or(1);
         let device = Block::new(image, name.clone(), num_queues, cfg.queue_size);
         let name = format!("virtio-blk {name}");

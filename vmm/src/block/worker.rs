@@ -25,7 +25,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::image::DiskImage;
 use super::request::{serve, Request, RequestError};
 use crate::dma::DmaSpace;
-use crate::virtio::chain::{walk_into, Chain};
+use crate::virtio::chain::{walk_into, Chain, ChainError};
 use crate::virtio::wake::epoll_on;
 use crate::virtio::{ActiveQueue, VirtioInterrupt};
 
@@ -66,8 +66,35 @@ pub struct QueueServer {
     stats: Stats,
 }
 
-fn pop_head(q: &mut Queue, mem: &DmaSpace) -> Result<Option<u16>, String> {
-    let mut it = q.iter(mem).map_err(|e| e.to_string())?;
+/// Why a request queue stops until the driver resets the device.
+#[derive(Debug, thiserror::Error)]
+enum QueueError {
+    /// The available ring cannot be read.
+    #[error("avail ring: {0}")]
+    AvailRing(#[source] virtio_queue::Error),
+    /// The request's descriptor chain is malformed.
+    #[error("request chain {head}: {source}")]
+    Chain {
+        /// The chain's head descriptor.
+        head: u16,
+        /// What is wrong with it.
+        source: ChainError,
+    },
+    /// The request could not be answered (no status delivered).
+    #[error("request chain {head}: {source}")]
+    Request {
+        /// The chain's head descriptor.
+        head: u16,
+        /// Why.
+        source: RequestError,
+    },
+    /// The used ring cannot be written.
+    #[error("used ring: {0}")]
+    UsedRing(#[source] virtio_queue::Error),
+}
+
+fn pop_head(q: &mut Queue, mem: &DmaSpace) -> Result<Option<u16>, virtio_queue::Error> {
+    let mut it = q.iter(mem)?;
     Ok(it.next().map(|c| c.head_index()))
 }
 
@@ -125,7 +152,7 @@ impl QueueServer {
                 break;
             }
             if let Err(why) = self.drain(mem, disk, reader, &mut used_any) {
-                self.break_queue(interrupt, &why);
+                self.break_queue(interrupt, &why.to_string());
                 break;
             }
             match self.queue.enable_notification(mem) {
@@ -150,18 +177,16 @@ impl QueueServer {
         disk: &DiskImage,
         reader: Option<&ReaderSlot>,
         used_any: &mut bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), QueueError> {
         loop {
             // One request per section: translate, transfer, answer.
             let _section = reader.map(ReaderSlot::enter);
-            let Some(head) =
-                pop_head(&mut self.queue, mem).map_err(|e| format!("avail ring: {e}"))?
-            else {
+            let Some(head) = pop_head(&mut self.queue, mem).map_err(QueueError::AvailRing)? else {
                 return Ok(());
             };
             let (table, size) = (self.queue.desc_table(), self.queue.size());
             walk_into(mem, table, size, head, &mut self.chain)
-                .map_err(|e| format!("request chain {head}: {e}"))?;
+                .map_err(|source| QueueError::Chain { head, source })?;
             let mut failure = None;
             let served = serve(
                 mem,
@@ -171,14 +196,14 @@ impl QueueServer {
                 &mut self.iov,
                 &mut failure,
             )
-            .map_err(|e| format!("request chain {head}: {e}"))?;
+            .map_err(|source| QueueError::Request { head, source })?;
             if let Some(e) = failure {
                 self.note_failure(&e);
             }
             self.stats.served += 1;
             self.queue
                 .add_used(mem, head, served.used_len)
-                .map_err(|e| format!("used ring: {e}"))?;
+                .map_err(QueueError::UsedRing)?;
             *used_any = true;
         }
     }

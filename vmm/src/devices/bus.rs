@@ -50,6 +50,12 @@ pub enum BusError {
     NotFound(u64),
 }
 
+impl From<BusError> for crate::error::Error {
+    fn from(e: BusError) -> Self {
+        Self::device(e)
+    }
+}
+
 #[derive(Clone)]
 struct Entry {
     len: u64,

@@ -1,5 +1,5 @@
 //! One guest copy of the DMA test device, shared by its single transfers
-//! (`dma_test.rs`) and its stream thread (`dma_stream.rs`), and the codes
+//! (`crate::dma_test`) and its stream thread (`dma_stream.rs`), and the codes
 //! of its DMA error register that a copy reports.
 //!
 //! WHY a module of its own: the device starts the stream and the stream

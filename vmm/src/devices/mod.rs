@@ -3,7 +3,6 @@
 pub mod bus;
 pub mod dma_copy;
 pub mod dma_stream;
-pub mod dma_test;
 pub mod ged;
 pub mod pci_hotplug;
 pub mod power;

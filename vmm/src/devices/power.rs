@@ -4,7 +4,6 @@
 use log::{debug, warn};
 
 use super::bus::BusDevice;
-use crate::acpi::dsdt::S5_SLEEP_TYPE;
 use crate::exit::{ExitEvent, ExitSender};
 
 /// Sleep control register (FADT SLEEP_CONTROL_REG).
@@ -15,6 +14,9 @@ pub const SLEEP_STATUS_PORT: u16 = 0x601;
 pub const RESET_PORT: u16 = 0x602;
 /// Value the guest writes to the reset register.
 pub const RESET_VALUE: u8 = 0x1;
+/// Sleep type value for S5 written to the sleep control register (the
+/// DSDT's `_S5` package names it).
+pub const S5_SLEEP_TYPE: u8 = 5;
 /// First port of the power device.
 pub const POWER_PORT_BASE: u16 = SLEEP_CONTROL_PORT;
 /// Number of ports of the power device.

@@ -17,6 +17,53 @@ pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
 /// Alignment of every guest RAM mapping in the host (one huge page).
 pub const HOST_ALIGN: usize = 2 << 20;
 
+/// Why guest RAM could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum RamError {
+    /// A region is larger than the host's address space.
+    #[error(transparent)]
+    Length(#[from] std::num::TryFromIntError),
+    /// A region is too large to align.
+    #[error("RAM region of {0} bytes is too large")]
+    TooLarge(usize),
+    /// A region ends past the top of the guest address space.
+    #[error("RAM region at {0:#x} overflows")]
+    Overflow(u64),
+    /// The memfd offset does not fit `off_t`.
+    #[error("memfd offset {0:#x} too large")]
+    OffsetTooLarge(u64),
+    /// A host call on the memfd failed.
+    #[error("{what}: {source}")]
+    Os {
+        /// The call.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Mapping or unmapping host memory failed.
+    #[error("{what} ({len} bytes): {source}")]
+    Map {
+        /// The call.
+        what: &'static str,
+        /// Bytes of the region.
+        len: usize,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// vm-memory refused a region.
+    #[error(transparent)]
+    Mmap(vm_memory::mmap::MmapRegionError),
+    /// vm-memory refused the set of regions.
+    #[error(transparent)]
+    Regions(vm_memory::GuestRegionCollectionError),
+}
+
+impl From<RamError> for Error {
+    fn from(e: RamError) -> Self {
+        Self::GuestMemory(Box::new(e))
+    }
+}
+
 /// Maps `mem_size` bytes of guest RAM following the layout's regions;
 /// with `thp`, asks for transparent huge pages.
 ///
@@ -50,16 +97,17 @@ pub fn create_guest_memory(
     let mut regions = Vec::new();
     let mut file_offset = 0u64;
     for (start, len) in layout::ram_regions(mem_size) {
-        let len = usize::try_from(len).map_err(|e| Error::GuestMemory(e.to_string()))?;
+        let len = usize::try_from(len).map_err(RamError::from)?;
         let host = map_aligned(len)?;
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
         let mut backing = None;
         if let Some(fd) = &memfd {
             map_file_over(host, len, fd, file_offset)?;
             flags = libc::MAP_SHARED | libc::MAP_NORESERVE;
-            let file = fd
-                .try_clone()
-                .map_err(|e| Error::GuestMemory(format!("dup guest RAM memfd: {e}")))?;
+            let file = fd.try_clone().map_err(|source| RamError::Os {
+                what: "dup guest RAM memfd",
+                source,
+            })?;
             backing = Some(FileOffset::new(file, file_offset));
             file_offset += len as u64;
         }
@@ -72,11 +120,9 @@ pub fn create_guest_memory(
         if let Some(f) = backing {
             builder = builder.with_file_offset(f);
         }
-        let region = builder
-            .build()
-            .map_err(|e| Error::GuestMemory(e.to_string()))?;
-        let region = GuestRegionMmap::new(region, GuestAddress(start))
-            .ok_or_else(|| Error::GuestMemory(format!("RAM region at {start:#x} overflows")))?;
+        let region = builder.build().map_err(RamError::Mmap)?;
+        let region =
+            GuestRegionMmap::new(region, GuestAddress(start)).ok_or(RamError::Overflow(start))?;
         regions.push(region);
         if thp {
             // SAFETY: the range is exactly one mapping this process owns;
@@ -90,34 +136,32 @@ pub fn create_guest_memory(
             }
         }
     }
-    GuestMemoryMmap::from_regions(regions).map_err(|e| Error::GuestMemory(e.to_string()))
+    Ok(GuestMemoryMmap::from_regions(regions).map_err(RamError::Regions)?)
 }
 
 /// A memfd of `size` bytes for shared guest RAM.
-fn create_memfd(size: u64) -> Result<File, Error> {
-    let err = |what: &str| {
-        Error::GuestMemory(format!(
-            "{what} for shared guest RAM: {}",
-            std::io::Error::last_os_error()
-        ))
-    };
+fn create_memfd(size: u64) -> Result<File, RamError> {
     // SAFETY: a NUL-terminated name and flags; the call creates a new fd.
     let fd = unsafe { libc::memfd_create(c"dmavisor-ram".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
-        return Err(err("memfd_create"));
+        return Err(RamError::Os {
+            what: "memfd_create for shared guest RAM",
+            source: std::io::Error::last_os_error(),
+        });
     }
     // SAFETY: `fd` was just created and is owned by nothing else.
     let file = unsafe { File::from_raw_fd(fd) };
-    file.set_len(size)
-        .map_err(|e| Error::GuestMemory(format!("size shared guest RAM: {e}")))?;
+    file.set_len(size).map_err(|source| RamError::Os {
+        what: "size shared guest RAM",
+        source,
+    })?;
     Ok(file)
 }
 
 /// Replaces the anonymous reservation at `host` with `len` bytes of `file`
 /// from `offset`, MAP_SHARED, at the same (aligned) address.
-fn map_file_over(host: *mut u8, len: usize, file: &File, offset: u64) -> Result<(), Error> {
-    let off = libc::off_t::try_from(offset)
-        .map_err(|_| Error::GuestMemory(format!("memfd offset {offset:#x} too large")))?;
+fn map_file_over(host: *mut u8, len: usize, file: &File, offset: u64) -> Result<(), RamError> {
+    let off = libc::off_t::try_from(offset).map_err(|_| RamError::OffsetTooLarge(offset))?;
     // SAFETY: MAP_FIXED over `host..host + len`, a range this process
     // reserved in `map_aligned` and that nothing references yet.
     let got = unsafe {
@@ -131,10 +175,11 @@ fn map_file_over(host: *mut u8, len: usize, file: &File, offset: u64) -> Result<
         )
     };
     if got == libc::MAP_FAILED || got.cast::<u8>() != host {
-        return Err(Error::GuestMemory(format!(
-            "map shared guest RAM ({len} bytes): {}",
-            std::io::Error::last_os_error()
-        )));
+        return Err(RamError::Map {
+            what: "map shared guest RAM",
+            len,
+            source: std::io::Error::last_os_error(),
+        });
     }
     Ok(())
 }
@@ -142,16 +187,13 @@ fn map_file_over(host: *mut u8, len: usize, file: &File, offset: u64) -> Result<
 /// An anonymous read-write mapping of `len` bytes at a [`HOST_ALIGN`]-aligned
 /// address: `len + HOST_ALIGN` bytes are reserved, then the unaligned head
 /// and the tail are unmapped.
-fn map_aligned(len: usize) -> Result<*mut u8, Error> {
-    let err = |what: &str| {
-        Error::GuestMemory(format!(
-            "{what} ({len} bytes): {}",
-            std::io::Error::last_os_error()
-        ))
+fn map_aligned(len: usize) -> Result<*mut u8, RamError> {
+    let err = |what: &'static str| RamError::Map {
+        what,
+        len,
+        source: std::io::Error::last_os_error(),
     };
-    let total = len
-        .checked_add(HOST_ALIGN)
-        .ok_or_else(|| Error::GuestMemory(format!("RAM region of {len} bytes is too large")))?;
+    let total = len.checked_add(HOST_ALIGN).ok_or(RamError::TooLarge(len))?;
     // SAFETY: a fresh anonymous mapping at an address of the kernel's
     // choice; nothing else refers to it yet.
     let base = unsafe {

@@ -162,7 +162,7 @@ impl VirtioDevice for Net {
         }
         for tap in &self.taps {
             tap.set_offload(offload)
-                .map_err(|e| ActivateError::Device(e.to_string()))?;
+                .map_err(|e| ActivateError::Device(Box::new(e)))?;
         }
         let pairs = self.pairs();
         let mut slots: Vec<Option<WorkerQueue>> = (0..pairs * 2 + 1).map(|_| None).collect();
@@ -181,7 +181,7 @@ impl VirtioDevice for Net {
         for (i, tap) in self.taps.iter().enumerate() {
             if pairs > 1 {
                 tap.set_queue_enabled(i == 0)
-                    .map_err(|e| ActivateError::Device(e.to_string()))?;
+                    .map_err(|e| ActivateError::Device(Box::new(e)))?;
             }
         }
         let mut all_rx_kicks = Vec::with_capacity(pairs);

@@ -1,5 +1,5 @@
 //! virtio-net on a TAP back-end (a vhost-user back-end lives in
-//! [`crate::vhost_user`]; both are created here).
+//! [`crate::vhost_user`]; both are created by [`crate::net_devices`]).
 //!
 //! - [`config`]: the `--net` option.
 //! - [`tap`]: TAP interface setup through ioctls.
@@ -18,72 +18,3 @@ pub mod worker;
 
 pub use config::NetConfig;
 pub use device::{Net, NetError};
-
-use std::sync::{Arc, Mutex};
-
-use crate::error::Error;
-use crate::virtio::pci::VirtioPciDevice;
-use crate::virtio::plug::{plug_virtio_pci, Plugged};
-use crate::vm::VmResources;
-
-/// Creates one virtio-net PCI function per `--net` and plugs it into bus 0.
-///
-/// A device with `iommu=on` offers VIRTIO_F_ACCESS_PLATFORM; its DMA space
-/// starts as the identity (what a guest sees with the IOMMU in bypass) and
-/// the vIOMMU replaces it with a translating one through
-/// [`VirtioPciDevice::set_dma_space`] once the endpoint exists.
-pub fn add_net_devices(
-    res: &VmResources,
-    configs: &[NetConfig],
-    mut iommu: Option<&mut crate::virtio::iommu::IommuPlatform>,
-) -> Result<NetDevices, Error> {
-    let mut out = NetDevices::default();
-    for cfg in configs {
-        let mut iotlb = None;
-        let (device, name): (Box<dyn crate::virtio::VirtioDevice>, String) =
-            match &cfg.vhost_user_socket {
-                Some(path) => {
-                    let net = crate::vhost_user::VhostUserNet::connect(cfg, res.mem.clone())
-                        .map_err(|e| Error::Device(format!("--net: {e}")))?;
-                    iotlb = net.iotlb();
-                    (Box::new(net), format!("vhost-user {}", path.display()))
-                }
-                None => {
-                    let net = Net::new(cfg).map_err(|e| Error::Device(format!("--net: {e}")))?;
-                    let name = format!("TAP {}", net.tap_name());
-                    (Box::new(net), name)
-                }
-            };
-        let what = format!("virtio-net on {name}");
-        let Plugged { dev, bdf } =
-            plug_virtio_pci(res, device, &what, cfg.iommu, "net", iommu.as_deref_mut())?;
-        if let (true, Some(platform)) = (cfg.iommu, iommu.as_deref_mut()) {
-            if let Some(iotlb) = iotlb {
-                // The back-end translates through its own IOTLB: it is a
-                // DMA consumer of this endpoint (misses, invalidations).
-                let id = u32::from(crate::acpi::viot::bdf(bdf));
-                let endpoint = platform
-                    .iommu()
-                    .endpoint_dma(id)
-                    .map_err(|e| Error::Device(format!("vIOMMU endpoint {bdf}: {e}")))?;
-                iotlb.set_endpoint(endpoint);
-                platform.iommu().add_invalidator(iotlb.clone());
-                platform.iommu().add_endpoint_listener(iotlb.clone());
-                out.iotlbs.push((name.clone(), iotlb));
-            }
-        }
-        out.devices.push(dev);
-    }
-    Ok(out)
-}
-
-/// What [`add_net_devices`] made: the PCI functions, and the IOTLBs of
-/// vhost-user back-ends behind the vIOMMU (their counters are reported at
-/// exit).
-#[derive(Default)]
-pub struct NetDevices {
-    /// One per `--net`.
-    pub devices: Vec<Arc<Mutex<VirtioPciDevice>>>,
-    /// (device name, its back-end's IOTLB).
-    pub iotlbs: Vec<(String, Arc<crate::vhost_user::iotlb::BackendIotlb>)>,
-}

@@ -30,8 +30,8 @@ impl From<ActiveQueue> for WorkerQueue {
 }
 
 /// Pops the next available chain head, if any.
-pub(crate) fn pop_head(q: &mut Queue, mem: &DmaSpace) -> Result<Option<u16>, String> {
-    let mut it = q.iter(mem).map_err(|e| e.to_string())?;
+pub(crate) fn pop_head(q: &mut Queue, mem: &DmaSpace) -> Result<Option<u16>, virtio_queue::Error> {
+    let mut it = q.iter(mem)?;
     Ok(it.next().map(|c| c.head_index()))
 }
 

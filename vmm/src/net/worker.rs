@@ -92,6 +92,20 @@ struct Worker {
     reader: Option<Arc<ReaderSlot>>,
 }
 
+/// Why the receive queue's kick could not be armed (the queue stops).
+#[derive(Debug, thiserror::Error)]
+enum ArmKickError {
+    /// The rings cannot be read or notifications enabled.
+    #[error(transparent)]
+    Ring(#[from] virtio_queue::Error),
+    /// `avail_event` cannot be written.
+    #[error(transparent)]
+    Memory(#[from] vm_memory::GuestMemoryError),
+    /// The used ring ends past the top of the address space.
+    #[error("used ring address overflows")]
+    UsedRingOverflow,
+}
+
 /// After a receive ran out of buffers: asks the driver to kick on the next
 /// buffer it adds, and says whether buffers arrived after `looked_at`, the
 /// avail index [`deliver`] stopped at.
@@ -109,25 +123,24 @@ struct Worker {
 /// for them (its `avail_event` was older). Reporting "nothing new" then
 /// would stop TAP polling while a full ring waits for a kick that never
 /// comes: receive stalls for good.
-fn arm_rx_kick(q: &mut Queue, mem: &DmaSpace, looked_at: Wrapping<u16>) -> Result<bool, String> {
-    let seen = q
-        .avail_idx(mem, Ordering::Acquire)
-        .map_err(|e| e.to_string())?;
+fn arm_rx_kick(
+    q: &mut Queue,
+    mem: &DmaSpace,
+    looked_at: Wrapping<u16>,
+) -> Result<bool, ArmKickError> {
+    let seen = q.avail_idx(mem, Ordering::Acquire)?;
     if q.event_idx_enabled() {
         // used ring: flags, idx, ring[size], then avail_event.
         let at = q
             .used_ring()
             .checked_add(4 + 8 * u64::from(q.size()))
-            .ok_or("used ring address overflows")?;
-        mem.store(u16::to_le(seen.0), GuestAddress(at), Ordering::Release)
-            .map_err(|e| e.to_string())?;
+            .ok_or(ArmKickError::UsedRingOverflow)?;
+        mem.store(u16::to_le(seen.0), GuestAddress(at), Ordering::Release)?;
     } else {
-        q.enable_notification(mem).map_err(|e| e.to_string())?;
+        q.enable_notification(mem)?;
     }
     fence(Ordering::SeqCst);
-    let now = q
-        .avail_idx(mem, Ordering::Acquire)
-        .map_err(|e| e.to_string())?;
+    let now = q.avail_idx(mem, Ordering::Acquire)?;
     Ok(now != looked_at)
 }
 

@@ -31,7 +31,9 @@ use super::direct_bar::DirectBar;
 #[cfg(test)]
 use super::msi::STATUS_CAP_LIST;
 use super::msi::{find_capability, MsiCap, MsiChange};
-use crate::pci::{merge_write, BarKind, BarReprogram, PciConfiguration, PciDevice, PciHeader};
+use crate::pci::{
+    merge_write, BarKind, BarReprogram, PciConfigError, PciConfiguration, PciDevice, PciHeader,
+};
 use crate::virtio::msix::{MsiSink, MsixState, MSIX_CAP_ID, MSIX_ENABLE};
 
 /// Registers of the type-0 header (bytes 0..0x40).
@@ -130,6 +132,37 @@ struct MsiBlock {
     live: bool,
 }
 
+/// Why an assigned function's PCI model could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum VfioPciError {
+    /// Its configuration space reads as no device.
+    #[error("{name}: configuration space unreadable")]
+    Unreadable {
+        /// The function.
+        name: String,
+    },
+    /// A BAR the host function has cannot be emulated.
+    #[error("{name}: BAR {index} ({size:#x} bytes): {source}")]
+    Bar {
+        /// The function.
+        name: String,
+        /// The BAR index.
+        index: usize,
+        /// Its size as emulated.
+        size: u64,
+        /// Why.
+        source: PciConfigError,
+    },
+    /// No GSI was left for one of its interrupt vectors.
+    #[error("{name}: no GSI for {what}")]
+    NoGsi {
+        /// The function.
+        name: String,
+        /// Which vector.
+        what: &'static str,
+    },
+}
+
 /// A VFIO-assigned PCI function.
 pub struct VfioPciDevice {
     name: String,
@@ -150,14 +183,14 @@ impl VfioPciDevice {
         device: Arc<VfioDevice>,
         vm: Arc<VmFd>,
         mut vectors: impl FnMut() -> Option<(Box<dyn MsiSink>, EventFd)>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, VfioPciError> {
         let mut cfg = vec![0u8; CONFIG_SIZE];
         device.region_read(VFIO_PCI_CONFIG_REGION_INDEX, &mut cfg, 0);
         let b = |o: usize| cfg.get(o).copied().unwrap_or(0);
         let w = |o: usize| u16::from_le_bytes([b(o), b(o + 1)]);
         let vendor_id = w(0);
         if vendor_id == 0xffff || vendor_id == 0 {
-            return Err(format!("{name}: configuration space unreadable"));
+            return Err(VfioPciError::Unreadable { name });
         }
         let mut config = PciConfiguration::new(PciHeader {
             vendor_id,
@@ -178,7 +211,12 @@ impl VfioPciDevice {
                 .max(if kind.is_memory() { 16 } else { 4 });
             config
                 .add_bar(i, size, kind)
-                .map_err(|e| format!("{name}: BAR {i} ({size:#x} bytes): {e}"))?;
+                .map_err(|source| VfioPciError::Bar {
+                    name: name.clone(),
+                    index: i,
+                    size,
+                    source,
+                })?;
         }
         let msix = match find_msix(&cfg) {
             Some(MsixLayout {
@@ -190,8 +228,10 @@ impl VfioPciDevice {
                 let mut sinks = Vec::with_capacity(n);
                 let mut irqfds = Vec::with_capacity(n);
                 for _ in 0..n {
-                    let (sink, fd) =
-                        vectors().ok_or_else(|| format!("{name}: no GSI for MSI-X vector"))?;
+                    let (sink, fd) = vectors().ok_or_else(|| VfioPciError::NoGsi {
+                        name: name.clone(),
+                        what: "MSI-X vector",
+                    })?;
                     sinks.push(sink);
                     irqfds.push(fd);
                 }
@@ -212,8 +252,10 @@ impl VfioPciDevice {
         };
         let msi = match MsiCap::find(&cfg) {
             Some(cap) => {
-                let (sink, irqfd) =
-                    vectors().ok_or_else(|| format!("{name}: no GSI for the MSI vector"))?;
+                let (sink, irqfd) = vectors().ok_or_else(|| VfioPciError::NoGsi {
+                    name: name.clone(),
+                    what: "the MSI vector",
+                })?;
                 Some(MsiBlock {
                     cap,
                     sink,

@@ -101,7 +101,7 @@ impl DirectBar {
     }
 
     /// Puts the slot at `want` (None: removes it).
-    pub fn place(&mut self, vm: &VmFd, want: Option<u64>) -> Result<(), String> {
+    pub fn place(&mut self, vm: &VmFd, want: Option<u64>) -> Result<(), DirectBarError> {
         if want == self.mapped_at {
             return Ok(());
         }
@@ -111,7 +111,10 @@ impl DirectBar {
         }
         if let Some(addr) = want {
             if addr & (PAGE - 1) != 0 {
-                return Err(format!("BAR {} at {addr:#x} is not page aligned", self.bar));
+                return Err(DirectBarError::Unaligned {
+                    bar: self.bar,
+                    addr,
+                });
             }
             self.set(vm, addr, self.size)?;
             self.mapped_at = Some(addr);
@@ -119,7 +122,7 @@ impl DirectBar {
         Ok(())
     }
 
-    fn set(&self, vm: &VmFd, addr: u64, size: u64) -> Result<(), String> {
+    fn set(&self, vm: &VmFd, addr: u64, size: u64) -> Result<(), DirectBarError> {
         let region = kvm_userspace_memory_region {
             slot: self.slot,
             flags: 0,
@@ -129,9 +132,35 @@ impl DirectBar {
         };
         // SAFETY: `host` is a live mapping of `size` bytes owned by self,
         // which removes the slot (VfioPciDevice's drop) before unmapping.
-        unsafe { vm.set_user_memory_region(region) }
-            .map_err(|e| format!("BAR {} slot {}: {e}", self.bar, self.slot))
+        unsafe { vm.set_user_memory_region(region) }.map_err(|source| DirectBarError::Slot {
+            bar: self.bar,
+            slot: self.slot,
+            source,
+        })
     }
+}
+
+/// Why a BAR's KVM slot could not be moved.
+#[derive(Debug, thiserror::Error)]
+pub enum DirectBarError {
+    /// The guest placed the BAR off a page boundary.
+    #[error("BAR {bar} at {addr:#x} is not page aligned")]
+    Unaligned {
+        /// The BAR index.
+        bar: usize,
+        /// Where the guest put it.
+        addr: u64,
+    },
+    /// KVM refused the memory slot.
+    #[error("BAR {bar} slot {slot}: {source}")]
+    Slot {
+        /// The BAR index.
+        bar: usize,
+        /// The KVM slot.
+        slot: u32,
+        /// errno.
+        source: kvm_ioctls::Error,
+    },
 }
 
 impl Drop for DirectBar {

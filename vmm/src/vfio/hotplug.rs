@@ -30,8 +30,8 @@ use crate::devices::pci_hotplug::{HotplugEvents, EJECT_QUEUE};
 use crate::error::Error;
 use crate::pci::root::{GENERAL_SLOTS, IOMMU_HOTPLUG_SLOTS};
 use crate::pci::PciAddress;
+use crate::resources::VmResources;
 use crate::virtio::iommu::IommuPlatform;
-use crate::vm::VmResources;
 
 /// Why a hotplug request was refused or failed.
 #[derive(Debug, thiserror::Error)]

@@ -26,20 +26,27 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use log::{debug, warn};
 use vfio_bindings::bindings::vfio::{
-    vfio_iommu_type1_dma_map, vfio_iommu_type1_dma_unmap, VFIO_BASE, VFIO_DMA_MAP_FLAG_READ,
-    VFIO_DMA_MAP_FLAG_WRITE, VFIO_DMA_UNMAP_FLAG_ALL, VFIO_TYPE,
+    vfio_iommu_type1_dma_map, vfio_iommu_type1_dma_unmap, VFIO_DMA_MAP_FLAG_READ,
+    VFIO_DMA_MAP_FLAG_WRITE, VFIO_DMA_UNMAP_FLAG_ALL,
 };
 use vfio_ioctls::VfioContainer;
 use virtio_iommu::device::{MapMirror, MirrorError};
 use virtio_iommu::mapping::{Invalidator, Perm};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::ioctl::{ioctl_with_mut_ref, ioctl_with_ref};
-use vmm_sys_util::ioctl_io_nr;
 
 use crate::memory::GuestMemoryMmap;
 
-ioctl_io_nr!(VFIO_IOMMU_MAP_DMA, VFIO_TYPE as u32, VFIO_BASE + 13);
-ioctl_io_nr!(VFIO_IOMMU_UNMAP_DMA, VFIO_TYPE as u32, VFIO_BASE + 14);
+/// The type1 container's map and unmap ioctl numbers (private: the macro
+/// makes public functions).
+mod ioctl_nr {
+    use vfio_bindings::bindings::vfio::{VFIO_BASE, VFIO_TYPE};
+    use vmm_sys_util::ioctl_io_nr;
+
+    ioctl_io_nr!(VFIO_IOMMU_MAP_DMA, VFIO_TYPE as u32, VFIO_BASE + 13);
+    ioctl_io_nr!(VFIO_IOMMU_UNMAP_DMA, VFIO_TYPE as u32, VFIO_BASE + 14);
+}
+use ioctl_nr::{VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA};
 
 /// Counters of one mirror (printed at exit, kept for the API).
 #[derive(Debug, Default)]

@@ -14,22 +14,22 @@ pub mod hotplug;
 pub mod mirror;
 pub mod msi;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioOps};
 
 pub use config::VfioConfig;
-pub use device::VfioPciDevice;
+pub use device::{VfioPciDevice, VfioPciError};
 
 pub use mirror::VfioMirror;
 
 use crate::acpi::viot::bdf;
 use crate::error::Error;
 use crate::pci::PciAddress;
+use crate::resources::VmResources;
 use crate::virtio::iommu::IommuPlatform;
 use crate::virtio::msix::MsiSink;
-use crate::vm::VmResources;
 
 /// An assigned function: where it sits, and its mirror behind the vIOMMU.
 #[derive(Clone)]
@@ -40,8 +40,72 @@ pub struct AssignedDevice {
     pub mirror: Option<Arc<VfioMirror>>,
 }
 
-fn vfio_err(name: &str, what: &str, e: impl std::fmt::Display) -> Error {
-    Error::Device(format!("vfio {name}: {what}: {e}"))
+/// Why a function could not be assigned.
+#[derive(Debug, thiserror::Error)]
+pub enum VfioError {
+    /// Its sysfs path names nothing.
+    #[error("vfio {name}: {} does not exist", path.display())]
+    Missing {
+        /// The function.
+        name: String,
+        /// Its sysfs path.
+        path: PathBuf,
+    },
+    /// It is bound to another driver than vfio-pci.
+    #[error(
+        "vfio {name}: {} is bound to {driver}, not vfio-pci (echo vfio-pci > {}/driver_override, \
+         unbind it, then echo the BDF to /sys/bus/pci/drivers_probe)",
+        path.display(),
+        path.display()
+    )]
+    NotVfioPci {
+        /// The function.
+        name: String,
+        /// Its sysfs path.
+        path: PathBuf,
+        /// Its driver ("no driver" when unbound).
+        driver: String,
+    },
+    /// The host IOMMU is off, or the function is outside any group.
+    #[error("vfio {name}: {} has no IOMMU group (is the host IOMMU on?)", path.display())]
+    NoIommuGroup {
+        /// The function.
+        name: String,
+        /// Its sysfs path.
+        path: PathBuf,
+    },
+    /// A VFIO operation failed.
+    #[error("vfio {name}: {what}: {source}")]
+    Vfio {
+        /// The function.
+        name: String,
+        /// The operation.
+        what: &'static str,
+        /// Why.
+        source: vfio_ioctls::VfioError,
+    },
+    /// Its PCI model could not be made.
+    #[error(transparent)]
+    Device(#[from] VfioPciError),
+    /// Bus 0 has no free slot for it.
+    #[error("vfio {name}: PCI: {source}")]
+    Pci {
+        /// The function.
+        name: String,
+        /// Why.
+        source: crate::pci::PciError,
+    },
+}
+
+impl From<VfioError> for Error {
+    fn from(e: VfioError) -> Self {
+        Self::device(e)
+    }
+}
+
+fn vfio_err(name: &str, what: &'static str) -> impl FnOnce(vfio_ioctls::VfioError) -> VfioError {
+    let name = name.to_string();
+    move |source| VfioError::Vfio { name, what, source }
 }
 
 /// Why the function `cfg` names cannot be assigned, in one line, before
@@ -52,28 +116,29 @@ pub fn check_assignable(cfg: &VfioConfig) -> Result<(), Error> {
 
 fn check_bound_to_vfio(name: &str, path: &Path) -> Result<(), Error> {
     if !path.exists() {
-        return Err(Error::Device(format!(
-            "vfio {name}: {} does not exist",
-            path.display()
-        )));
+        return Err(VfioError::Missing {
+            name: name.into(),
+            path: path.into(),
+        }
+        .into());
     }
     let driver = std::fs::read_link(path.join("driver"))
         .ok()
         .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()));
     if driver.as_deref() != Some("vfio-pci") {
-        return Err(Error::Device(format!(
-            "vfio {name}: {} is bound to {}, not vfio-pci (echo vfio-pci > {}/driver_override, \
-             unbind it, then echo the BDF to /sys/bus/pci/drivers_probe)",
-            path.display(),
-            driver.as_deref().unwrap_or("no driver"),
-            path.display()
-        )));
+        return Err(VfioError::NotVfioPci {
+            name: name.into(),
+            path: path.into(),
+            driver: driver.unwrap_or_else(|| "no driver".into()),
+        }
+        .into());
     }
     if !path.join("iommu_group").exists() {
-        return Err(Error::Device(format!(
-            "vfio {name}: {} has no IOMMU group (is the host IOMMU on?)",
-            path.display()
-        )));
+        return Err(VfioError::NoIommuGroup {
+            name: name.into(),
+            path: path.into(),
+        }
+        .into());
     }
     Ok(())
 }
@@ -98,11 +163,9 @@ pub fn add_vfio_device(
         });
     }
     check_bound_to_vfio(&name, &cfg.path)?;
-    let container =
-        Arc::new(VfioContainer::new(None).map_err(|e| vfio_err(&name, "container", e))?);
+    let container = Arc::new(VfioContainer::new(None).map_err(vfio_err(&name, "container"))?);
     let ops: Arc<dyn VfioOps> = container.clone();
-    let device =
-        Arc::new(VfioDevice::new(&cfg.path, ops, false).map_err(|e| vfio_err(&name, "open", e))?);
+    let device = Arc::new(VfioDevice::new(&cfg.path, ops, false).map_err(vfio_err(&name, "open"))?);
     device.reset();
     let router = res.irq_router.clone();
     let mut vectors = || -> Option<(Box<dyn MsiSink>, vmm_sys_util::eventfd::EventFd)> {
@@ -111,11 +174,14 @@ pub fn add_vfio_device(
         Some((Box::new(v), fd))
     };
     let dev = VfioPciDevice::new(name.clone(), device, res.vm.clone(), &mut vectors)
-        .map_err(Error::Device)?;
+        .map_err(VfioError::from)?;
     let addr = res
         .pci
         .add_device_in(Arc::new(Mutex::new(dev)), slots)
-        .map_err(|e| vfio_err(&name, "PCI", e))?;
+        .map_err(|source| VfioError::Pci {
+            name: name.clone(),
+            source,
+        })?;
     match iommu.filter(|_| cfg.iommu) {
         Some(platform) => {
             platform.add_endpoint(addr)?;
@@ -140,7 +206,7 @@ pub fn add_vfio_device(
             // slices, never through Rust references, which is what
             // concurrent device DMA requires.
             unsafe { container.vfio_map_guest_memory(&res.mem) }
-                .map_err(|e| vfio_err(&name, "mapping guest RAM in the container", e))?;
+                .map_err(vfio_err(&name, "mapping guest RAM in the container"))?;
             log::info!("vfio {name}: assigned at {addr}, guest RAM mapped 1:1");
         }
     }

@@ -113,6 +113,28 @@ pub struct IotlbStats {
     pub ack_wait_us: AtomicU64,
 }
 
+/// Why the back-end's IOTLB miss is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum MissError {
+    /// The device is not an endpoint of the vIOMMU yet.
+    #[error("the device has no vIOMMU endpoint yet")]
+    NoEndpoint,
+    /// The vIOMMU refused the translation.
+    #[error(transparent)]
+    Fault(#[from] virtio_iommu::translate::DmaFault),
+    /// The IOVA maps outside guest RAM.
+    #[error("IOVA {iova:#x} maps to {gpa:#x}, outside guest RAM")]
+    OutsideRam {
+        /// The IOVA asked for.
+        iova: u64,
+        /// The guest-physical address it maps to.
+        gpa: u64,
+    },
+    /// Guest RAM has no host mapping at that address.
+    #[error(transparent)]
+    HostAddress(#[from] vm_memory::GuestMemoryError),
+}
+
 /// The back-end's device IOTLB as a consumer of the vIOMMU.
 pub struct BackendIotlb {
     client: Arc<Mutex<Client>>,
@@ -172,18 +194,15 @@ impl BackendIotlb {
     /// IOTLB's permissions guard against its mistakes (a stale or foreign
     /// IOVA, a write into a read-only buffer), not against its reads.
     /// Unmapped IOVAs and writes into read-only mappings stay refused.
-    pub fn translate_miss(&self, iova: u64, perm: u8) -> Result<IotlbMsg, String> {
-        let dma = self
-            .dma
-            .get()
-            .ok_or("the device has no vIOMMU endpoint yet")?;
+    pub fn translate_miss(&self, iova: u64, perm: u8) -> Result<IotlbMsg, MissError> {
+        let dma = self.dma.get().ok_or(MissError::NoEndpoint)?;
         let wanted = access_of(perm);
         let needed = if wanted.contains(Perm::WRITE) {
             Perm::WRITE
         } else {
             Perm::READ
         };
-        let mut t = dma.lookup(iova, needed).map_err(|e| e.to_string())?;
+        let mut t = dma.lookup(iova, needed)?;
         if t.perm.contains(Perm::WRITE) {
             t.perm = t.perm | wanted;
         }
@@ -192,12 +211,9 @@ impl BackendIotlb {
         let region = self
             .mem
             .find_region(GuestAddress(t.gpa))
-            .ok_or_else(|| format!("IOVA {iova:#x} maps to {:#x}, outside guest RAM", t.gpa))?;
+            .ok_or(MissError::OutsideRam { iova, gpa: t.gpa })?;
         let in_region = region.last_addr().0 - t.gpa + 1;
-        let host = self
-            .mem
-            .get_host_address(GuestAddress(t.gpa))
-            .map_err(|e| e.to_string())?;
+        let host = self.mem.get_host_address(GuestAddress(t.gpa))?;
         Ok(IotlbMsg::new(
             UPDATE,
             iova,

@@ -233,7 +233,7 @@ impl VhostUserNet {
     }
 
     fn start(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
-        let dev = |e: ClientError| ActivateError::Device(e.to_string());
+        let dev = |e: ClientError| ActivateError::Device(Box::new(e));
         let client = self.client.clone();
         let mut client = lock(&client);
         // Bit 30 (VHOST_USER_F_PROTOCOL_FEATURES) is a vhost-user bit, not a
@@ -246,7 +246,7 @@ impl VhostUserNet {
             .set(FrontendReq::SET_FEATURES, &VhostUserU64::new(acked), &[])
             .map_err(dev)?;
         let (table, fds) =
-            memory_table(&self.mem).map_err(|e| ActivateError::Device(e.to_string()))?;
+            memory_table(&self.mem).map_err(|e| ActivateError::Device(Box::new(e)))?;
         client
             .set_bytes(FrontendReq::SET_MEM_TABLE, &table, &fds)
             .map_err(dev)?;

@@ -111,9 +111,9 @@ pub enum ActivateError {
     /// A thread or event fd could not be created.
     #[error("{0}")]
     Os(#[from] std::io::Error),
-    /// Device-specific failure.
+    /// Device-specific failure: the device's own error.
     #[error("{0}")]
-    Device(String),
+    Device(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// A virtio device, independent of the transport.

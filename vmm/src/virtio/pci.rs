@@ -139,21 +139,44 @@ impl VirtioInterrupt for TransportInterrupt {
 /// recorder in tests.
 pub trait IoEvents: Send + Sync {
     /// Signal `fd` on every write to guest-physical MMIO address `addr`.
-    fn register(&self, fd: &EventFd, addr: u64) -> Result<(), String>;
+    fn register(&self, fd: &EventFd, addr: u64) -> Result<(), kvm_ioctls::Error>;
     /// Undoes [`IoEvents::register`].
-    fn unregister(&self, fd: &EventFd, addr: u64) -> Result<(), String>;
+    fn unregister(&self, fd: &EventFd, addr: u64) -> Result<(), kvm_ioctls::Error>;
 }
 
 impl IoEvents for VmFd {
-    fn register(&self, fd: &EventFd, addr: u64) -> Result<(), String> {
+    fn register(&self, fd: &EventFd, addr: u64) -> Result<(), kvm_ioctls::Error> {
         self.register_ioevent(fd, &IoEventAddress::Mmio(addr), NoDatamatch)
-            .map_err(|e| e.to_string())
     }
 
-    fn unregister(&self, fd: &EventFd, addr: u64) -> Result<(), String> {
+    fn unregister(&self, fd: &EventFd, addr: u64) -> Result<(), kvm_ioctls::Error> {
         self.unregister_ioevent(fd, &IoEventAddress::Mmio(addr), NoDatamatch)
-            .map_err(|e| e.to_string())
     }
+}
+
+/// Why a queue the driver set ready cannot be started.
+#[derive(Debug, Error)]
+enum QueueSetupError {
+    /// The device has no such queue.
+    #[error("no queue {0}")]
+    NoQueue(usize),
+    /// A size or ring address the driver wrote is not valid.
+    #[error(transparent)]
+    Queue(#[from] virtio_queue::Error),
+    /// The rings lie outside what the device can reach by DMA.
+    #[error("queue {index} rings (desc {desc:#x}, avail {avail:#x}, used {used:#x}, size {size}) are not in DMA-reachable memory")]
+    Unreachable {
+        /// The queue.
+        index: usize,
+        /// Descriptor table address.
+        desc: u64,
+        /// Available ring address.
+        avail: u64,
+        /// Used ring address.
+        used: u64,
+        /// Queue size.
+        size: u16,
+    },
 }
 
 /// A virtio device on the PCI bus.
@@ -354,27 +377,27 @@ impl VirtioPciDevice {
         }
     }
 
-    fn build_queue(&self, index: usize, event_idx: bool) -> Result<Queue, String> {
+    fn build_queue(&self, index: usize, event_idx: bool) -> Result<Queue, QueueSetupError> {
         let regs = self
             .common
             .queues()
             .get(index)
-            .ok_or_else(|| format!("no queue {index}"))?;
-        let mut q = Queue::new(regs.max_size).map_err(|e| e.to_string())?;
-        q.try_set_size(regs.size).map_err(|e| e.to_string())?;
-        q.try_set_desc_table_address(GuestAddress(regs.desc))
-            .map_err(|e| e.to_string())?;
-        q.try_set_avail_ring_address(GuestAddress(regs.driver))
-            .map_err(|e| e.to_string())?;
-        q.try_set_used_ring_address(GuestAddress(regs.device))
-            .map_err(|e| e.to_string())?;
+            .ok_or(QueueSetupError::NoQueue(index))?;
+        let mut q = Queue::new(regs.max_size)?;
+        q.try_set_size(regs.size)?;
+        q.try_set_desc_table_address(GuestAddress(regs.desc))?;
+        q.try_set_avail_ring_address(GuestAddress(regs.driver))?;
+        q.try_set_used_ring_address(GuestAddress(regs.device))?;
         q.set_event_idx(event_idx);
         q.set_ready(true);
         if !q.is_valid(&self.dma) {
-            return Err(format!(
-                "queue {index} rings (desc {:#x}, avail {:#x}, used {:#x}, size {}) are not in DMA-reachable memory",
-                regs.desc, regs.driver, regs.device, regs.size
-            ));
+            return Err(QueueSetupError::Unreachable {
+                index,
+                desc: regs.desc,
+                avail: regs.driver,
+                used: regs.device,
+                size: regs.size,
+            });
         }
         Ok(q)
     }
@@ -614,11 +637,11 @@ mod tests {
     struct Recorder(Mutex<Vec<(bool, u64)>>);
 
     impl IoEvents for Recorder {
-        fn register(&self, _fd: &EventFd, addr: u64) -> Result<(), String> {
+        fn register(&self, _fd: &EventFd, addr: u64) -> Result<(), kvm_ioctls::Error> {
             self.0.lock().unwrap().push((true, addr));
             Ok(())
         }
-        fn unregister(&self, _fd: &EventFd, addr: u64) -> Result<(), String> {
+        fn unregister(&self, _fd: &EventFd, addr: u64) -> Result<(), kvm_ioctls::Error> {
             self.0.lock().unwrap().push((false, addr));
             Ok(())
         }

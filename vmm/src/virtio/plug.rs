@@ -9,7 +9,34 @@ use super::VirtioDevice;
 use crate::dma::DmaSpace;
 use crate::error::Error;
 use crate::pci::PciAddress;
-use crate::vm::VmResources;
+use crate::resources::VmResources;
+
+/// Why a virtio device could not be plugged into bus 0.
+#[derive(Debug, thiserror::Error)]
+pub enum PlugError {
+    /// Its virtio-pci transport could not be made.
+    #[error("{name}: {source}")]
+    Transport {
+        /// The device, as logged.
+        name: String,
+        /// Why.
+        source: crate::virtio::pci::VirtioPciError,
+    },
+    /// Bus 0 has no room for it.
+    #[error("{name}: {source}")]
+    Pci {
+        /// The device, as logged.
+        name: String,
+        /// Why.
+        source: crate::pci::PciError,
+    },
+}
+
+impl From<PlugError> for Error {
+    fn from(e: PlugError) -> Self {
+        Self::device(e)
+    }
+}
 
 /// A virtio function on bus 0.
 pub struct Plugged {
@@ -40,12 +67,18 @@ pub fn plug_virtio_pci(
         DmaSpace::identity(res.mem.clone()),
         behind_iommu,
     )
-    .map_err(|e| Error::Device(format!("{name}: {e}")))?;
+    .map_err(|source| PlugError::Transport {
+        name: name.into(),
+        source,
+    })?;
     let dev = Arc::new(Mutex::new(dev));
     let bdf = res
         .pci
         .add_device(dev.clone())
-        .map_err(|e| Error::Device(format!("{name}: {e}")))?;
+        .map_err(|source| PlugError::Pci {
+            name: name.into(),
+            source,
+        })?;
     log::info!(
         "{name} at PCI {bdf}{}",
         if behind_iommu {

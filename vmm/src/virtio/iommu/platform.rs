@@ -11,7 +11,8 @@
 use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::VmFd;
-use virtio_iommu::device::{IommuConfig, IommuDevice};
+use virtio_iommu::device::{DeviceError, IommuConfig, IommuDevice, MapMirror};
+use virtio_iommu::mapping::Invalidator;
 use virtio_iommu::quiesce::Quiescer;
 
 use super::options::{IommuOptions, RequestServing};
@@ -25,6 +26,38 @@ use crate::memory::GuestMemoryMmap;
 use crate::pci::root::IOMMU_HOTPLUG_SLOTS;
 use crate::pci::{PciAddress, PciRoot};
 use crate::virtio::pci::VirtioPciDevice;
+
+/// Why the vIOMMU could not be set up, or a function put behind it or
+/// taken from behind it.
+#[derive(Debug, thiserror::Error)]
+pub enum IommuPlatformError {
+    /// The device model refused its configuration.
+    #[error("virtio-iommu config: {0}")]
+    Config(#[source] DeviceError),
+    /// Its request threads' eventfds could not be made.
+    #[error("virtio-iommu eventfd: {0}")]
+    EventFd(#[source] std::io::Error),
+    /// Its virtio-pci transport could not be made.
+    #[error("virtio-iommu transport: {0}")]
+    Transport(#[source] crate::virtio::pci::VirtioPciError),
+    /// Bus 0 has no room for it.
+    #[error("virtio-iommu PCI: {0}")]
+    Pci(#[source] crate::pci::PciError),
+    /// The device model refused the endpoint.
+    #[error("vIOMMU endpoint {addr}: {source}")]
+    Endpoint {
+        /// The function.
+        addr: PciAddress,
+        /// Why.
+        source: DeviceError,
+    },
+}
+
+impl From<IommuPlatformError> for Error {
+    fn from(e: IommuPlatformError) -> Self {
+        Self::device(e)
+    }
+}
 
 /// The PCI segment everything lives on.
 const SEGMENT: u16 = 0;
@@ -50,9 +83,6 @@ impl IommuPlatform {
         pci: &PciRoot,
         mem: GuestMemoryMmap,
     ) -> Result<Self, Error> {
-        let dev_err = |what: &str, e: &dyn std::fmt::Display| {
-            Error::Device(format!("virtio-iommu {what}: {e}"))
-        };
         // The default config reports and reserves the x86 MSI doorbell
         // window 0xfee00000-0xfeefffff (the host bridge's MSI window) in
         // PROBE, so the guest never maps DMA over it.
@@ -62,13 +92,13 @@ impl IommuPlatform {
             num_request_queues: opts.queues,
             ..IommuConfig::default()
         };
-        let iommu = Arc::new(IommuDevice::new(cfg).map_err(|e| dev_err("config", &e))?);
+        let iommu = Arc::new(IommuDevice::new(cfg).map_err(IommuPlatformError::Config)?);
         // Every emulated endpoint's threads are one consumer: a kick's
         // UNMAPs complete only after they left their older sections.
         let quiescer = Quiescer::new();
         iommu.add_invalidator(quiescer.clone());
         let device =
-            VirtioIommu::new(iommu.clone(), opts.requests).map_err(|e| dev_err("eventfd", &e))?;
+            VirtioIommu::new(iommu.clone(), opts.requests).map_err(IommuPlatformError::EventFd)?;
         let fault_notify = device.fault_notify();
         let transport = VirtioPciDevice::new(
             Box::new(device),
@@ -77,10 +107,10 @@ impl IommuPlatform {
             DmaSpace::identity(mem.clone()),
             false,
         )
-        .map_err(|e| dev_err("transport", &e))?;
+        .map_err(IommuPlatformError::Transport)?;
         let address = pci
             .add_device(Arc::new(Mutex::new(transport)))
-            .map_err(|e| dev_err("PCI", &e))?;
+            .map_err(IommuPlatformError::Pci)?;
         log::info!(
             "virtio-iommu at {address} ({} domain tables, {} request queue(s) served {}, bypass {})",
             opts.space_impl,
@@ -107,11 +137,11 @@ impl IommuPlatform {
         let id = u32::from(bdf(addr));
         self.iommu
             .add_endpoint(id)
-            .map_err(|e| Error::Device(format!("vIOMMU endpoint {addr}: {e}")))?;
+            .map_err(|source| IommuPlatformError::Endpoint { addr, source })?;
         let dma = self
             .iommu
             .endpoint_dma(id)
-            .map_err(|e| Error::Device(format!("vIOMMU endpoint {addr}: {e}")))?;
+            .map_err(|source| IommuPlatformError::Endpoint { addr, source })?;
         self.endpoints.push(addr);
         let translator = IommuTranslate::new(dma, Some(self.fault_notify.clone()));
         Ok(DmaSpace::translated(self.mem.clone(), Arc::new(translator))
@@ -120,22 +150,23 @@ impl IommuPlatform {
 
     /// Takes the function at `addr` from behind the vIOMMU (it was
     /// unplugged): it leaves its domain, and `mirror`, the consumer that
-    /// followed it, is no longer told about maps and invalidations.
-    pub fn remove_endpoint(
+    /// followed it (a VFIO container's mirror, `crate::vfio::VfioMirror`),
+    /// is no longer told about maps and invalidations.
+    pub fn remove_endpoint<M: MapMirror + Invalidator + 'static>(
         &mut self,
         addr: PciAddress,
-        mirror: Option<Arc<crate::vfio::VfioMirror>>,
+        mirror: Option<Arc<M>>,
     ) -> Result<(), Error> {
         if let Some(m) = mirror {
-            let inv: Arc<dyn virtio_iommu::mapping::Invalidator> = m.clone();
-            let map: Arc<dyn virtio_iommu::device::MapMirror> = m;
+            let inv: Arc<dyn Invalidator> = m.clone();
+            let map: Arc<dyn MapMirror> = m;
             self.iommu.remove_map_mirror(&map);
             self.iommu.remove_invalidator(&inv);
         }
         self.endpoints.retain(|a| *a != addr);
         self.iommu
             .remove_endpoint(u32::from(bdf(addr)))
-            .map_err(|e| Error::Device(format!("vIOMMU endpoint {addr}: {e}")))
+            .map_err(|source| IommuPlatformError::Endpoint { addr, source }.into())
     }
 
     /// The device model (statistics, tests).

@@ -166,6 +166,20 @@ impl DmaTestConfig {
     }
 }
 
+/// Why a `--dma-test` could not be added.
+#[derive(Debug, thiserror::Error)]
+pub enum DmaTestSetupError {
+    /// Bus 0 has no room for it.
+    #[error("dma-test: {0}")]
+    Pci(#[source] crate::pci::PciError),
+}
+
+impl From<DmaTestSetupError> for Error {
+    fn from(e: DmaTestSetupError) -> Self {
+        Self::device(e)
+    }
+}
+
 /// Plugs a DMA test device into `pci`; with `iommu=on` its DMA goes
 /// through `iommu` (an error if there is none).
 pub fn add_dma_test(
@@ -177,7 +191,7 @@ pub fn add_dma_test(
     let dev = Arc::new(Mutex::new(DmaTestDevice::new()));
     let addr = pci
         .add_device(dev.clone())
-        .map_err(|e| Error::Device(format!("dma-test: {e}")))?;
+        .map_err(DmaTestSetupError::Pci)?;
     let dma = match (cfg.iommu, iommu) {
         (true, Some(p)) => p.add_endpoint(addr)?,
         (true, None) => {
