@@ -119,6 +119,12 @@ pub fn add_vfio_device(
     match iommu.filter(|_| cfg.iommu) {
         Some(platform) => {
             platform.add_endpoint(addr)?;
+            // Its DMA goes through the host IOMMU, which follows MAPs only:
+            // no guest page table for its domain.
+            platform
+                .iommu()
+                .require_explicit_maps(u32::from(bdf(addr)))
+                .map_err(|e| Error::Device(format!("vfio {name}: {e}")))?;
             let mirror = Arc::new(VfioMirror::new(
                 name.clone(),
                 u32::from(bdf(addr)),
