@@ -9,8 +9,8 @@
 #   edu     dmatest + short bench per policy x invalidation; no network
 #   pgtable-edu, pgtable
 #           the same checks as edu and matrix with the driver's page-table
-#           mode (pgtable=1), then the benchmark against no vIOMMU and
-#           against MAP mode (guest-matrix.sh vvi_mode=pgtable)
+#           mode (pgtable=1); pgtable-edu then runs the benchmark against
+#           no vIOMMU and against MAP mode (guest-matrix.sh vvi_mode=pgtable)
 #   matrix  additionally a virtio-net NIC behind the vIOMMU (iommu=on) on a
 #           TAP: per configuration the guest fetches a fresh random blob
 #           over TCP from an HTTP server on the TAP's host side (10.0.2.2,
