@@ -73,12 +73,47 @@ enum vvi_stat {
 	VVI_ST_SLOW,
 	VVI_ST_FALLBACKS,
 	VVI_ST_ERRORS,
+	VVI_ST_INV_REQS,
+	VVI_ST_PT_TABLES,
 	VVI_NR_STATS,
 };
 
 struct vvi_stats {
 	u64 c[VVI_NR_STATS];
 };
+
+/*
+ * Project feature (docs/page-table.md): page-table mode. The driver writes
+ * its mappings into an I/O page table (4 levels, 4 KiB pages, 48-bit IOVA)
+ * and only sends INVALIDATE (same layout as UNMAP) when it removes them.
+ */
+#define VVI_F_PAGE_TABLE	22
+#define VVI_T_ATTACH_TABLE	0xf0
+#define VVI_T_INVALIDATE	0xf1
+#define VVI_PROBE_T_PT_FMT	0xff0
+#define VVI_PT_FMT_X86_4L	1
+#define VVI_PTE_P		BIT_ULL(0)
+#define VVI_PTE_R		BIT_ULL(1)
+#define VVI_PTE_W		BIT_ULL(2)
+#define VVI_PTE_ADDR		GENMASK_ULL(51, 12)
+#define VVI_PT_LEVELS		4
+
+struct vvi_req_attach_table {
+	struct virtio_iommu_req_head head;
+	__le32 domain;
+	__le16 format;
+	u8 reserved[2];
+	__le64 root;
+	struct virtio_iommu_req_tail tail;
+} __packed;
+
+struct vvi_probe_pt_fmt {
+	struct virtio_iommu_probe_property head;
+	__le16 format;
+	u8 levels;
+	u8 input_bits;
+	u8 reserved[4];
+} __packed;
 
 /* one request in flight; the tail is the last 4 bytes of the buffer */
 struct vvi_req {
@@ -88,6 +123,7 @@ struct vvi_req {
 		struct virtio_iommu_req_detach detach;
 		struct virtio_iommu_req_map map;
 		struct virtio_iommu_req_unmap unmap;
+		struct vvi_req_attach_table attach_table;
 	} u;
 	void *buf;		/* NULL: the request lives in u */
 	u32 len;		/* whole buffer, tail included */
@@ -183,6 +219,8 @@ struct vvi_ep {
 	struct vvi_stats __percpu *stats;
 	atomic64_t faults;
 	struct dentry *dbg;
+	bool pt_fmt;		/* PROBE reported VVI_PT_FMT_X86_4L */
+	__le64 *pgt;		/* root of the I/O page table; NULL: MAP mode */
 };
 
 struct vvi_range {
@@ -226,6 +264,7 @@ struct vvi_dev {
 	u32 probe_size;
 	bool has_probe;
 	bool has_bypass_cfg;
+	bool has_pgtable;	/* VVI_F_PAGE_TABLE negotiated */
 	bool bypass_dom;	/* shared bypass domain works */
 	u32 bypass_domain;
 	struct ida domain_ida;
@@ -251,6 +290,7 @@ extern int vvi_inval_sel;
 extern unsigned int vvi_fq_size;
 extern unsigned int vvi_fq_timeout_ms;
 extern unsigned int vvi_persistent_cap;
+extern bool vvi_pgtable;
 extern const char * const vvi_policy_names[VVI_NR_POLICIES];
 extern const char * const vvi_inval_names[VVI_NR_INVALS];
 extern const char * const vvi_stat_names[VVI_NR_STATS];
@@ -263,6 +303,8 @@ void vvi_fill_map(struct vvi_req *r, u32 dom, u64 iova, u64 last, u64 phys,
 void vvi_fill_unmap(struct vvi_req *r, u32 dom, u64 iova, u64 last);
 void vvi_fill_attach(struct vvi_req *r, u32 dom, u32 epid, u32 flags);
 void vvi_fill_detach(struct vvi_req *r, u32 dom, u32 epid);
+void vvi_fill_invalidate(struct vvi_req *r, u32 dom, u64 iova, u64 last);
+void vvi_fill_attach_table(struct vvi_req *r, u32 dom, u64 root);
 u64 vvi_map(struct vvi_ep *ep, phys_addr_t phys, size_t size,
 	    enum dma_data_direction dir, u64 mask);
 void vvi_unmap(struct vvi_ep *ep, u64 dma, size_t size, bool strict);
@@ -275,5 +317,11 @@ void vvi_flush_all(void);
 void vvi_flush_sync(void);
 int vvi_dma_init(void);
 void vvi_dma_exit(void);
+
+/* vviommu_pgt.c */
+int vvi_pt_init(struct vvi_ep *ep);
+void vvi_pt_free(struct vvi_ep *ep);
+int vvi_pt_map(struct vvi_ep *ep, u64 iova, u64 size, u64 phys, u32 prot);
+void vvi_pt_clear(struct vvi_ep *ep, u64 iova, u64 size);
 
 #endif /* _VVIOMMU_H */

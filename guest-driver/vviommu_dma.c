@@ -30,6 +30,7 @@ int vvi_inval_sel;
 unsigned int vvi_fq_size = 250;
 unsigned int vvi_fq_timeout_ms = 10;
 unsigned int vvi_persistent_cap = 1024;
+bool vvi_pgtable;
 
 static struct vvi_pcpu **vvi_pcpu;
 static struct vvi_fq __percpu *vvi_cpu_fq;
@@ -48,7 +49,7 @@ const char * const vvi_inval_names[VVI_NR_INVALS] = {
 const char * const vvi_stat_names[VVI_NR_STATS] = {
 	"maps", "unmaps", "map_reqs", "unmap_reqs", "kicks", "flushes",
 	"flush_entries", "alloc_fast", "alloc_depot", "alloc_slow",
-	"fallbacks", "errors",
+	"fallbacks", "errors", "inval_reqs", "pt_tables",
 };
 
 static inline void vvi_inc(struct vvi_ep *ep, enum vvi_stat s)
@@ -227,6 +228,21 @@ void vvi_fill_detach(struct vvi_req *r, u32 dom, u32 epid)
 	r->u.detach.endpoint = cpu_to_le32(epid);
 }
 
+/* INVALIDATE has UNMAP's layout under its own type */
+void vvi_fill_invalidate(struct vvi_req *r, u32 dom, u64 iova, u64 last)
+{
+	vvi_fill_unmap(r, dom, iova, last);
+	r->u.head.type = VVI_T_INVALIDATE;
+}
+
+void vvi_fill_attach_table(struct vvi_req *r, u32 dom, u64 root)
+{
+	vvi_fill(r, VVI_T_ATTACH_TABLE, sizeof(r->u.attach_table));
+	r->u.attach_table.domain = cpu_to_le32(dom);
+	r->u.attach_table.format = cpu_to_le16(VVI_PT_FMT_X86_4L);
+	r->u.attach_table.root = cpu_to_le64(root);
+}
+
 /* one request from process context (setup and teardown) */
 int vvi_send_one(struct vvi_dev *vd, struct vvi_req *tmpl, struct vvi_ep *ep)
 {
@@ -245,6 +261,23 @@ int vvi_send_one(struct vvi_dev *vd, struct vvi_req *tmpl, struct vvi_ep *ep)
 /* hot-path request helpers: interrupts off, this CPU's scratch        */
 /* ------------------------------------------------------------------ */
 
+/* page-table mode: clear the leaves, then one INVALIDATE, waited for */
+static int vvi_pt_unmap_sync(struct vvi_ep *ep, u64 iova, u64 size)
+{
+	struct vvi_pcpu *pc;
+	unsigned long flags;
+	int ret;
+
+	vvi_pt_clear(ep, iova, size);
+	local_irq_save(flags);
+	pc = vvi_pcpu[smp_processor_id()];
+	vvi_fill_invalidate(&pc->reqs[0], ep->domain, iova, iova + size - 1);
+	ret = vvi_submit(ep->vd, pc->reqs, 1, ep);
+	local_irq_restore(flags);
+	vvi_inc(ep, VVI_ST_INV_REQS);
+	return ret;
+}
+
 static int vvi_hot_map(struct vvi_ep *ep, u64 iova, u64 size, u64 phys,
 		       u32 prot)
 {
@@ -252,6 +285,17 @@ static int vvi_hot_map(struct vvi_ep *ep, u64 iova, u64 size, u64 phys,
 	unsigned long flags;
 	int ret;
 
+	if (ep->pgt) {
+		ret = vvi_pt_map(ep, iova, size, phys, prot);
+		/*
+		 * The device may have cached a leaf written before the
+		 * failure (its walks fill ahead): invalidate before the IOVA
+		 * goes back to the allocator.
+		 */
+		if (ret)
+			vvi_pt_unmap_sync(ep, iova, size);
+		return ret;
+	}
 	local_irq_save(flags);
 	pc = vvi_pcpu[smp_processor_id()];
 	vvi_fill_map(&pc->reqs[0], ep->domain, iova, iova + size - 1, phys,
@@ -268,12 +312,45 @@ static int vvi_hot_unmap(struct vvi_ep *ep, u64 iova, u64 size)
 	unsigned long flags;
 	int ret;
 
+	if (ep->pgt)
+		return vvi_pt_unmap_sync(ep, iova, size);
 	local_irq_save(flags);
 	pc = vvi_pcpu[smp_processor_id()];
 	vvi_fill_unmap(&pc->reqs[0], ep->domain, iova, iova + size - 1);
 	ret = vvi_submit(ep->vd, pc->reqs, 1, ep);
 	local_irq_restore(flags);
 	vvi_inc(ep, VVI_ST_UNMAP_REQS);
+	return ret;
+}
+
+/*
+ * Page-table mode of vvi_pages_req: a map writes the leaves and sends
+ * nothing; a removal (or a failed map, whose leaves the device may have
+ * cached by filling ahead) clears them and sends one INVALIDATE over the
+ * sorted list's span. Interrupts must be off.
+ */
+static int vvi_pt_pages(struct vvi_ep *ep, const unsigned long *pfn, int n,
+			u64 bits, u32 prot, bool map)
+{
+	struct vvi_pcpu *pc = vvi_pcpu[smp_processor_id()];
+	u64 first = PFN_PHYS(pfn[0]) | bits;
+	u64 last = (PFN_PHYS(pfn[n - 1]) + PAGE_SIZE - 1) | bits;
+	int i, ret = 0;
+
+	for (i = 0; map && i < n; i++) {
+		ret = vvi_pt_map(ep, PFN_PHYS(pfn[i]) | bits, PAGE_SIZE,
+				 PFN_PHYS(pfn[i]), prot);
+		if (ret)
+			break;
+	}
+	if (map && !ret)
+		return 0;
+	for (i = 0; i < n; i++)
+		vvi_pt_clear(ep, PFN_PHYS(pfn[i]) | bits, PAGE_SIZE);
+	vvi_fill_invalidate(&pc->reqs[0], ep->domain, first, last);
+	if (vvi_submit(ep->vd, pc->reqs, 1, ep) && !ret)
+		ret = -EIO;
+	vvi_inc(ep, VVI_ST_INV_REQS);
 	return ret;
 }
 
@@ -286,6 +363,9 @@ static int vvi_pages_req(struct vvi_ep *ep, const unsigned long *pfn, int n,
 {
 	struct vvi_pcpu *pc = vvi_pcpu[smp_processor_id()];
 	int i = 0, nr = 0, ret;
+
+	if (ep->pgt)
+		return vvi_pt_pages(ep, pfn, n, bits, prot, map);
 
 	while (i < n) {
 		int j = i + 1;
@@ -551,6 +631,35 @@ static void vvi_identity_done(struct vvi_ep *ep, u64 iova)
 			   0);
 }
 
+/*
+ * Page-table mode: the entries' leaves are clear (identity pages are
+ * cleared here, once the flush owns them), and one INVALIDATE over the
+ * span of the batch removes whatever the device cached: live mappings in
+ * between are only walked again, at no request.
+ */
+static int vvi_flush_ep_pt(struct vvi_ep *ep, struct vvi_pcpu *pc,
+			   struct vvi_fq_ent *e, int n)
+{
+	u64 start = U64_MAX, end = 0;	/* end is exclusive */
+	int i;
+
+	for (i = 0; i < n; i++) {
+		u64 size = (u64)e[i].npages << PAGE_SHIFT;
+
+		if (e[i].skip)
+			continue;
+		if (vvi_is_identity_iova(ep, e[i].iova))
+			vvi_pt_clear(ep, e[i].iova, size);
+		start = min(start, e[i].iova);
+		end = max(end, e[i].iova + size);
+	}
+	if (end <= start)
+		return 0;
+	vvi_fill_invalidate(&pc->reqs[0], ep->domain, start, end - 1);
+	vvi_inc(ep, VVI_ST_INV_REQS);
+	return vvi_submit(ep->vd, pc->reqs, 1, ep);
+}
+
 /* one endpoint's share of a flush: one kick, merged ranges, then free */
 static void vvi_flush_ep(struct vvi_ep *ep, struct vvi_pcpu *pc,
 			 struct vvi_fq_ent *e, int n)
@@ -561,7 +670,7 @@ static void vvi_flush_ep(struct vvi_ep *ep, struct vvi_pcpu *pc,
 	for (i = 0; i < n; i++) {
 		e[i].skip = vvi_is_identity_iova(ep, e[i].iova) &&
 			    !vvi_identity_take_pending(ep, e[i].iova);
-		if (e[i].skip)
+		if (e[i].skip || ep->pgt)
 			continue;
 		if (nr && e[i].iova == end) {
 			end += (u64)e[i].npages << PAGE_SHIFT;
@@ -579,6 +688,8 @@ static void vvi_flush_ep(struct vvi_ep *ep, struct vvi_pcpu *pc,
 
 	vvi_inc(ep, VVI_ST_FLUSHES);
 	vvi_add(ep, VVI_ST_FLUSH_ENTS, n);
+	if (ep->pgt && vvi_flush_ep_pt(ep, pc, e, n))
+		vvi_inc(ep, VVI_ST_ERRORS);
 	if (nr) {
 		ret = vvi_submit(ep->vd, pc->reqs, nr, ep);
 		vvi_add(ep, VVI_ST_UNMAP_REQS, nr);
@@ -689,6 +800,9 @@ static void vvi_invalidate(struct vvi_ep *ep, u64 iova, unsigned long n,
 		vvi_release_iova(ep, iova, n);
 		return;
 	}
+	/* no new walk reaches it; the flush drops what the device cached */
+	if (ep->pgt)
+		vvi_pt_clear(ep, iova, (u64)n << PAGE_SHIFT);
 	vvi_fq_add(ep, iova, n);
 }
 

@@ -39,6 +39,8 @@ module_param_named(fq_timeout_ms, vvi_fq_timeout_ms, uint, 0444);
 MODULE_PARM_DESC(fq_timeout_ms, "flush deferred unmaps after this many ms");
 module_param_named(persistent_cap, vvi_persistent_cap, uint, 0444);
 MODULE_PARM_DESC(persistent_cap, "idle mappings kept per endpoint by policy=persistent");
+module_param_named(pgtable, vvi_pgtable, bool, 0444);
+MODULE_PARM_DESC(pgtable, "page-table mode when the device offers it: MAPs are page-table writes, only invalidations are requests");
 
 static struct vvi_dev *vvi;	/* the one virtio-iommu this driver serves */
 static struct dentry *vvi_dbg_root;
@@ -187,6 +189,14 @@ static int vvi_probe_ep(struct vvi_ep *ep)
 				 v->subtype == VIRTIO_IOMMU_RESV_MEM_T_MSI ?
 				 "msi" : "reserved");
 		}
+		if (type == VVI_PROBE_T_PT_FMT &&
+		    sizeof(*prop) + plen >= sizeof(struct vvi_probe_pt_fmt)) {
+			struct vvi_probe_pt_fmt *f = (void *)prop;
+
+			if (le16_to_cpu(f->format) == VVI_PT_FMT_X86_4L &&
+			    f->levels == VVI_PT_LEVELS && f->input_bits >= 48)
+				ep->pt_fmt = true;
+		}
 		pos += sizeof(*prop) + plen;
 	}
 out:
@@ -230,7 +240,9 @@ static int vvi_stats_show(struct seq_file *s, void *unused)
 		seq_printf(s, "%s=%llu\n", vvi_stat_names[i], sum[i]);
 	seq_printf(s, "live=%lld\n", sum[VVI_ST_MAPS] - sum[VVI_ST_UNMAPS]);
 	seq_printf(s, "faults=%lld\n", atomic64_read(&ep->faults));
-	reqs = sum[VVI_ST_MAP_REQS] + sum[VVI_ST_UNMAP_REQS];
+	seq_printf(s, "pgtable=%s\n", ep->pgt ? "yes" : "no");
+	reqs = sum[VVI_ST_MAP_REQS] + sum[VVI_ST_UNMAP_REQS] +
+	       sum[VVI_ST_INV_REQS];
 	kicks = sum[VVI_ST_KICKS];
 	seq_printf(s, "requests=%llu\n", reqs);
 	seq_printf(s, "mean_batch_x100=%llu\n", kicks ? reqs * 100 / kicks : 0);
@@ -309,6 +321,25 @@ static struct vvi_ep *vvi_add_ep(struct vvi_dev *vd, struct pci_dev *pdev)
 	return ep;
 }
 
+/* give @ep's fresh domain an I/O page table; MAP mode if the device says no */
+static void vvi_attach_table(struct vvi_ep *ep)
+{
+	struct vvi_req r;
+	int ret;
+
+	ret = vvi_pt_init(ep);
+	if (ret)
+		return;
+	vvi_fill_attach_table(&r, ep->domain, virt_to_phys(ep->pgt));
+	ret = vvi_send_one(ep->vd, &r, NULL);
+	if (ret) {
+		dev_info(&ep->pdev->dev,
+			 "vviommu: no page table for domain %u (%d): MAP mode\n",
+			 ep->domain, ret);
+		vvi_pt_free(ep);
+	}
+}
+
 /* vd->lock held: take over the DMA of @ep before its driver probes */
 static void vvi_claim(struct vvi_ep *ep, enum vvi_owner how,
 		      const char *drvname)
@@ -331,6 +362,10 @@ static void vvi_claim(struct vvi_ep *ep, enum vvi_owner how,
 	if (ret)
 		goto err_ida;
 	ep->in_bypass = false;
+	/* before any MAP: a domain with mappings refuses a table */
+	if (vd->has_pgtable && ep->pt_fmt &&
+	    vvi_policy_sel != VVI_POL_PASSTHROUGH)
+		vvi_attach_table(ep);
 	ret = vvi_policy_setup(ep);
 	if (ret)
 		goto err_policy;
@@ -341,9 +376,10 @@ static void vvi_claim(struct vvi_ep *ep, enum vvi_owner how,
 	ep->owner = how;
 	ep->refused = false;
 	dev_info(&ep->pdev->dev,
-		 "vviommu: DMA of %s translated: endpoint %u domain %u policy %s invalidation %s\n",
+		 "vviommu: DMA of %s translated: endpoint %u domain %u policy %s invalidation %s%s\n",
 		 drvname, ep->id, dom, vvi_policy_names[vvi_policy_sel],
-		 vvi_inval_names[vvi_inval_sel]);
+		 vvi_inval_names[vvi_inval_sel],
+		 ep->pgt ? " page-table" : "");
 	return;
 
 err_policy:
@@ -352,6 +388,7 @@ err_policy:
 	if (vd->bypass_dom && !vvi_attach(ep, vd->bypass_domain,
 					  VIRTIO_IOMMU_ATTACH_F_BYPASS))
 		ep->in_bypass = true;
+	vvi_pt_free(ep);
 err_ida:
 	ida_free(&vd->domain_ida, dom);
 	ep->domain = 0;
@@ -377,8 +414,11 @@ static void vvi_release(struct vvi_ep *ep)
 		dev_warn(&ep->pdev->dev,
 			 "vviommu: %ld mappings still live at release\n", live);
 
-	/* one UNMAP covering the whole input range removes everything */
-	vvi_fill_unmap(&r, ep->domain, 0, ep->limit);
+	/* one UNMAP (INVALIDATE) over the whole input range removes all */
+	if (ep->pgt)
+		vvi_fill_invalidate(&r, ep->domain, 0, ep->limit);
+	else
+		vvi_fill_unmap(&r, ep->domain, 0, ep->limit);
 	if (vvi_send_one(vd, &r, ep))
 		dev_warn(&ep->pdev->dev, "vviommu: final UNMAP failed\n");
 	vvi_remove_ops(ep);
@@ -388,6 +428,8 @@ static void vvi_release(struct vvi_ep *ep)
 		ep->in_bypass = true;
 	else
 		vvi_detach(ep, ep->domain);
+	/* the domain is gone with its last endpoint: nothing walks the table */
+	vvi_pt_free(ep);
 	ida_free(&vd->domain_ida, ep->domain);
 	ep->domain = 0;
 	ep->owner = VVI_OWN_NONE;
@@ -567,6 +609,7 @@ static int vvi_info_show(struct seq_file *s, void *unused)
 	seq_printf(s, "bypass_domain=%s\n", vd->bypass_dom ? "yes" : "no");
 	seq_printf(s, "request_queues=%u\nmultiqueue=%s\n", vd->nrq,
 		   virtio_has_feature(vd->vdev, VVI_F_MULTIQUEUE) ? "yes" : "no");
+	seq_printf(s, "page_table=%s\n", vd->has_pgtable ? "yes" : "no");
 	for (i = 0; i < vd->nrq; i++)
 		seq_printf(s, "queue%u_requests=%lu\n", i,
 			   READ_ONCE(vd->rqs[i].nreqs));
@@ -671,6 +714,7 @@ static int vvi_virtio_probe(struct virtio_device *vdev)
 				&vd->probe_size);
 	vd->has_bypass_cfg = virtio_has_feature(vdev,
 						VIRTIO_IOMMU_F_BYPASS_CONFIG);
+	vd->has_pgtable = virtio_has_feature(vdev, VVI_F_PAGE_TABLE);
 	if (!(vd->pgsize_mask & (PAGE_SIZE | (PAGE_SIZE - 1)))) {
 		dev_err(&vdev->dev, "smallest IOMMU page (mask %#llx) > %lu\n",
 			vd->pgsize_mask, PAGE_SIZE);
@@ -888,7 +932,16 @@ static unsigned int vvi_features[] = {
 	VIRTIO_IOMMU_F_PROBE,
 	VIRTIO_IOMMU_F_BYPASS_CONFIG,
 	VVI_F_MULTIQUEUE,
+	VVI_F_PAGE_TABLE,
 };
+
+/* page-table mode only on request: otherwise the standard device */
+static int vvi_virtio_validate(struct virtio_device *vdev)
+{
+	if (!vvi_pgtable)
+		__virtio_clear_bit(vdev, VVI_F_PAGE_TABLE);
+	return 0;
+}
 
 static const struct virtio_device_id vvi_id_table[] = {
 	{ VIRTIO_ID_IOMMU, VIRTIO_DEV_ANY_ID },
@@ -902,6 +955,7 @@ static struct virtio_driver vvi_driver = {
 	.id_table = vvi_id_table,
 	.feature_table = vvi_features,
 	.feature_table_size = ARRAY_SIZE(vvi_features),
+	.validate = vvi_virtio_validate,
 	.probe = vvi_virtio_probe,
 	.remove = vvi_virtio_remove,
 };

@@ -4,7 +4,11 @@
 # Runs inside a bookworm guest (QEMU q35 + virtio-iommu-pci + virtio-net
 # with iommu_platform=on + edu) booted by run-qemu-matrix.sh.
 # Kernel command line parameters:
-#   vvi_mode=matrix|bench   what to run
+#   vvi_mode=matrix|bench|pgtable   what to run (pgtable: the checks of
+#                           matrix with the driver's page-table mode; without
+#                           a NIC those of edu, then the benchmark against
+#                           no vIOMMU and against MAP mode)
+#   vvi_modargs=a=1,b=2     extra vviommu module parameters
 #   vvi_port=N              HTTP port of the host's file server (via 10.0.2.2)
 #   vvi_md5=HEX             md5 of the file served as /blob
 #   vvi_policies=a,b,...    policies to test (default all)
@@ -33,6 +37,7 @@ reps=3
 bufs_list="1 256"
 stall=600
 race_iters=
+modargs=
 for arg in $(cat /proc/cmdline); do
 	case "$arg" in
 	vvi_mode=*) mode="${arg#vvi_mode=}" ;;
@@ -46,6 +51,7 @@ for arg in $(cat /proc/cmdline); do
 	vvi_bufs=*) bufs_list="$(echo "${arg#vvi_bufs=}" | tr , ' ')" ;;
 	vvi_stall=*) stall="${arg#vvi_stall=}" ;;
 	vvi_race=*) race_iters="${arg#vvi_race=}" ;;
+	vvi_modargs=*) modargs="$(echo "${arg#vvi_modargs=}" | tr , ' ')" ;;
 	esac
 done
 
@@ -212,7 +218,7 @@ one_config() {
 	pol=$1
 	inv=$2
 	dmesg -c >/dev/null
-	if ! insmod $M/vviommu.ko policy="$pol" invalidation="$inv" 2>/tmp/ins.err; then
+	if ! insmod $M/vviommu.ko $modargs policy="$pol" invalidation="$inv" 2>/tmp/ins.err; then
 		echo "VVI-RESULT policy=$pol inval=$inv status=FAIL reason=insmod:$(cat /tmp/ins.err | tr ' ' _)"
 		return
 	fi
@@ -231,6 +237,7 @@ one_config() {
 	netmaps=$(kv $netst maps)
 	netreqs=$(kv $netst requests)
 	netstate=$(kv $netst state)
+	ptmode=$(kv $netst pgtable)
 	# rmmod must be refused while an endpoint is owned
 	if rmmod vviommu 2>/dev/null; then busy=no; else busy=yes; fi
 
@@ -295,7 +302,7 @@ one_config() {
 		[ "$faultlog" -gt 0 ] || { st=FAIL; why="$why,no-fault-log"; }
 	fi
 	[ "$f0" = "$f1" ] || { st=FAIL; why="$why,faults-during-net"; }
-	echo "VVI-RESULT policy=$pol inval=$inv status=$st net=$net net_ms=$netms edu_dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok ro_write_blocked=$roblk after_unmap_blocked=$blocked expect_blocked=$expect_block edu_faults=$edufaults fault_log=$faultlog net_maps=$netmaps net_requests=$netreqs unmapped_iova=$uiova race=$race rmmod_busy=$busy unload=$unload kwarn=$kwarn why=${why#,}"
+	echo "VVI-RESULT policy=$pol inval=$inv status=$st net=$net net_ms=$netms edu_dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok ro_write_blocked=$roblk after_unmap_blocked=$blocked expect_blocked=$expect_block edu_faults=$edufaults fault_log=$faultlog net_maps=$netmaps net_requests=$netreqs unmapped_iova=$uiova race=$race rmmod_busy=$busy unload=$unload kwarn=$kwarn pgtable=$ptmode why=${why#,}"
 }
 
 # one benchmark configuration: $reps runs, median ops/s, request deltas
@@ -344,7 +351,7 @@ bench() {
 		rmmod vvi_edu
 		for inv in $invals; do
 			for pol in $policies; do
-				insmod $M/vviommu.ko policy="$pol" invalidation="$inv" || {
+				insmod $M/vviommu.ko $modargs policy="$pol" invalidation="$inv" || {
 					echo "VVI-BENCH policy=$pol inval=$inv error=insmod"; continue; }
 				insmod $M/vvi_edu.ko
 				bench_one "policy=$pol inval=$inv" $D/vviommu/$EDU/stats
@@ -360,7 +367,7 @@ edu_config() {
 	pol=$1
 	inv=$2
 	dmesg -c >/dev/null
-	if ! insmod $M/vviommu.ko policy="$pol" invalidation="$inv" 2>/tmp/ins.err; then
+	if ! insmod $M/vviommu.ko $modargs policy="$pol" invalidation="$inv" 2>/tmp/ins.err; then
 		echo "VVI-EDU policy=$pol inval=$inv status=FAIL reason=insmod"
 		return
 	fi
@@ -380,6 +387,7 @@ edu_config() {
 	roblk=$(kv $r ro_write_blocked)
 	sleep 1
 	faults=$(kv $edust faults)
+	ptmode=$(kv $edust pgtable)
 	nbufs=1
 	bench_one "policy=$pol inval=$inv" $edust
 	queues=$(grep -E "^(multiqueue|queue[0-9]+_requests)=" $D/vviommu/info | tr '\n' ',')
@@ -398,7 +406,7 @@ edu_config() {
 	expect_ro=1
 	[ "$pol" = passthrough ] && expect_ro=0
 	[ "$roblk" = "$expect_ro" ] || st=FAIL
-	echo "VVI-EDU policy=$pol inval=$inv status=$st state=$state dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok ro_write_blocked=$roblk after_unmap_blocked=$blocked expect_blocked=$expect_block faults=$faults kwarn=$kwarn queues=${queues%,}"
+	echo "VVI-EDU policy=$pol inval=$inv status=$st state=$state dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok ro_write_blocked=$roblk after_unmap_blocked=$blocked expect_blocked=$expect_block faults=$faults kwarn=$kwarn pgtable=$ptmode queues=${queues%,}"
 }
 
 # request accounting on a short benchmark (counts do not depend on speed)
@@ -408,7 +416,7 @@ minibench() {
 	iters=1000
 	for inv in strict lazy-percpu; do
 		for pol in identity magazine persistent passthrough; do
-			insmod $M/vviommu.ko policy="$pol" invalidation="$inv" || continue
+			insmod $M/vviommu.ko $modargs policy="$pol" invalidation="$inv" || continue
 			insmod $M/vvi_edu.ko
 			bench_one "policy=$pol inval=$inv" $D/vviommu/$EDU/stats
 			rmmod vvi_edu
@@ -417,7 +425,44 @@ minibench() {
 	done
 }
 
+# no vIOMMU, then MAP mode and page-table mode of every configuration
+bench_pgtable() {
+	for nbufs in $bufs_list; do
+		insmod $M/vvi_edu.ko
+		bench_one "pgtable=none policy=none inval=none" ""
+		rmmod vvi_edu
+		for pt in 0 1; do
+			for inv in $invals; do
+				for pol in $policies; do
+					insmod $M/vviommu.ko pgtable=$pt policy="$pol" invalidation="$inv" || {
+						echo "VVI-BENCH pgtable=$pt policy=$pol inval=$inv error=insmod"; continue; }
+					insmod $M/vvi_edu.ko
+					st=$D/vviommu/$EDU/stats
+					bench_one "pgtable=$pt policy=$pol inval=$inv" $st
+					echo "VVI-PTSTATS pgtable=$pt policy=$pol inval=$inv active=$(kv $st pgtable) map_reqs=$(kv $st map_reqs) unmap_reqs=$(kv $st unmap_reqs) inval_reqs=$(kv $st inval_reqs) pt_tables=$(kv $st pt_tables) errors=$(kv $st errors)"
+					rmmod vvi_edu
+					rmmod vviommu
+				done
+			done
+		done
+	done
+}
+
 case "$mode" in
+pgtable)
+	modargs="pgtable=1"
+	for pol in $policies; do
+		for inv in $invals; do
+			if [ -n "$NET" ]; then
+				one_config "$pol" "$inv"
+			else
+				edu_config "$pol" "$inv"
+			fi
+		done
+	done
+	# the benchmark only where no transfer competes for the runner
+	[ -n "$NET" ] || bench_pgtable
+	;;
 edu)
 	for pol in $policies; do
 		for inv in $invals; do
@@ -471,7 +516,7 @@ nettime)
 	# virtio-net transfer time per policy (lazy-percpu and strict)
 	for inv in $invals; do
 		for pol in $policies; do
-			insmod $M/vviommu.ko policy="$pol" invalidation="$inv" || continue
+			insmod $M/vviommu.ko $modargs policy="$pol" invalidation="$inv" || continue
 			insmod $M/virtio_net.ko
 			sleep 1
 			n1=$(net_test)

@@ -7,12 +7,16 @@
 # Runs guest-matrix.sh inside, in one of two modes:
 #
 #   edu     dmatest + short bench per policy x invalidation; no network
+#   pgtable-edu, pgtable
+#           the same checks as edu and matrix with the driver's page-table
+#           mode (pgtable=1); pgtable-edu then runs the benchmark against
+#           no vIOMMU and against MAP mode (guest-matrix.sh vvi_mode=pgtable)
 #   matrix  additionally a virtio-net NIC behind the vIOMMU (iommu=on) on a
 #           TAP: per configuration the guest fetches a fresh random blob
 #           over TCP from an HTTP server on the TAP's host side (10.0.2.2,
 #           the address the guest script expects) and compares its md5
 #
-#   run-dmavisor.sh [edu|matrix] [extra kernel args, e.g. vvi_policies=magazine]
+#   run-dmavisor.sh [edu|matrix|pgtable-edu|pgtable] [extra kernel args, e.g. vvi_policies=magazine]
 #
 # Environment: DMAVISOR_BIN (else built with cargo), VVI_TIMEOUT,
 # VVI_IOMMU_OPTS (value of --iommu, e.g. queues=2), VVI_ITERS,
@@ -37,14 +41,22 @@ if [ -z "$BIN" ]; then
 fi
 
 NETKO=$IMG/modules/kernel/drivers/net/virtio_net.ko
+GMODE=$MODE
 case "$MODE" in
+pgtable-edu)
+	GMODE=pgtable
+	modules="virtio_pci"
+	extra_files=""
+	net_args=""
+	md5_arg=""
+	;;
 edu)
 	modules="virtio_pci"
 	extra_files=""
 	net_args=""
 	md5_arg=""
 	;;
-matrix)
+matrix|pgtable)
 	modules="virtio_pci failover net_failover"
 	extra_files="--file $NETKO:/opt/vvi/virtio_net.ko"
 	PORT=8089
@@ -55,7 +67,7 @@ matrix)
 	net_args="--net tap=vvinet0,mac=52:54:00:12:34:57,ip=10.0.2.2,mask=255.255.255.0,iommu=on"
 	;;
 *)
-	echo "run-dmavisor.sh: unknown mode '$MODE' (edu|matrix)" >&2
+	echo "run-dmavisor.sh: unknown mode '$MODE' (edu|matrix|pgtable-edu|pgtable)" >&2
 	exit 2
 	;;
 esac
@@ -75,7 +87,7 @@ esac
 inner=$OUT/dmavisor-$MODE-inner.sh
 {
 	echo "#!/bin/sh"
-	if [ "$MODE" = matrix ]; then
+	if [ -n "$md5_arg" ]; then
 		cat <<INNER
 python3 - "$OUT/own-vmm/www" $PORT <<'PY' >"$OUT/http-dmavisor.log" 2>&1 &
 import functools, http.server, sys, time
@@ -95,7 +107,7 @@ trap 'kill \$http 2>/dev/null' EXIT
 INNER
 	fi
 	echo "\"$BIN\" --kernel \"$IMG/vmlinuz\" --initramfs \"$OUT/dmavisor-$MODE.cpio.gz\" \\"
-	echo "	--cmdline \"console=ttyS0 panic=-1 loglevel=4 vvi_mode=$MODE vvi_iters=${VVI_ITERS:-2000} vvi_reps=1 $md5_arg $*\" \\"
+	echo "	--cmdline \"console=ttyS0 panic=-1 loglevel=4 vvi_mode=$GMODE vvi_iters=${VVI_ITERS:-2000} vvi_reps=1 $md5_arg $*\" \\"
 	echo "	--cpus boot=2 --memory size=1024M --serial tty \\"
 	echo "	--iommu \"${VVI_IOMMU_OPTS:-}\" --dma-test iommu=on $net_args"
 } > "$inner"

@@ -20,6 +20,8 @@ pub(crate) enum Counted {
     Map,
     Unmap,
     Probe,
+    AttachTable,
+    Invalidate,
 }
 
 /// One worker's counters. Only its worker writes them.
@@ -31,6 +33,8 @@ pub struct CounterBlock {
     map: AtomicU64,
     unmap: AtomicU64,
     probe: AtomicU64,
+    attach_table: AtomicU64,
+    invalidate: AtomicU64,
     failed: AtomicU64,
     invalidation_batches: AtomicU64,
     invalidator_calls: AtomicU64,
@@ -53,6 +57,8 @@ impl CounterBlock {
             Counted::Map => &self.map,
             Counted::Unmap => &self.unmap,
             Counted::Probe => &self.probe,
+            Counted::AttachTable => &self.attach_table,
+            Counted::Invalidate => &self.invalidate,
         };
         bump(c, 1);
         if !ok {
@@ -79,6 +85,8 @@ impl CounterBlock {
         t.map += get(&self.map);
         t.unmap += get(&self.unmap);
         t.probe += get(&self.probe);
+        t.attach_table += get(&self.attach_table);
+        t.invalidate += get(&self.invalidate);
         t.failed += get(&self.failed);
         t.invalidation_batches += get(&self.invalidation_batches);
         t.invalidator_calls += get(&self.invalidator_calls);
@@ -98,6 +106,10 @@ pub struct RequestCounts {
     pub unmap: u64,
     /// PROBE requests.
     pub probe: u64,
+    /// ATTACH_TABLE requests (project page-table mode).
+    pub attach_table: u64,
+    /// INVALIDATE requests (project page-table mode).
+    pub invalidate: u64,
     /// Requests answered with an error status, or not answered (malformed).
     pub failed: u64,
     /// Kicks whose UNMAPs were flushed to the DMA consumers, one batch each.

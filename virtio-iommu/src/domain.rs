@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::locks::{lock, read, write};
-use crate::space::DomainSpace;
+use crate::pgtable::TableSlot;
+use crate::space::{DomainSpace, Fault, Perm, Translation};
 use crate::wire::ResvMem;
 
 /// What a domain does with its endpoints' DMA.
@@ -34,6 +35,9 @@ pub struct Domain {
     /// `!member_resv.is_empty()`, readable without touching the lock word
     /// (the common case, no per-endpoint regions, costs MAP one load).
     has_member_resv: AtomicBool,
+    /// Page-table mode (project feature): the guest table walked on a
+    /// miss, empty until ATTACH_TABLE.
+    table: TableSlot,
 }
 
 impl Domain {
@@ -44,6 +48,7 @@ impl Domain {
             members: Mutex::new(BTreeSet::new()),
             member_resv: RwLock::new(Vec::new()),
             has_member_resv: AtomicBool::new(false),
+            table: TableSlot::default(),
         }
     }
 
@@ -61,6 +66,27 @@ impl Domain {
             DomainKind::Bypass => None,
             DomainKind::Mapped(s) => Some(s),
         }
+    }
+
+    /// The page-table mode state.
+    pub fn table(&self) -> &TableSlot {
+        &self.table
+    }
+
+    /// Translates one access of a translated domain: the domain table, and
+    /// on a miss in table mode a walk of the guest's table (cached).
+    /// `None` for a bypass domain.
+    pub fn translate(&self, iova: u64, access: Perm) -> Option<Result<Translation, Fault>> {
+        let space = self.space()?;
+        Some(match space.translate(iova, access) {
+            Err(Fault::Unmapped) => self.table.fill(space.as_ref(), iova, access),
+            r => r,
+        })
+    }
+
+    /// Attached endpoints.
+    pub fn members(&self) -> Vec<u32> {
+        lock(&self.members).iter().copied().collect()
     }
 
     pub fn member_count(&self) -> usize {

@@ -7,6 +7,7 @@
 //! to readers. A module of its own because the request side (`device`) and
 //! the DMA side (`translate`) both use it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::domain::Domain;
@@ -20,6 +21,10 @@ pub struct Endpoint {
     /// the global ones).
     resv: Vec<ResvMem>,
     attached: RwLock<Option<Arc<Domain>>>,
+    /// Its DMA does not go through the device's translation (a VFIO
+    /// function behind a host IOMMU): its domain must use explicit MAPs,
+    /// never a guest page table.
+    explicit_maps: AtomicBool,
 }
 
 impl Endpoint {
@@ -28,6 +33,7 @@ impl Endpoint {
             id,
             resv,
             attached: RwLock::new(None),
+            explicit_maps: AtomicBool::new(false),
         }
     }
 
@@ -37,6 +43,15 @@ impl Endpoint {
 
     pub fn resv(&self) -> &[ResvMem] {
         &self.resv
+    }
+
+    /// True if this endpoint needs explicit MAPs (no page-table mode).
+    pub fn explicit_maps(&self) -> bool {
+        self.explicit_maps.load(Ordering::Acquire)
+    }
+
+    pub fn set_explicit_maps(&self) {
+        self.explicit_maps.store(true, Ordering::Release);
     }
 
     /// The domain this endpoint is attached to, if any.

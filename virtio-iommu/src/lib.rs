@@ -13,6 +13,7 @@ mod locks;
 pub mod magazine;
 pub mod mapping;
 pub mod node;
+pub mod pgtable;
 pub mod quiesce;
 pub mod space;
 pub mod table;

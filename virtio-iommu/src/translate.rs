@@ -161,7 +161,7 @@ impl EndpointDma {
             Mode::Blocked => Err(self.report(FAULT_R_DOMAIN, access, iova, |endpoint, iova| {
                 DmaFault::NotAttached { endpoint, iova }
             })),
-            Mode::Table(d) => match d.space().map(|s| s.translate(iova, access)) {
+            Mode::Table(d) => match d.translate(iova, access) {
                 Some(Ok(t)) if t.len > 0 => Ok(t),
                 Some(Err(Fault::Permission)) => Err(self.report(
                     FAULT_R_MAPPING,
@@ -285,7 +285,7 @@ impl Iterator for DmaRuns<'_> {
                 iova,
             }),
             Mode::Table(d) => {
-                let Some(space) = d.space() else {
+                let Some(result) = d.translate(self.iova, self.access) else {
                     // Bypass domains are Mode::Identity; unreachable in
                     // practice, but fail closed.
                     return self.fail(FAULT_R_UNKNOWN, |endpoint, iova| DmaFault::Unmapped {
@@ -293,7 +293,7 @@ impl Iterator for DmaRuns<'_> {
                         iova,
                     });
                 };
-                match space.translate(self.iova, self.access) {
+                match result {
                     Ok(t) if t.len > 0 => {
                         let len = t.len.min(self.remaining);
                         self.remaining = self.remaining.saturating_sub(len);

@@ -22,6 +22,9 @@
 //! | probe property (4+len) | type le16 (12 bits type, 4 reserved), length le16, value\[length\] |
 //! | RESV_MEM value (20)    | subtype u8, reserved\[3\], start le64, end le64 |
 //! | fault event (24)       | reason u8, reserved\[3\], flags le32, endpoint le32, reserved1 le32, address le64 |
+//! | ATTACH_TABLE (readable 20) | head, domain le32, format le16, reserved\[2\], root le64 (project, docs/page-table.md) |
+//! | INVALIDATE (readable 28)   | head, domain le32, virt_start le64, virt_end le64, reserved\[4\] (project) |
+//! | PAGE_TABLE_FMT value (8)   | format le16, levels u8, input_bits u8, reserved\[4\] (project) |
 //! | config (40)            | page_size_mask le64, input_range {start,end le64}, domain_range {start,end le32}, probe_size le32, bypass u8, reserved\[3\] |
 
 use thiserror::Error;
@@ -44,6 +47,9 @@ pub mod feature {
     pub const BYPASS_CONFIG: u32 = 6;
     /// Project proposal: several request queues (see docs/multiqueue.md).
     pub const MULTIQUEUE: u32 = 23;
+    /// Project proposal: guest-written I/O page tables walked by the device
+    /// (ATTACH_TABLE, INVALIDATE; see docs/page-table.md).
+    pub const PAGE_TABLE: u32 = 22;
     /// Generic virtio: the device is a modern (1.0+) device.
     pub use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 
@@ -65,6 +71,10 @@ pub mod req_type {
     pub const UNMAP: u8 = 4;
     /// VIRTIO_IOMMU_T_PROBE: ask for an endpoint's properties.
     pub const PROBE: u8 = 5;
+    /// Project proposal (docs/page-table.md): give a domain a guest page table.
+    pub const ATTACH_TABLE: u8 = 0xf0;
+    /// Project proposal (docs/page-table.md): drop cached walks of a range.
+    pub const INVALIDATE: u8 = 0xf1;
 }
 
 /// VIRTIO_IOMMU_ATTACH_F_BYPASS: create/attach to a bypass (identity) domain.
@@ -86,6 +96,12 @@ pub const MAP_F_ALL: u32 = MAP_F_READ | MAP_F_WRITE | MAP_F_MMIO;
 pub const PROBE_T_NONE: u16 = 0;
 /// Probe property type: a reserved memory region.
 pub const PROBE_T_RESV_MEM: u16 = 1;
+/// Project proposal: the page-table format the device walks (docs/page-table.md).
+pub const PROBE_T_PAGE_TABLE_FMT: u16 = 0xff0;
+/// Value length of a PAGE_TABLE_FMT property.
+pub const PAGE_TABLE_FMT_LEN: u16 = 8;
+/// Total bytes of one PAGE_TABLE_FMT property.
+pub const PAGE_TABLE_FMT_PROP_SIZE: usize = PROP_HEAD_SIZE + PAGE_TABLE_FMT_LEN as usize;
 /// Only the low 12 bits of a property's type word are the type.
 pub const PROBE_T_MASK: u16 = 0x0fff;
 
@@ -124,6 +140,10 @@ pub const MAP_SIZE: usize = HEAD_SIZE + 32;
 pub const UNMAP_SIZE: usize = HEAD_SIZE + 24;
 /// Device-readable bytes of a PROBE request.
 pub const PROBE_SIZE: usize = HEAD_SIZE + 4 + 64;
+/// Device-readable bytes of an ATTACH_TABLE request (page-table mode).
+pub const ATTACH_TABLE_SIZE: usize = HEAD_SIZE + 16;
+/// Device-readable bytes of an INVALIDATE request (page-table mode).
+pub const INVALIDATE_SIZE: usize = HEAD_SIZE + 24;
 /// Bytes of a probe property's header (type, length).
 pub const PROP_HEAD_SIZE: usize = 4;
 /// Value length of a RESV_MEM property (without its 4-byte header).
@@ -358,6 +378,32 @@ pub struct ProbeReq {
     pub endpoint: u32,
 }
 
+/// ATTACH_TABLE request body (project proposal): domain `domain` translates
+/// through the guest table of `format` whose root is at guest-physical `root`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttachTableReq {
+    /// The domain.
+    pub domain: u32,
+    /// The table format (PAGE_TABLE_FMT's `format`).
+    pub format: u16,
+    /// Must be zero (S_INVAL otherwise).
+    pub reserved: [u8; 2],
+    /// Guest-physical address of the root table (4 KiB aligned).
+    pub root: u64,
+}
+
+/// INVALIDATE request body (project proposal); `virt_end` is inclusive;
+/// reserved bytes are ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidateReq {
+    /// The domain.
+    pub domain: u32,
+    /// First IOVA.
+    pub virt_start: u64,
+    /// Last IOVA (inclusive).
+    pub virt_end: u64,
+}
+
 /// One parsed request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
@@ -371,6 +417,10 @@ pub enum Request {
     Unmap(UnmapReq),
     /// A PROBE request.
     Probe(ProbeReq),
+    /// An ATTACH_TABLE request (page-table mode).
+    AttachTable(AttachTableReq),
+    /// An INVALIDATE request (page-table mode).
+    Invalidate(InvalidateReq),
 }
 
 /// Reads the type byte of a request head; the head's reserved bytes are ignored
@@ -425,6 +475,23 @@ pub fn parse_request(readable: &[u8]) -> Result<Request, WireError> {
             r.bytes::<64>()?;
             Request::Probe(ProbeReq { endpoint })
         }
+        req_type::ATTACH_TABLE => Request::AttachTable(AttachTableReq {
+            domain: r.u32()?,
+            format: r.u16()?,
+            reserved: r.bytes::<2>()?,
+            root: r.u64()?,
+        }),
+        req_type::INVALIDATE => {
+            let domain = r.u32()?;
+            let virt_start = r.u64()?;
+            let virt_end = r.u64()?;
+            r.bytes::<4>()?;
+            Request::Invalidate(InvalidateReq {
+                domain,
+                virt_start,
+                virt_end,
+            })
+        }
         other => return Err(WireError::UnknownType(other)),
     })
 }
@@ -473,6 +540,20 @@ impl Request {
                 v.extend_from_slice(&p.endpoint.to_le_bytes());
                 v.extend_from_slice(&[0u8; 64]);
             }
+            Request::AttachTable(a) => {
+                v.extend_from_slice(&[req_type::ATTACH_TABLE, 0, 0, 0]);
+                v.extend_from_slice(&a.domain.to_le_bytes());
+                v.extend_from_slice(&a.format.to_le_bytes());
+                v.extend_from_slice(&a.reserved);
+                v.extend_from_slice(&a.root.to_le_bytes());
+            }
+            Request::Invalidate(i) => {
+                v.extend_from_slice(&[req_type::INVALIDATE, 0, 0, 0]);
+                v.extend_from_slice(&i.domain.to_le_bytes());
+                v.extend_from_slice(&i.virt_start.to_le_bytes());
+                v.extend_from_slice(&i.virt_end.to_le_bytes());
+                v.extend_from_slice(&[0u8; 4]);
+            }
         }
         v
     }
@@ -504,11 +585,40 @@ impl ResvMem {
     }
 }
 
+/// The PAGE_TABLE_FMT probe property (project proposal): a table format
+/// the device walks for this endpoint's domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageTableFmt {
+    /// Format number (1: the 4-level format of docs/page-table.md).
+    pub format: u16,
+    /// Levels of the table.
+    pub levels: u8,
+    /// Bits of IOVA the table translates.
+    pub input_bits: u8,
+}
+
+impl PageTableFmt {
+    /// Writes this format as one PAGE_TABLE_FMT property.
+    pub fn encode(&self, w: &mut LeWriter<'_>) -> Result<(), WireError> {
+        let mut prop = [0u8; PAGE_TABLE_FMT_PROP_SIZE];
+        let mut pw = LeWriter::new(&mut prop);
+        pw.u16(PROBE_T_PAGE_TABLE_FMT)?;
+        pw.u16(PAGE_TABLE_FMT_LEN)?;
+        pw.u16(self.format)?;
+        pw.u8(self.levels)?;
+        pw.u8(self.input_bits)?;
+        pw.put(&[0u8; 4])?;
+        w.put(&prop)
+    }
+}
+
 /// One decoded probe property (for tests and Rust-side drivers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProbeProp {
     /// A RESV_MEM property.
     ResvMem(ResvMem),
+    /// A PAGE_TABLE_FMT property (page-table mode).
+    PageTableFmt(PageTableFmt),
     /// A property of a type this decoder does not know (type, length).
     Other(u16, u16),
 }
@@ -534,6 +644,16 @@ pub fn decode_probe_props(props: &[u8]) -> Result<Vec<ProbeProp>, WireError> {
                 subtype,
                 start,
                 end,
+            }));
+        } else if ty == PROBE_T_PAGE_TABLE_FMT && len >= PAGE_TABLE_FMT_LEN {
+            let mut vr = r.clone();
+            let format = vr.u16()?;
+            let levels = vr.u8()?;
+            let input_bits = vr.u8()?;
+            out.push(ProbeProp::PageTableFmt(PageTableFmt {
+                format,
+                levels,
+                input_bits,
             }));
         } else {
             out.push(ProbeProp::Other(ty, len));
@@ -687,6 +807,23 @@ mod tests {
                 UNMAP_SIZE,
             ),
             (Request::Probe(ProbeReq { endpoint: 9 }), PROBE_SIZE),
+            (
+                Request::AttachTable(AttachTableReq {
+                    domain: 3,
+                    format: 1,
+                    reserved: [0; 2],
+                    root: 0x1234_5000,
+                }),
+                ATTACH_TABLE_SIZE,
+            ),
+            (
+                Request::Invalidate(InvalidateReq {
+                    domain: 3,
+                    virt_start: 0x1000,
+                    virt_end: 0x3fff,
+                }),
+                INVALIDATE_SIZE,
+            ),
         ];
         for (req, size) in reqs {
             let bytes = req.encode();

@@ -8,7 +8,7 @@
 use thiserror::Error;
 
 use crate::mapping::{SpaceImpl, IOVA_MAX, PAGE_SIZE};
-use crate::wire::{ResvMem, RESV_MEM_PROP_SIZE, RESV_MEM_T_MSI};
+use crate::wire::{ResvMem, PAGE_TABLE_FMT_PROP_SIZE, RESV_MEM_PROP_SIZE, RESV_MEM_T_MSI};
 
 /// Start of the x86 MSI doorbell window (LAPIC interrupt address range).
 pub const X86_MSI_START: u64 = 0xfee0_0000;
@@ -76,6 +76,10 @@ pub struct IommuConfig {
     /// Request queues offered when the multi-queue feature is negotiated;
     /// 1 means the standard single-queue device.
     pub num_request_queues: u16,
+    /// Offer the project page-table feature (docs/page-table.md); walks
+    /// need guest memory, given with
+    /// [`IommuDevice::set_table_memory`](super::IommuDevice::set_table_memory).
+    pub page_table: bool,
     /// Pending fault events kept for the event queue.
     pub fault_queue_capacity: usize,
     /// Fault log lines per second.
@@ -97,6 +101,7 @@ impl Default for IommuConfig {
             limits: DeviceLimits::default(),
             space_impl: SpaceImpl::Scalable,
             num_request_queues: 1,
+            page_table: false,
             fault_queue_capacity: crate::events::DEFAULT_FAULT_QUEUE_CAPACITY,
             fault_logs_per_sec: crate::events::DEFAULT_FAULT_LOGS_PER_SEC,
         }
@@ -175,7 +180,12 @@ impl IommuConfig {
             return Ok(());
         }
         let n = self.global_resv().len().saturating_add(extra);
-        let need = n.saturating_mul(RESV_MEM_PROP_SIZE);
+        let fmt = if self.page_table {
+            PAGE_TABLE_FMT_PROP_SIZE
+        } else {
+            0
+        };
+        let need = n.saturating_mul(RESV_MEM_PROP_SIZE).saturating_add(fmt);
         if need > self.probe_size as usize {
             return Err(ConfigError::ProbeTooSmall {
                 need,

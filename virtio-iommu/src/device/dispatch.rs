@@ -55,10 +55,20 @@ impl IommuDevice {
                 return put_tail(writable, 0, Status::Inval);
             }
         };
-        if !matches!(
-            ty,
-            req_type::ATTACH | req_type::DETACH | req_type::MAP | req_type::UNMAP | req_type::PROBE
-        ) {
+        // The page-table requests exist only with their feature negotiated:
+        // a driver that did not negotiate it gets the standard device.
+        let table_req = matches!(ty, req_type::ATTACH_TABLE | req_type::INVALIDATE)
+            && self.features.is_acked(feature::PAGE_TABLE);
+        if !table_req
+            && !matches!(
+                ty,
+                req_type::ATTACH
+                    | req_type::DETACH
+                    | req_type::MAP
+                    | req_type::UNMAP
+                    | req_type::PROBE
+            )
+        {
             log::debug!("virtio-iommu: unknown request type {ty}");
             w.counters.malformed();
             return 0;
@@ -90,6 +100,8 @@ impl IommuDevice {
             Request::Detach(d) => (Counted::Detach, self.detach(w, &d)),
             Request::Map(m) => (Counted::Map, self.map(w, &m)),
             Request::Unmap(u) => (Counted::Unmap, self.unmap(w, &u)),
+            Request::AttachTable(a) => (Counted::AttachTable, self.attach_table(w, &a)),
+            Request::Invalidate(i) => (Counted::Invalidate, self.invalidate(w, &i)),
             Request::Probe(p) => {
                 let (used, status) = self.probe(&p, writable);
                 w.counters.request(Counted::Probe, status == Status::Ok);
@@ -122,7 +134,11 @@ impl IommuDevice {
                 Some(ep) => {
                     let mut regions = self.global_resv.clone();
                     regions.extend_from_slice(ep.resv());
-                    fill_properties(props, &regions)
+                    let fmt = self
+                        .features
+                        .is_acked(feature::PAGE_TABLE)
+                        .then_some(crate::pgtable::PROBE_FORMAT);
+                    fill_properties(props, &regions, fmt)
                 }
                 None => {
                     // The used length covers the properties too, so make

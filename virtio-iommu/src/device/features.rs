@@ -20,7 +20,7 @@ pub struct Features {
 }
 
 impl Features {
-    pub fn new(probe: bool, multiqueue: bool) -> Self {
+    pub fn new(probe: bool, multiqueue: bool, page_table: bool) -> Self {
         let mut offered = feature::bit(feature::VIRTIO_F_VERSION_1)
             | feature::bit(feature::INPUT_RANGE)
             | feature::bit(feature::DOMAIN_RANGE)
@@ -33,6 +33,9 @@ impl Features {
         }
         if multiqueue {
             offered |= feature::bit(MULTIQUEUE);
+        }
+        if page_table {
+            offered |= feature::bit(feature::PAGE_TABLE);
         }
         Self {
             offered,

@@ -46,6 +46,11 @@ impl IommuDevice {
             // MAP on a bypass domain.
             return Status::Inval;
         };
+        if domain.table().root().is_some() {
+            // Page-table mode: the guest's table is the only source of
+            // mappings (docs/page-table.md).
+            return Status::Inval;
+        }
         if req.virt_end < req.virt_start {
             return Status::Inval;
         }
@@ -126,6 +131,9 @@ impl IommuDevice {
         let Some(space) = domain.space() else {
             return Status::Inval;
         };
+        if domain.table().root().is_some() {
+            return Status::Inval;
+        }
         if req.virt_end < req.virt_start {
             return Status::Inval;
         }

@@ -44,11 +44,12 @@ mod listener;
 mod lookup;
 mod maps;
 mod mirror;
+mod pgtable;
 mod probe;
 mod topology;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use thiserror::Error;
 
@@ -62,6 +63,7 @@ use crate::endpoint::Endpoint;
 use crate::events::FaultQueue;
 use crate::locks::{lock, read, write};
 use crate::mapping::{Depot, Invalidator, SpaceStats, Worker};
+use crate::pgtable::{TableMemory, TableStats};
 use crate::translate::EndpointDma;
 use crate::wire::{feature, ConfigSpace, ResvMem, CONFIG_BYPASS_OFFSET, FAULT_SIZE};
 use domains::DomainRegistry;
@@ -111,13 +113,19 @@ pub struct IommuDevice {
     faults: Arc<FaultQueue>,
     /// Every worker's request counters.
     counters: CounterRegistry,
+    /// Guest memory for page-table walks (page-table feature).
+    table_mem: OnceLock<Arc<dyn TableMemory>>,
 }
 
 impl IommuDevice {
     /// A device with configuration `cfg` (checked first).
     pub fn new(cfg: IommuConfig) -> Result<Self, DeviceError> {
         cfg.validate()?;
-        let features = Features::new(cfg.probe_size > 0, cfg.num_request_queues > 1);
+        let features = Features::new(
+            cfg.probe_size > 0,
+            cfg.num_request_queues > 1,
+            cfg.page_table,
+        );
         Ok(Self {
             global_resv: cfg.global_resv(),
             features,
@@ -135,6 +143,7 @@ impl IommuDevice {
                 cfg.fault_logs_per_sec,
             )),
             counters: CounterRegistry::default(),
+            table_mem: OnceLock::new(),
             cfg,
         })
     }
@@ -142,6 +151,32 @@ impl IommuDevice {
     /// The configuration the device was built with.
     pub fn config(&self) -> &IommuConfig {
         &self.cfg
+    }
+
+    /// Guest memory the page-table walks read (the same memory the DMA
+    /// consumers access). Needed for ATTACH_TABLE when `page_table` is
+    /// configured; set once, later calls are ignored.
+    pub fn set_table_memory(&self, mem: Arc<dyn TableMemory>) {
+        if self.table_mem.set(mem).is_err() {
+            log::debug!("virtio-iommu: table memory already set");
+        }
+    }
+
+    /// Marks an endpoint whose DMA bypasses the device's translation (a
+    /// VFIO function mirrored into a host IOMMU): its domain keeps explicit
+    /// MAPs, ATTACH_TABLE on it answers S_UNSUPP.
+    pub fn require_explicit_maps(&self, endpoint_id: u32) -> Result<(), DeviceError> {
+        let ep = self
+            .endpoints
+            .get(endpoint_id)
+            .ok_or(DeviceError::UnknownEndpoint(endpoint_id))?;
+        ep.set_explicit_maps();
+        Ok(())
+    }
+
+    /// Page-table mode counters of a live domain (zero before ATTACH_TABLE).
+    pub fn table_stats(&self, domain: u32) -> Option<TableStats> {
+        self.domains.get(domain).map(|d| d.table().stats())
     }
 
     /// Registers an endpoint (PCI requester ID) behind this vIOMMU.

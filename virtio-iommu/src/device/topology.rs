@@ -47,6 +47,10 @@ impl IommuDevice {
                 if d.is_bypass() != want_bypass {
                     return Status::Inval;
                 }
+                if ep.explicit_maps() && d.table().root().is_some() {
+                    // A VFIO function cannot follow a guest page table.
+                    return Status::Unsupp;
+                }
                 if old.as_ref().is_some_and(|o| Arc::ptr_eq(o, &d)) {
                     return Status::Ok;
                 }
@@ -144,6 +148,7 @@ impl IommuDevice {
                 .unwrap_or_default()
         });
         if remaining == 0 {
+            d.table().disable();
             // Only remove the registry entry if it is still this domain.
             if let Some(cur) = self.domains.get(d.id()) {
                 if Arc::ptr_eq(&cur, d) {

@@ -87,6 +87,14 @@ pub enum VfioError {
     /// Its PCI model could not be made.
     #[error(transparent)]
     Device(#[from] VfioPciError),
+    /// The vIOMMU could not be told that its domain needs explicit MAPs.
+    #[error("vfio {name}: {source}")]
+    ExplicitMaps {
+        /// The function.
+        name: String,
+        /// Why.
+        source: virtio_iommu::device::DeviceError,
+    },
     /// Bus 0 has no free slot for it.
     #[error("vfio {name}: PCI: {source}")]
     Pci {
@@ -185,6 +193,15 @@ pub fn add_vfio_device(
     match iommu.filter(|_| cfg.iommu) {
         Some(platform) => {
             platform.add_endpoint(addr)?;
+            // Its DMA goes through the host IOMMU, which follows MAPs only:
+            // no guest page table for its domain.
+            platform
+                .iommu()
+                .require_explicit_maps(u32::from(bdf(addr)))
+                .map_err(|source| VfioError::ExplicitMaps {
+                    name: name.clone(),
+                    source,
+                })?;
             let mirror = Arc::new(VfioMirror::new(
                 name.clone(),
                 u32::from(bdf(addr)),

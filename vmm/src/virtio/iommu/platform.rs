@@ -90,9 +90,15 @@ impl IommuPlatform {
             space_impl: opts.space_impl,
             bypass: opts.bypass,
             num_request_queues: opts.queues,
+            // Offered always: a driver that does not negotiate it gets the
+            // standard device (docs/page-table.md).
+            page_table: true,
             ..IommuConfig::default()
         };
         let iommu = Arc::new(IommuDevice::new(cfg).map_err(IommuPlatformError::Config)?);
+        // Walks of guest page tables read the guest's RAM directly, as the
+        // device's own rings are read.
+        iommu.set_table_memory(Arc::new(mem.clone()));
         // Every emulated endpoint's threads are one consumer: a kick's
         // UNMAPs complete only after they left their older sections.
         let quiescer = Quiescer::new();
