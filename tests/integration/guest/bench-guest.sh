@@ -79,10 +79,16 @@ dma() {
 	rmmod vvi_edu
 }
 
-# the Kbits/sec of iperf3's receiver line (or nothing)
+# "kbps=<Kbits/sec of iperf3's receiver line>", or "kbps= why=<its last
+# line>" when it has none
 iperf_kbps() {
-	timeout $((secs + 60)) iperf3 -c "$host" -t "$secs" -f k --connect-timeout 10000 "$@" 2>&1 |
-		awk '/receiver/ { for (i = 2; i <= NF; i++) if ($i == "Kbits/sec") v = $(i - 1) } END { print v }'
+	out=$(timeout $((secs + 60)) iperf3 -c "$host" -t "$secs" -f k --connect-timeout 10000 "$@" 2>&1)
+	v=$(echo "$out" | awk '/receiver/ { for (i = 2; i <= NF; i++) if ($i == "Kbits/sec") v = $(i - 1) } END { print v }')
+	if [ -n "$v" ]; then
+		echo "kbps=$v"
+	else
+		echo "kbps= why=$(echo "$out" | tail -n 1 | tr ' =' '_:')"
+	fi
 }
 
 net() {
@@ -93,8 +99,8 @@ net() {
 	while ! ping -c 1 -W 2 "$host" >/dev/null 2>&1 && [ $i -lt 15 ]; do i=$((i + 1)); done
 	i=1
 	while [ $i -le "$runs" ]; do
-		echo "BENCH tcp_tx iommu=$1 run=$i kbps=$(iperf_kbps)"
-		echo "BENCH tcp_rx iommu=$1 run=$i kbps=$(iperf_kbps -R)"
+		echo "BENCH tcp_tx iommu=$1 run=$i $(iperf_kbps)"
+		echo "BENCH tcp_rx iommu=$1 run=$i $(iperf_kbps -R)"
 		lat=$(timeout $((secs + 60)) sockperf ping-pong -i "$host" -p 11111 --tcp -t "$secs" 2>&1 |
 			sed -n 's/.*Latency is \([0-9.]*\) usec.*/\1/p' | tail -n 1)
 		echo "BENCH rr iommu=$1 run=$i lat_us=$lat"
