@@ -8,6 +8,7 @@ CARGO ?= cargo
 FUZZ_SECONDS ?= 60
 # make soak: rounds, and the cases each round runs (resources/soak --help).
 N ?= 20
+BENCH_ARGS ?=
 SOAK_CASES ?= dmavisor-strict,dmavisor-lazy,qemu-strict,qemu-lazy,dmavisor-matrix
 export CARGO_TERM_COLOR ?= never
 
@@ -56,8 +57,10 @@ demo: deps build
 bench-host:
 	$(CARGO) run --release -p virtio-iommu --bin host-map-bench
 
+# The guest benchmark matrix (resources/bench-guest --help), e.g.
+# make bench-guest BENCH_ARGS="--quick" or BENCH_ARGS="--only dmavisor/2cpu".
 bench-guest: deps build
-	resources/bench-guest
+	resources/bench-guest $(BENCH_ARGS)
 
 # Not part of `make test`: N rounds of the guest cases that used to crash
 # or stall, counting runs, crashes and stalls per case (QEMU as control).

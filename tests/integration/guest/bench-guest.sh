@@ -1,0 +1,148 @@
+#!/bin/sh
+# Guest side of resources/bench-guest: the workloads of one guest boot.
+# Kernel command line:
+#   bench_mode=off|linux|vvi   no vIOMMU driver / Linux's in-tree
+#                              virtio-iommu (6.12) / the project's vviommu
+#                              module (6.1, modules in /opt/vvi)
+#   bench_label=NAME           the IOMMU label of off and linux boots
+#   bench_configs=P:I,...      vvi: the policy:invalidation pairs, in turn
+#   bench_runs=N               repetitions of every workload
+#   bench_iters=N              DMA microbenchmark iterations per vCPU
+#                              (0: no DMA microbenchmark)
+#   bench_secs=S               seconds of each iperf3 and sockperf run
+#   bench_host=IP bench_me=IP  the peer (iperf3 -s, sockperf server) and us
+# Prints, per configuration, "BENCH-CONFIG-BEGIN iommu=...", one
+# "BENCH <workload> iommu=... run=<i> key=value..." line per measurement
+# and "BENCH-CONFIG-END iommu=...". The DMA microbenchmark is the vvi_edu
+# helper's (guest-driver/vvi_edu.c: 4 KiB dma_map_single + unmap on every
+# vCPU); the network workloads are iperf3 (bulk TCP, guest to peer and
+# peer to guest) and sockperf ping-pong over TCP (request/response
+# latency).
+M=/opt/vvi
+D=/sys/kernel/debug
+mode=off
+label=off
+configs=
+runs=1
+iters=1000
+secs=2
+host=192.168.249.1
+me=192.168.249.2
+for arg in $(cat /proc/cmdline); do
+	case "$arg" in
+	bench_mode=*) mode=${arg#*=} ;;
+	bench_label=*) label=${arg#*=} ;;
+	bench_configs=*) configs=$(echo "${arg#*=}" | tr , ' ') ;;
+	bench_runs=*) runs=${arg#*=} ;;
+	bench_iters=*) iters=${arg#*=} ;;
+	bench_secs=*) secs=${arg#*=} ;;
+	bench_host=*) host=${arg#*=} ;;
+	bench_me=*) me=${arg#*=} ;;
+	esac
+done
+mount -t debugfs debugfs $D 2>/dev/null
+ip link set lo up
+echo "BENCH-INFO kernel=$(uname -r) cpus=$(grep -c ^processor /proc/cpuinfo) mode=$mode"
+
+kv() {
+	sed -n "s/^$2=//p" "$1" 2>/dev/null | head -n1
+}
+
+pcislot() {
+	for d in /sys/bus/pci/devices/*; do
+		if [ "$(cat "$d/vendor")" = "$1" ] && [ "$(cat "$d/device")" = "$2" ]; then
+			basename "$d"
+			return
+		fi
+	done
+}
+EDU=$(pcislot 0x1234 0x11e8)
+NET=$(pcislot 0x1af4 0x1041)
+
+# dma IOMMU: the microbenchmark $runs times; request counts from the
+# vviommu statistics of the DMA test device when vviommu drives it
+dma() {
+	[ "$iters" -gt 0 ] && [ -n "$EDU" ] && [ -f $M/vvi_edu.ko ] || return 0
+	insmod $M/vvi_edu.ko || { echo "BENCH-ERROR iommu=$1 what=insmod-vvi_edu"; return 0; }
+	st=$D/vviommu/$EDU/stats
+	i=1
+	while [ $i -le "$runs" ]; do
+		r0=$(kv "$st" requests)
+		m0=$(kv "$st" maps)
+		echo "size=4096 iters=$iters bufs=1 dir=to" > $D/vvi_edu/bench
+		b=$D/vvi_edu/bench
+		r1=$(kv "$st" requests)
+		m1=$(kv "$st" maps)
+		echo "BENCH dma iommu=$1 run=$i ops_per_sec=$(kv $b ops_per_sec) errors=$(kv $b errors) cpus=$(kv $b cpus) maps=$((${m1:-0} - ${m0:-0})) requests=$((${r1:-0} - ${r0:-0}))"
+		i=$((i + 1))
+	done
+	rmmod vvi_edu
+}
+
+# "kbps=<Kbits/sec of iperf3's receiver line>", or "kbps= why=<its last
+# line>" when it has none
+iperf_kbps() {
+	out=$(timeout $((secs + 60)) iperf3 -c "$host" -t "$secs" -f k --connect-timeout 10000 "$@" 2>&1)
+	v=$(echo "$out" | awk '/receiver/ { for (i = 2; i <= NF; i++) if ($i == "Kbits/sec") v = $(i - 1) } END { print v }')
+	if [ -n "$v" ]; then
+		echo "kbps=$v"
+	else
+		echo "kbps= why=$(echo "$out" | tail -n 1 | tr ' =' '_:')"
+	fi
+}
+
+net() {
+	ip link set eth0 up || { echo "BENCH-ERROR iommu=$1 what=link"; return 0; }
+	ip addr add "$me/24" dev eth0 2>/dev/null
+	# the peer's servers may still be starting, and ARP has to settle
+	i=0
+	while ! ping -c 1 -W 2 "$host" >/dev/null 2>&1 && [ $i -lt 15 ]; do i=$((i + 1)); done
+	i=1
+	while [ $i -le "$runs" ]; do
+		echo "BENCH tcp_tx iommu=$1 run=$i $(iperf_kbps)"
+		echo "BENCH tcp_rx iommu=$1 run=$i $(iperf_kbps -R)"
+		lat=$(timeout $((secs + 60)) sockperf ping-pong -i "$host" -p 11111 --tcp -t "$secs" 2>&1 |
+			sed -n 's/.*Latency is \([0-9.]*\) usec.*/\1/p' | tail -n 1)
+		echo "BENCH rr iommu=$1 run=$i lat_us=$lat"
+		i=$((i + 1))
+	done
+	if [ -n "$NET" ] && [ -f "$D/vviommu/$NET/stats" ]; then
+		echo "BENCH-NETSTATS iommu=$1 maps=$(kv "$D/vviommu/$NET/stats" maps) requests=$(kv "$D/vviommu/$NET/stats" requests)"
+	fi
+	ip addr flush dev eth0
+	ip link set eth0 down
+}
+
+case "$mode" in
+off | linux)
+	[ -d /sys/module/virtio_net ] || insmod $M/virtio_net.ko
+	sleep 1
+	if [ -n "$NET" ] && [ -e "/sys/bus/pci/devices/$NET/iommu_group" ]; then
+		echo "BENCH-INFO iommu=$label net_group_type=$(cat "/sys/bus/pci/devices/$NET/iommu_group/type")"
+	fi
+	echo "BENCH-CONFIG-BEGIN iommu=$label"
+	dma "$label"
+	net "$label"
+	echo "BENCH-CONFIG-END iommu=$label"
+	;;
+vvi)
+	for c in $configs; do
+		pol=${c%%:*}
+		inv=${c#*:}
+		l=vvi-$pol-$inv
+		echo "BENCH-CONFIG-BEGIN iommu=$l"
+		if insmod $M/vviommu.ko policy="$pol" invalidation="$inv"; then
+			dma "$l"
+			insmod $M/virtio_net.ko
+			sleep 1
+			net "$l"
+			rmmod virtio_net
+			rmmod vviommu || echo "BENCH-ERROR iommu=$l what=rmmod-vviommu"
+		else
+			echo "BENCH-ERROR iommu=$l what=insmod-vviommu"
+		fi
+		echo "BENCH-CONFIG-END iommu=$l"
+	done
+	;;
+esac
+echo "BENCH-DONE"
