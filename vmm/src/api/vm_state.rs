@@ -98,7 +98,10 @@ impl VmState {
 /// which tells a management stack less), what failed on the host is 500.
 fn hotplug_error(e: HotplugError) -> ApiError {
     match e {
-        HotplugError::DuplicateId(_) | HotplugError::UnknownId(_) | HotplugError::Removing(_) => {
+        HotplugError::DuplicateId(_)
+        | HotplugError::UnknownId(_)
+        | HotplugError::Removing(_)
+        | HotplugError::Assign(crate::error::Error::InvalidOption { .. }) => {
             ApiError::BadRequest(e.to_string())
         }
         HotplugError::Assign(_) | HotplugError::Notify(_) => ApiError::Failed(e.to_string()),
@@ -376,6 +379,23 @@ mod tests {
         assert_eq!(err.status(), 500, "{err}");
         assert!(t0.elapsed() < PAUSE_TIMEOUT + Duration::from_secs(2));
         assert_eq!(s.state(), RunState::Running);
+    }
+
+    #[test]
+    fn hotplug_refusals_are_400_and_host_failures_500() {
+        let status = |e| hotplug_error(e).status();
+        assert_eq!(status(HotplugError::DuplicateId("nic0".into())), 400);
+        assert_eq!(status(HotplugError::UnknownId("nic9".into())), 400);
+        assert_eq!(status(HotplugError::Removing("nic0".into())), 400);
+        // iommu=on in a VM without --iommu is the caller's mistake.
+        let no_iommu = crate::error::Error::InvalidOption {
+            option: "device",
+            value: "path=/x,iommu=on".into(),
+            reason: "needs --iommu".into(),
+        };
+        assert_eq!(status(HotplugError::Assign(no_iommu)), 400);
+        let io = std::io::Error::from(std::io::ErrorKind::Other);
+        assert_eq!(status(HotplugError::Notify(io)), 500);
     }
 
     #[test]
