@@ -2,13 +2,16 @@
 //! guest-written table, the cache it fills, INVALIDATE through the batched
 //! invalidation, and hostile tables and requests.
 
-use std::ops::RangeInclusive;
-use std::sync::{Arc, Mutex};
+mod common;
+
+use std::sync::Arc;
+
+use common::Recorder;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use virtio_iommu::device::{DeviceLimits, IommuConfig, IommuDevice};
-use virtio_iommu::mapping::{Invalidator, Perm, Worker};
+use virtio_iommu::mapping::{Perm, Worker};
 use virtio_iommu::pgtable::{walk, WalkError, FORMAT_X86_4L, PTE_P, PTE_R, PTE_W};
 use virtio_iommu::translate::DmaFault;
 use virtio_iommu::wire::*;
@@ -48,17 +51,6 @@ fn link(m: &Mem, iova: u64) {
 
 fn set_leaf(m: &Mem, iova: u64, v: u64) {
     put(m, L0 + idx(iova, 0) * 8, v);
-}
-
-#[derive(Default)]
-struct Recorder {
-    calls: Mutex<Vec<(u32, Vec<RangeInclusive<u64>>)>>,
-}
-
-impl Invalidator for Recorder {
-    fn invalidate(&self, domain: u32, ranges: &[RangeInclusive<u64>]) {
-        self.calls.lock().unwrap().push((domain, ranges.to_vec()));
-    }
 }
 
 fn device_with(limits: DeviceLimits, ack_table: bool) -> (IommuDevice, Arc<Mem>) {

@@ -3,8 +3,11 @@
 //! bypass, fault events, limits, reset, invalidation ordering and a
 //! concurrency smoke test.
 
-use std::ops::RangeInclusive;
+mod common;
+
 use std::sync::{Arc, Mutex};
+
+use common::Recorder;
 
 use virtio_iommu::device::{
     DeviceLimits, EndpointListener, IommuConfig, IommuDevice, MapMirror, MirrorError, MULTIQUEUE,
@@ -81,18 +84,6 @@ fn probe(endpoint: u32) -> Vec<u8> {
 }
 
 const RW: u32 = MAP_F_READ | MAP_F_WRITE;
-
-/// Records every invalidation call.
-#[derive(Default)]
-struct Recorder {
-    calls: Mutex<Vec<(u32, Vec<RangeInclusive<u64>>)>>,
-}
-
-impl Invalidator for Recorder {
-    fn invalidate(&self, domain: u32, ranges: &[RangeInclusive<u64>]) {
-        self.calls.lock().unwrap().push((domain, ranges.to_vec()));
-    }
-}
 
 fn runs(d: &IommuDevice, ep: u32, iova: u64, len: u64, p: Perm) -> Result<Vec<DmaRun>, DmaFault> {
     d.endpoint_dma(ep)
