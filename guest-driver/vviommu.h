@@ -19,7 +19,8 @@
 #include <linux/virtio.h>
 #include <uapi/linux/virtio_iommu.h>
 
-#define VVI_FQ_MAX		256	/* hard cap of one flush queue */
+#define VVI_FQ_MAX		256	/* MAP-mode entries (one UNMAP each) per flush */
+#define VVI_PGT_FQ_MAX		8192	/* hard cap of one flush queue's entries */
 #define VVI_MAG_SIZE		64	/* IOVAs per magazine */
 #define VVI_MAG_ORDERS		4	/* cached sizes: 1, 2, 4, 8 pages */
 #define VVI_DEPOT_MAX		32	/* full magazines per order in the depot */
@@ -141,14 +142,22 @@ struct vvi_fq_ent {
 
 /* per-CPU scratch, only used with interrupts disabled on its CPU */
 struct vvi_pcpu {
-	struct vvi_fq_ent ents[VVI_FQ_MAX];
 	struct vvi_req reqs[VVI_FQ_MAX];
+	struct vvi_fq_ent ents[];	/* vvi_fq_cap entries */
 };
 
+/*
+ * A flush queue. Entries of MAP-mode endpoints cost one UNMAP request each
+ * at the flush, so the queue flushes at fq_size of them (n_map); entries
+ * of page-table endpoints share one INVALIDATE per flush, so they may
+ * fill it up to pgt_fq_size (as Linux gives IOMMUs whose flushes are
+ * expensive one large queue).
+ */
 struct vvi_fq {
 	spinlock_t lock;	/* owner CPU and the flush worker */
 	unsigned int n;
-	struct vvi_fq_ent ents[VVI_FQ_MAX];
+	unsigned int n_map;
+	struct vvi_fq_ent ents[];	/* vvi_fq_cap entries */
 };
 
 struct vvi_mag {
@@ -289,6 +298,8 @@ extern int vvi_policy_sel;
 extern int vvi_inval_sel;
 extern unsigned int vvi_fq_size;
 extern unsigned int vvi_fq_timeout_ms;
+extern unsigned int vvi_pgt_fq_size;
+extern unsigned int vvi_pgt_fq_timeout_ms;
 extern unsigned int vvi_persistent_cap;
 extern bool vvi_pgtable;
 extern const char * const vvi_policy_names[VVI_NR_POLICIES];

@@ -29,13 +29,17 @@ int vvi_policy_sel;
 int vvi_inval_sel;
 unsigned int vvi_fq_size = 250;
 unsigned int vvi_fq_timeout_ms = 10;
+unsigned int vvi_pgt_fq_size = 4096;
+unsigned int vvi_pgt_fq_timeout_ms = 100;
 unsigned int vvi_persistent_cap = 1024;
 bool vvi_pgtable;
 
 static struct vvi_pcpu **vvi_pcpu;
-static struct vvi_fq __percpu *vvi_cpu_fq;
+static struct vvi_fq **vvi_cpu_fq;	/* indexed by CPU */
 static struct vvi_fq *vvi_global_fq;
-static struct delayed_work vvi_flush_work;
+static unsigned int vvi_fq_cap;	/* entries a flush queue holds */
+static struct delayed_work vvi_flush_work;	/* fq_timeout_ms */
+static struct delayed_work vvi_pgt_flush_work;	/* pgt_fq_timeout_ms */
 
 const char * const vvi_policy_names[VVI_NR_POLICIES] = {
 	"identity", "kmalloc", "magazine", "global", "persistent",
@@ -730,6 +734,7 @@ static void vvi_fq_drain(struct vvi_fq *fq)
 	n = fq->n;
 	memcpy(pc->ents, fq->ents, n * sizeof(fq->ents[0]));
 	fq->n = 0;
+	fq->n_map = 0;
 	spin_unlock(&fq->lock);
 	if (n)
 		vvi_fq_process(pc, n);
@@ -745,10 +750,10 @@ static void vvi_fq_add(struct vvi_ep *ep, u64 iova, u32 npages)
 	if (vvi_inval_sel == VVI_INV_LAZY_GLOBAL)
 		fq = vvi_global_fq;
 	else
-		fq = this_cpu_ptr(vvi_cpu_fq);
+		fq = vvi_cpu_fq[smp_processor_id()];
 	for (;;) {
 		spin_lock(&fq->lock);
-		if (fq->n < VVI_FQ_MAX)
+		if (fq->n < vvi_fq_cap && fq->n_map < VVI_FQ_MAX)
 			break;
 		spin_unlock(&fq->lock);
 		vvi_fq_drain(fq);
@@ -757,13 +762,23 @@ static void vvi_fq_add(struct vvi_ep *ep, u64 iova, u32 npages)
 	fq->ents[fq->n].iova = iova;
 	fq->ents[fq->n].npages = npages;
 	fq->n++;
-	first = fq->n == 1;
-	full = fq->n >= vvi_fq_size;
+	if (ep->pgt) {
+		first = fq->n == 1;
+		full = fq->n >= vvi_pgt_fq_size;
+	} else {
+		fq->n_map++;
+		first = fq->n_map == 1;
+		full = fq->n_map >= vvi_fq_size;
+	}
 	spin_unlock(&fq->lock);
 	if (full)
 		vvi_fq_drain(fq);
 	local_irq_restore(flags);
-	if (first)
+	/* a pending timer is left alone: the first entry sets the deadline */
+	if (first && ep->pgt)
+		schedule_delayed_work(&vvi_pgt_flush_work,
+				      msecs_to_jiffies(vvi_pgt_fq_timeout_ms));
+	else if (first)
 		schedule_delayed_work(&vvi_flush_work,
 				      msecs_to_jiffies(vvi_fq_timeout_ms));
 }
@@ -777,7 +792,7 @@ void vvi_flush_all(void)
 		return;
 	for_each_possible_cpu(cpu) {
 		local_irq_save(flags);
-		vvi_fq_drain(per_cpu_ptr(vvi_cpu_fq, cpu));
+		vvi_fq_drain(vvi_cpu_fq[cpu]);
 		local_irq_restore(flags);
 	}
 	local_irq_save(flags);
@@ -1474,6 +1489,16 @@ void vvi_policy_teardown(struct vvi_ep *ep)
 /* module-wide state                                                   */
 /* ------------------------------------------------------------------ */
 
+static struct vvi_fq *vvi_fq_alloc(void)
+{
+	struct vvi_fq *fq;
+
+	fq = kvzalloc(struct_size(fq, ents, vvi_fq_cap), GFP_KERNEL);
+	if (fq)
+		spin_lock_init(&fq->lock);
+	return fq;
+}
+
 int vvi_dma_init(void)
 {
 	int cpu, ret;
@@ -1481,22 +1506,23 @@ int vvi_dma_init(void)
 	ret = iova_cache_get();
 	if (ret)
 		return ret;
+	/* MAP-mode entries alone never need more than fq_size slots */
+	vvi_fq_cap = vvi_pgtable ? max(vvi_fq_size, vvi_pgt_fq_size) :
+				   vvi_fq_size;
+	INIT_DELAYED_WORK(&vvi_flush_work, vvi_flush_workfn);
+	INIT_DELAYED_WORK(&vvi_pgt_flush_work, vvi_flush_workfn);
 	vvi_pcpu = kcalloc(nr_cpu_ids, sizeof(*vvi_pcpu), GFP_KERNEL);
-	if (!vvi_pcpu)
+	vvi_cpu_fq = kcalloc(nr_cpu_ids, sizeof(*vvi_cpu_fq), GFP_KERNEL);
+	vvi_global_fq = vvi_fq_alloc();
+	if (!vvi_pcpu || !vvi_cpu_fq || !vvi_global_fq)
 		goto err;
 	for_each_possible_cpu(cpu) {
-		vvi_pcpu[cpu] = kzalloc(sizeof(*vvi_pcpu[cpu]), GFP_KERNEL);
-		if (!vvi_pcpu[cpu])
+		vvi_pcpu[cpu] = kvzalloc(struct_size(vvi_pcpu[cpu], ents,
+						     vvi_fq_cap), GFP_KERNEL);
+		vvi_cpu_fq[cpu] = vvi_fq_alloc();
+		if (!vvi_pcpu[cpu] || !vvi_cpu_fq[cpu])
 			goto err;
 	}
-	vvi_cpu_fq = alloc_percpu(struct vvi_fq);
-	vvi_global_fq = kzalloc(sizeof(*vvi_global_fq), GFP_KERNEL);
-	if (!vvi_cpu_fq || !vvi_global_fq)
-		goto err;
-	for_each_possible_cpu(cpu)
-		spin_lock_init(&per_cpu_ptr(vvi_cpu_fq, cpu)->lock);
-	spin_lock_init(&vvi_global_fq->lock);
-	INIT_DELAYED_WORK(&vvi_flush_work, vvi_flush_workfn);
 	return 0;
 err:
 	vvi_dma_exit();
@@ -1507,16 +1533,19 @@ void vvi_dma_exit(void)
 {
 	int cpu;
 
+	cancel_delayed_work_sync(&vvi_flush_work);
+	cancel_delayed_work_sync(&vvi_pgt_flush_work);
 	if (vvi_cpu_fq) {
-		cancel_delayed_work_sync(&vvi_flush_work);
-		free_percpu(vvi_cpu_fq);
+		for_each_possible_cpu(cpu)
+			kvfree(vvi_cpu_fq[cpu]);
+		kfree(vvi_cpu_fq);
 		vvi_cpu_fq = NULL;
 	}
-	kfree(vvi_global_fq);
+	kvfree(vvi_global_fq);
 	vvi_global_fq = NULL;
 	if (vvi_pcpu) {
 		for_each_possible_cpu(cpu)
-			kfree(vvi_pcpu[cpu]);
+			kvfree(vvi_pcpu[cpu]);
 		kfree(vvi_pcpu);
 		vvi_pcpu = NULL;
 	}
@@ -1526,5 +1555,6 @@ void vvi_dma_exit(void)
 void vvi_flush_sync(void)
 {
 	cancel_delayed_work_sync(&vvi_flush_work);
+	cancel_delayed_work_sync(&vvi_pgt_flush_work);
 	vvi_flush_all();
 }

@@ -37,6 +37,10 @@ module_param_named(fq_size, vvi_fq_size, uint, 0444);
 MODULE_PARM_DESC(fq_size, "entries per flush queue before a flush (max 256)");
 module_param_named(fq_timeout_ms, vvi_fq_timeout_ms, uint, 0444);
 MODULE_PARM_DESC(fq_timeout_ms, "flush deferred unmaps after this many ms");
+module_param_named(pgt_fq_size, vvi_pgt_fq_size, uint, 0444);
+MODULE_PARM_DESC(pgt_fq_size, "page-table mode: entries per flush queue before a flush (max 8192)");
+module_param_named(pgt_fq_timeout_ms, vvi_pgt_fq_timeout_ms, uint, 0444);
+MODULE_PARM_DESC(pgt_fq_timeout_ms, "page-table mode: flush deferred unmaps after this many ms");
 module_param_named(persistent_cap, vvi_persistent_cap, uint, 0444);
 MODULE_PARM_DESC(persistent_cap, "idle mappings kept per endpoint by policy=persistent");
 module_param_named(pgtable, vvi_pgtable, bool, 0444);
@@ -990,6 +994,10 @@ static int __init vvi_init(void)
 	}
 	if (!vvi_fq_size || vvi_fq_size > VVI_FQ_MAX) {
 		pr_err("fq_size must be 1..%d\n", VVI_FQ_MAX);
+		return -EINVAL;
+	}
+	if (!vvi_pgt_fq_size || vvi_pgt_fq_size > VVI_PGT_FQ_MAX) {
+		pr_err("pgt_fq_size must be 1..%d\n", VVI_PGT_FQ_MAX);
 		return -EINVAL;
 	}
 	ret = vvi_dma_init();
