@@ -44,6 +44,20 @@ def parser(doc):
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def fetch_main(doc, fetch, log, errors=()):
+    """main() of the fetch-* commands: `[--force]`, prints the path that
+    fetch(force) returns; 1 with a message on Error or one of ERRORS."""
+    ap = parser(doc)
+    ap.add_argument("--force", action="store_true", help="fetch again even if cached")
+    args = ap.parse_args()
+    try:
+        print(fetch(args.force))
+    except (Error, *errors) as e:
+        log(f"error: {e}")
+        return 1
+    return 0
+
+
 def run(cmd, **kw):
     """Run a command, raising Error with its stderr when it fails; its stdout."""
     res = subprocess.run(cmd, capture_output=True, text=True, **kw)

@@ -24,7 +24,7 @@ import shutil
 import subprocess
 
 from . import debian_apt, l1_qemu_patch
-from .common import BUILD, Error, make_log, parser, read_text, run, write_executable
+from .common import BUILD, Error, fetch_main, make_log, read_text, run, write_executable
 
 HOME = os.path.join(BUILD, "l1-qemu")
 WRAPPER = os.path.join(HOME, "qemu-system-x86_64")
@@ -108,12 +108,4 @@ def fetch(force):
 
 
 def main():
-    ap = parser(__doc__)
-    ap.add_argument("--force", action="store_true", help="fetch again even if cached")
-    args = ap.parse_args()
-    try:
-        print(fetch(args.force))
-    except Error as e:  # debian_apt.AptError included
-        log(f"error: {e}")
-        return 1
-    return 0
+    return fetch_main(__doc__, fetch, log)  # debian_apt.AptError is an Error

@@ -38,7 +38,7 @@ import shutil
 import subprocess
 
 from . import debian_apt
-from .common import BUILD, Error, make_log, parser, read_text, run, write_executable
+from .common import BUILD, Error, fetch_main, make_log, read_text, run, write_executable
 
 HOME = os.path.join(BUILD, "testpmd")
 WRAPPER = os.path.join(HOME, "dpdk-testpmd")
@@ -185,12 +185,5 @@ def fetch(force):
 
 
 def main():
-    ap = parser(__doc__)
-    ap.add_argument("--force", action="store_true", help="fetch again even if cached")
-    args = ap.parse_args()
-    try:
-        print(fetch(args.force))
-    except (Error, subprocess.TimeoutExpired) as e:  # debian_apt.AptError included
-        log(f"error: {e}")
-        return 1
-    return 0
+    # debian_apt.AptError is an Error; the smoke test may time out
+    return fetch_main(__doc__, fetch, log, (subprocess.TimeoutExpired,))
