@@ -12,7 +12,9 @@ The matrix (every combination is one configuration):
   IOMMU    off (no vIOMMU at all: one baseline per guest kernel),
            Linux's in-tree virtio-iommu driver strict and lazy (Debian
            trixie 6.12 guest), the project's vviommu driver with each IOVA
-           policy x invalidation mode (Debian bookworm 6.1 guest)
+           policy x invalidation mode (Debian bookworm 6.1 guest), and
+           under dmavisor vviommu in page-table mode (pgt-magazine-*:
+           MAPs are page-table writes, only invalidations are requests)
   vCPUs    1 and 2 (--cpus)
 Workloads in every configuration, each repeated --runs times inside the
 guest:
@@ -80,6 +82,11 @@ QUICK_VVI = [("magazine", "lazy-percpu"), ("magazine", "strict")]
 # The project's best policy for the demo's headline: the candidates, the
 # best of which (DMA ops/s) is shown.
 DEMO_VVI = [("magazine", "lazy-percpu"), ("magazine", "strict")]
+# vviommu in page-table mode (pgtable=1, docs/page-table.md): dmavisor only,
+# QEMU's device does not offer the feature. Labelled pgt-<policy>-<inval>.
+PGT_VVI = [("magazine", "lazy-percpu"), ("magazine", "strict")]
+DEMO_PGT = [("magazine", "lazy-percpu")]
+DRIVERS_VVI = ("vvi", "pgt")  # the project's driver, either mode
 KERNEL = {"bookworm": "6.1", "trixie": "6.12"}
 WORKLOADS = {  # name: (label, unit, higher is better)
     "dma": ("DMA map+unmap", "ops/s", True),
@@ -110,9 +117,11 @@ def plan_boots(args):
         cpus_list = [int(c) for c in args.cpus.split(",")]
     if args.quick or args.demo:
         vvi = DEMO_VVI if args.demo else QUICK_VVI
+        pgt = DEMO_PGT if args.demo else []
         linux = ["lazy"]
     else:
         vvi = [(p, i) for i in INVALS for p in POLICIES]
+        pgt = PGT_VVI
         linux = ["strict", "lazy"]
     boots = []
     for vmm in vmms:
@@ -126,6 +135,8 @@ def plan_boots(args):
                         "iommu": iommu, "configs": configs, "dma": dma}
             boots.append(boot("bookworm", "off", "off", {"off": "off-6.1"}))
             labels = {f"vvi-{p}-{i}": f"vvi-{p}-{i}" for p, i in vvi}
+            if vmm == "dmavisor":
+                labels.update({f"pgt-{p}-{i}": f"pgt-{p}-{i}" for p, i in pgt})
             boots.append(boot("bookworm", "vvi", "on", labels))
             if not args.quick:
                 # (quick mode skips this baseline: Linux's rows then have
@@ -254,8 +265,10 @@ def boot_cmdline(b, args):
     parts = ["console=ttyS0", "quiet", "panic=-1", f"bench_mode={b['mode']}",
              f"bench_runs={args.runs}", f"bench_iters={args.iters}", f"bench_secs={args.secs}"]
     if b["mode"] == "vvi":
+        # vvi-P-I -> P:I, pgt-P-I -> P:I:pgt (bench-guest.sh)
         parts.append("bench_configs=" + ",".join(
-            lbl[len("vvi-"):].replace("-", ":", 1) for lbl in b["configs"]))
+            lbl[4:].replace("-", ":", 1) + (":pgt" if lbl.startswith("pgt-") else "")
+            for lbl in b["configs"]))
     else:
         parts.append(f"bench_label={next(iter(b['configs']))}")
     if b["configs"].get("linux-strict"):
@@ -379,7 +392,7 @@ def parse(lines, boots):
                "guest": f"debian-{suite}-{KERNEL[suite]}", "driver": kind,
                "workloads": {w: [] for w in WORKLOADS}, "errors": [], "failed_runs": [],
                "case": None}
-        if kind == "vvi":
+        if kind in DRIVERS_VVI:
             _, rest = iommu.split("-", 1)
             rec["policy"], rec["invalidation"] = rest.split("-", 1)
         elif kind == "linux":
@@ -513,10 +526,10 @@ def headline(records):
                     key=lambda g: (["dmavisor", "qemu", "ch"].index(g[0]), g[1]))
     for vmm, cpus in groups:
         rows = [r for r in records if r["vmm"] == vmm and r["vcpus"] == cpus]
-        vvi = [r for r in rows if r["driver"] == "vvi" and med(r, "dma")]
+        vvi = [r for r in rows if r["driver"] in DRIVERS_VVI and med(r, "dma")]
         best = max(vvi, key=lambda r: med(r, "dma")) if vvi else None
         if not best:
-            vvi = [r for r in rows if r["driver"] == "vvi" and med(r, "tcp_rx")]
+            vvi = [r for r in rows if r["driver"] in DRIVERS_VVI and med(r, "tcp_rx")]
             best = max(vvi, key=lambda r: med(r, "tcp_rx")) if vvi else None
         cands = ([best] if best else []) + [r for r in rows if r["driver"] == "linux"]
         for r in cands:
@@ -665,7 +678,7 @@ def plots(outdir, records):
            "DMA microbenchmark", pick=lambda r: "dma" in r["expected_workloads"])
     figure("requests_per_dma.png", [("requests_per_dma", "requests/DMA")],
            "virtio-iommu requests per DMA", "Requests per DMA",
-           pick=lambda r: r["driver"] == "vvi" and "dma" in r["expected_workloads"],
+           pick=lambda r: r["driver"] in DRIVERS_VVI and "dma" in r["expected_workloads"],
            log_scale=False)
 
 
