@@ -22,7 +22,25 @@ deps:
 build:
 	$(CARGO) build --release --workspace
 
+# Python: ruff with ruff.toml (resources/dmavisor_tools/, the commands'
+# wrappers, the tests' Python helpers). Shell: shellcheck at severity
+# warning over every tracked sh/bash script (found by its #! line) and the
+# sourced guest-driver/tests/common.sh; the notes below that level are
+# style or intended (mostly the guest scripts' word splitting of option
+# lists, SC2086).
+# resources/install-deps installs both (ruff pinned, in build/lint-venv,
+# else a ruff on PATH); lint fails when either is missing.
+RUFF ?= $(firstword $(wildcard $(CURDIR)/build/lint-venv/bin/ruff) ruff)
+SHELLCHECK ?= shellcheck
+SHELL_SCRIPTS = $(shell git ls-files | xargs awk 'FNR == 1 { if (/^\#!.*[\/ ](ba)?sh$$/) print FILENAME; nextfile }') \
+	guest-driver/tests/common.sh
+
 lint:
+	@for t in $(RUFF) $(SHELLCHECK); do \
+		command -v $$t >/dev/null || { echo "make lint: $$t not found; run resources/install-deps" >&2; exit 1; }; \
+	done
+	$(RUFF) check .
+	$(SHELLCHECK) -S warning $(SHELL_SCRIPTS)
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 

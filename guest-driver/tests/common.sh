@@ -4,6 +4,10 @@
 # they share, the guest image of a suite, and the HTTP blob the guest
 # fetches and checks. Keeping this in one place keeps the QEMU, Linux
 # reference and dmavisor runs on the same images and the same traffic.
+# shellcheck shell=sh
+# The variables set here (KVER, MD5, VVI_QEMU_DEVICES, ...) are used by the
+# scripts that source this file, which shellcheck does not see:
+# shellcheck disable=SC2034
 
 REPO=$(cd "$HERE/../.." && pwd)
 BUILD=${DMAVISOR_BUILD_DIR:-$REPO/build}

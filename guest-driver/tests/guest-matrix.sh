@@ -265,7 +265,6 @@ one_config() {
 		race="$(kv $r iters)/$(kv $r corrupted)/$(kv $r not_faulted)/$(kv $r missed)/$(kv $r error)"
 	fi
 	sleep 1
-	f2=$(faults)
 	edufaults=$(kv $edust faults)
 	faultlog=$(dmesg | grep -c "DMA fault: endpoint")
 

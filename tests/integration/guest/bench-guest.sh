@@ -5,7 +5,9 @@
 #                              virtio-iommu (6.12) / the project's vviommu
 #                              module (6.1, modules in /opt/vvi)
 #   bench_label=NAME           the IOMMU label of off and linux boots
-#   bench_configs=P:I,...      vvi: the policy:invalidation pairs, in turn
+#   bench_configs=P:I[:pgt],...  vvi: the policy:invalidation pairs, in
+#                              turn; ":pgt" loads vviommu with pgtable=1
+#                              (page-table mode) and labels it pgt-P-I
 #   bench_runs=N               repetitions of every workload
 #   bench_iters=N              DMA microbenchmark iterations per vCPU
 #                              (0: no DMA microbenchmark)
@@ -128,10 +130,17 @@ off | linux)
 vvi)
 	for c in $configs; do
 		pol=${c%%:*}
-		inv=${c#*:}
+		rest=${c#*:}
+		inv=${rest%%:*}
+		pgt=0
 		l=vvi-$pol-$inv
+		if [ "$rest" != "$inv" ]; then
+			pgt=1
+			l=pgt-$pol-$inv
+		fi
 		echo "BENCH-CONFIG-BEGIN iommu=$l"
-		if insmod $M/vviommu.ko policy="$pol" invalidation="$inv"; then
+		if insmod $M/vviommu.ko policy="$pol" invalidation="$inv" pgtable=$pgt; then
+			[ -n "$EDU" ] && echo "BENCH-INFO iommu=$l pgtable=$(kv "$D/vviommu/$EDU/stats" pgtable)"
 			dma "$l"
 			insmod $M/virtio_net.ko
 			sleep 1

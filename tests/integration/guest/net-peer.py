@@ -38,8 +38,9 @@ def receive(sock, size, results, stall):
     while got < size:
         try:
             chunk = conn.recv(min(1 << 20, size - got))
-        except socket.timeout:
-            print(f"PEER-STALL guest_to_host: nothing for {stall:.0f} s after {got} bytes", flush=True)
+        except TimeoutError:
+            print(f"PEER-STALL guest_to_host: nothing for {stall:.0f} s after {got} bytes",
+                  flush=True)
             break
         if not chunk:
             break
@@ -50,14 +51,16 @@ def receive(sock, size, results, stall):
     last = time.monotonic()
     conn.close()
     secs = (last - first) if first is not None else 0.0
-    results["g2h"] = {"dir": "guest_to_host", "bytes": got, "md5": h.hexdigest(), "secs": round(secs, 3)}
+    results["g2h"] = {"dir": "guest_to_host", "bytes": got, "md5": h.hexdigest(),
+                      "secs": round(secs, 3)}
 
 
 def serve(sock, data, results, stall):
     conn, _ = sock.accept()
     conn.settimeout(stall)
     req = b""
-    head = b"HTTP/1.0 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % len(data)
+    head = (b"HTTP/1.0 200 OK\r\nContent-Type: application/octet-stream\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(data))
     try:
         while b"\r\n\r\n" not in req and len(req) < 65536:
             chunk = conn.recv(4096)
@@ -66,7 +69,7 @@ def serve(sock, data, results, stall):
             req += chunk
         t0 = time.monotonic()
         conn.sendall(head + data)
-    except socket.timeout:
+    except TimeoutError:
         print(f"PEER-STALL host_to_guest: no progress for {stall:.0f} s", flush=True)
         conn.close()
         return
@@ -80,7 +83,8 @@ def serve(sock, data, results, stall):
         pass
     t1 = time.monotonic()
     conn.close()
-    results["h2g"] = {"dir": "host_to_guest", "bytes": len(data), "md5": hashlib.md5(data).hexdigest(), "secs": round(t1 - t0, 3)}
+    results["h2g"] = {"dir": "host_to_guest", "bytes": len(data),
+                      "md5": hashlib.md5(data).hexdigest(), "secs": round(t1 - t0, 3)}
 
 
 def main():
@@ -88,7 +92,8 @@ def main():
     ap.add_argument("--size", type=int, default=8 << 20)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--label", default="")
-    ap.add_argument("--stall", type=float, default=180, help="seconds without data that end the transfer")
+    ap.add_argument("--stall", type=float, default=180,
+                    help="seconds without data that end the transfer")
     args = ap.parse_args()
     results = {}
     data = os.urandom(args.size)

@@ -14,6 +14,8 @@ import re
 import subprocess
 import time
 
+from .common import Error, run
+
 SOURCES_DEB822 = "/etc/apt/sources.list.d/debian.sources"
 SOURCES_LIST = "/etc/apt/sources.list"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
@@ -21,8 +23,8 @@ KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 LISTS_MAX_AGE = 6 * 3600
 
 
-class AptError(Exception):
-    """A failure with a message meant for the user."""
+class AptError(Error):
+    """A failure of a private apt state, with a message meant for the user."""
 
 
 def configured_mirrors():
@@ -106,3 +108,35 @@ def private_apt_opts(build, name, suites, security_suites, log):
             raise AptError(f"apt-get update ({name}) failed: {res.stderr.strip()}")
         open(stamp, "w", encoding="utf-8").close()
     return opts
+
+
+def candidate_version(policy):
+    """The candidate version in `apt-cache policy` output, None if there is none."""
+    m = re.search(r"^\s*Candidate:[ \t]*(\S+)", policy, re.M)
+    return m.group(1) if m and m.group(1) != "(none)" else None
+
+
+def debs_in(directory):
+    """The .deb files in DIRECTORY, sorted by name."""
+    return sorted(d for d in os.listdir(directory) if d.endswith(".deb"))
+
+
+def unpack_debs(directory, root):
+    """Unpack (dpkg-deb -x) every .deb of DIRECTORY into ROOT, deleting each after."""
+    for deb in debs_in(directory):
+        run(["dpkg-deb", "-x", os.path.join(directory, deb), root])
+        os.remove(os.path.join(directory, deb))
+
+
+def print_mirrors():
+    """For shell scripts: this machine's Debian mirror and security mirror
+    (an empty line if none), one a line."""
+    main, security = configured_mirrors()
+    print(main)
+    print(security or "")
+
+
+if __name__ == "__main__":
+    # resources/mkrootfs, resources/vvi-edu-trixie:
+    # PYTHONPATH=resources python3 -m dmavisor_tools.debian_apt
+    print_mirrors()
