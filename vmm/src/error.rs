@@ -38,10 +38,18 @@ pub enum Error {
     },
     /// The kernel, initramfs or boot data do not fit in guest memory.
     #[error("guest memory too small: {0}")]
-    DoesNotFit(String),
+    DoesNotFit(#[from] DoesNotFit),
     /// /dev/kvm cannot be opened or used.
     #[error("{0}")]
-    Kvm(String),
+    Kvm(#[from] KvmUnusable),
+    /// A KVM list (CPUID entries, MSRs) is longer than its ioctl takes.
+    #[error("too many {what}: {source}")]
+    KvmList {
+        /// The list ("CPUID entries", "MSRs").
+        what: &'static str,
+        /// The size check that failed.
+        source: vmm_sys_util::fam::Error,
+    },
     /// A KVM ioctl failed during setup.
     #[error("KVM {what} failed: {source}")]
     KvmIoctl {
@@ -59,7 +67,7 @@ pub enum Error {
     GuestWrite(&'static str),
     /// Building ACPI tables failed.
     #[error("ACPI: {0}")]
-    Acpi(String),
+    Acpi(#[from] AcpiError),
     /// Opening or writing the serial output failed.
     #[error("serial output '{path}': {source}")]
     SerialOutput {
@@ -85,7 +93,7 @@ pub enum Error {
     /// The configuration a reboot handed over (`crate::reboot`) is not
     /// valid: only a different dmavisor binary could have written it.
     #[error("the VM configuration handed over by vm.reboot: {0}")]
-    HandedOver(String),
+    HandedOver(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// Creating a thread or event fd failed.
     #[error("{what}: {source}")]
     Os {
@@ -93,6 +101,111 @@ pub enum Error {
         what: &'static str,
         /// OS error.
         source: std::io::Error,
+    },
+}
+
+/// Hint appended to every "no usable KVM" message.
+pub const RUNNER_HINT: &str =
+    "run dmavisor inside the nested-virt runner: resources/run-kvm -- dmavisor ...";
+
+/// What does not fit in guest memory ([`Error::DoesNotFit`]).
+#[derive(Debug, Error)]
+pub enum DoesNotFit {
+    /// The zero page's e820 table is full.
+    #[error("too many e820 entries")]
+    E820Entries,
+    /// The PVH start info's memory map is full.
+    #[error("too many PVH memory map entries")]
+    PvhMemmapEntries,
+    /// The initramfs does not fit below the kernel's limit.
+    #[error(
+        "initramfs '{}' ({size} bytes) does not fit between {min_start:#x} and {max_end:#x}",
+        path.display()
+    )]
+    Initramfs {
+        /// Path given.
+        path: PathBuf,
+        /// Its size in bytes.
+        size: u64,
+        /// Lowest address it may start at (the kernel's end).
+        min_start: u64,
+        /// Highest address it may end at.
+        max_end: u64,
+    },
+}
+
+/// Why /dev/kvm (or `$DMAVISOR_KVM_DEVICE`) cannot be used
+/// ([`Error::Kvm`]); each message but the first ends with [`RUNNER_HINT`].
+#[derive(Debug, Error)]
+pub enum KvmUnusable {
+    /// The path holds a NUL byte.
+    #[error("invalid KVM device path {path}")]
+    InvalidPath {
+        /// The path, as displayed.
+        path: String,
+    },
+    /// The device node does not exist.
+    #[error("{path} does not exist (no KVM on this host); {}", RUNNER_HINT)]
+    Missing {
+        /// The path, as displayed.
+        path: String,
+    },
+    /// The user may not open it.
+    #[error(
+        "no permission to open {path} (are you in group 'kvm'?); {}",
+        RUNNER_HINT
+    )]
+    NoPermission {
+        /// The path, as displayed.
+        path: String,
+    },
+    /// Opening it failed otherwise.
+    #[error("cannot open {path}: {source}; {}", RUNNER_HINT)]
+    Open {
+        /// The path, as displayed.
+        path: String,
+        /// errno.
+        source: kvm_ioctls::Error,
+    },
+    /// It answers with another API version.
+    #[error(
+        "{path} is not a usable KVM device (API version {version}); {}",
+        RUNNER_HINT
+    )]
+    ApiVersion {
+        /// The path, as displayed.
+        path: String,
+        /// What KVM_GET_API_VERSION returned.
+        version: i32,
+    },
+    /// A capability the VMM relies on is missing.
+    #[error("{path} lacks {what} (KVM_CAP {cap:?}); {}", RUNNER_HINT)]
+    MissingCap {
+        /// The path, as displayed.
+        path: String,
+        /// What the capability provides.
+        what: &'static str,
+        /// The capability.
+        cap: kvm_ioctls::Cap,
+    },
+}
+
+/// Why the ACPI tables cannot be placed ([`Error::Acpi`]).
+#[derive(Debug, Error)]
+pub enum AcpiError {
+    /// The tables outgrow the BIOS area they are written to.
+    #[error("tables need {bytes:#x} bytes, more than the BIOS area holds")]
+    TooLarge {
+        /// Bytes the tables need.
+        bytes: u64,
+    },
+    /// The RSDP landed elsewhere than where the boot data points.
+    #[error("RSDP at {rsdp:#x}, the boot data says {expected:#x}")]
+    RsdpMoved {
+        /// Where it was written.
+        rsdp: u64,
+        /// Where the boot data points.
+        expected: u64,
     },
 }
 

@@ -34,7 +34,7 @@ use crate::devices::power::{
     I8042Reset, PowerDevice, I8042_COMMAND_PORT, POWER_PORT_BASE, POWER_PORT_COUNT,
 };
 use crate::devices::serial::{spawn_stdin_reader, SerialDevice};
-use crate::error::{kvm_err, Error};
+use crate::error::{kvm_err, AcpiError, Error};
 use crate::exit::{ExitEvent, ExitSender};
 use crate::kvm_check::open_kvm;
 use crate::memory::layout::{
@@ -356,9 +356,11 @@ fn write_acpi(
         &extra,
     )?;
     if rsdp != ACPI_START {
-        return Err(Error::Acpi(format!(
-            "RSDP at {rsdp:#x}, the boot data says {ACPI_START:#x}"
-        )));
+        return Err(AcpiError::RsdpMoved {
+            rsdp,
+            expected: ACPI_START,
+        }
+        .into());
     }
     Ok(())
 }

@@ -9,7 +9,7 @@ use linux_loader::loader::{BzImage, Elf, KernelLoader, PvhBootCapability};
 use log::info;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, ReadVolatile};
 
-use crate::error::Error;
+use crate::error::{DoesNotFit, Error};
 use crate::memory::layout::{CMDLINE_MAX_SIZE, CMDLINE_START, HIGH_RAM_START};
 use crate::memory::GuestMemoryMmap;
 
@@ -175,11 +175,11 @@ pub fn load_initramfs(
         .checked_sub(size)
         .map(|s| s & !0xfff)
         .filter(|s| *s >= min_start)
-        .ok_or_else(|| {
-            Error::DoesNotFit(format!(
-                "initramfs '{}' ({size} bytes) does not fit between {min_start:#x} and {max_end:#x}",
-                path.display()
-            ))
+        .ok_or_else(|| DoesNotFit::Initramfs {
+            path: path.to_path_buf(),
+            size,
+            min_start,
+            max_end,
         })?;
     let mut slice = mem
         .get_slice(GuestAddress(start), size as usize)
