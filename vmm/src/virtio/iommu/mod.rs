@@ -38,7 +38,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::chain::Buffer;
 use super::wake::Wake;
-use super::{ActivateContext, ActivateError, VirtioDevice};
+use super::{ActivateContext, ActivateError, QueueSetupError, VirtioDevice};
 use crate::dma::DmaSpace;
 
 /// Virtio device id of the IOMMU.
@@ -149,10 +149,11 @@ impl VirtioDevice for VirtioIommu {
             }
         }
         if requests.len() != usize::from(nreq) {
-            return Err(ActivateError::Queues(format!(
-                "{} of {nreq} request queues enabled",
-                requests.len()
-            )));
+            return Err(QueueSetupError::RequestQueues {
+                enabled: requests.len(),
+                needed: nreq,
+            }
+            .into());
         }
         let mut threads = Vec::new();
         for q in requests {
