@@ -28,7 +28,7 @@ use super::ctrl::{serve_ctrl_queue, CtrlCommand};
 use super::queue::{break_queue, pop_head, signal_used, WorkerQueue};
 use super::tap::{Tap, VNET_HDR_LEN};
 use crate::dma::DmaSpace;
-use crate::virtio::chain::{walk_into, Chain, MAX_CHAIN_DESCRIPTORS};
+use crate::virtio::chain::{walk_into, Chain, ChainError, MAX_CHAIN_DESCRIPTORS};
 use crate::virtio::wake::epoll_on;
 use crate::virtio::VirtioInterrupt;
 
@@ -75,7 +75,48 @@ enum Delivery {
     /// Too few buffers; the driver's avail index that was looked at (every
     /// buffer before it was considered, none after it).
     NoBuffers(Wrapping<u16>),
-    Broken(String),
+    /// The receive queue cannot be used any more.
+    Broken(RxError),
+}
+
+/// Why a frame's delivery broke the receive queue.
+#[derive(Debug, thiserror::Error)]
+enum RxError {
+    /// The avail ring cannot be read.
+    #[error("avail ring: {0}")]
+    AvailRing(#[source] virtio_queue::Error),
+    /// The chain pool did not grow (a bug, not the guest's doing).
+    #[error("internal chain pool")]
+    ChainPool,
+    /// The driver's chain is malformed.
+    #[error("receive chain {head}: {source}")]
+    Chain {
+        /// Its head index.
+        head: u16,
+        /// What is wrong with it.
+        source: ChainError,
+    },
+    /// A receive chain the device cannot write into.
+    #[error("receive chain {head} has no writable buffer")]
+    NoWritableBuffer {
+        /// Its head index.
+        head: u16,
+    },
+    /// The used ring cannot be written.
+    #[error("used ring: {0}")]
+    UsedRing(#[source] virtio_queue::Error),
+    /// A frame slice out of bounds (a bug, not the guest's doing).
+    #[error("internal frame bounds")]
+    FrameBounds,
+    /// A receive buffer cannot be written (the vIOMMU refuses it, or it is
+    /// not guest RAM).
+    #[error("receive buffer {addr:#x}: {source}")]
+    Buffer {
+        /// The buffer's address.
+        addr: u64,
+        /// The access error.
+        source: vm_memory::GuestMemoryError,
+    },
 }
 
 struct Worker {
@@ -169,20 +210,20 @@ fn deliver(
                 q.set_next_avail(saved);
                 return Delivery::NoBuffers(looked_at);
             }
-            Err(e) => return Delivery::Broken(format!("avail ring: {e}")),
+            Err(e) => return Delivery::Broken(RxError::AvailRing(e)),
         };
         if chains.len() <= n {
             chains.push(Chain::default());
         }
         let Some(chain) = chains.get_mut(n) else {
-            return Delivery::Broken("internal chain pool".into());
+            return Delivery::Broken(RxError::ChainPool);
         };
-        if let Err(e) = walk_into(mem, q.desc_table(), q.size(), head, chain) {
-            return Delivery::Broken(format!("receive chain {head}: {e}"));
+        if let Err(source) = walk_into(mem, q.desc_table(), q.size(), head, chain) {
+            return Delivery::Broken(RxError::Chain { head, source });
         }
         let cap = chain.writable_len();
         if cap == 0 {
-            return Delivery::Broken(format!("receive chain {head} has no writable buffer"));
+            return Delivery::Broken(RxError::NoWritableBuffer { head });
         }
         n += 1;
         if cap >= need {
@@ -194,7 +235,7 @@ fn deliver(
             // and hand the buffer back empty.
             return match q.add_used(mem, head, 0) {
                 Ok(()) => Delivery::Dropped(true),
-                Err(e) => Delivery::Broken(format!("used ring: {e}")),
+                Err(e) => Delivery::Broken(RxError::UsedRing(e)),
             };
         }
     }
@@ -211,16 +252,19 @@ fn deliver(
             }
             let want = (b.len as usize).min(len - off);
             let Some(src) = frame.get(off..off + want) else {
-                return Delivery::Broken("internal frame bounds".into());
+                return Delivery::Broken(RxError::FrameBounds);
             };
-            if let Err(e) = mem.write_slice(src, GuestAddress(b.addr)) {
-                return Delivery::Broken(format!("receive buffer {:#x}: {e}", b.addr));
+            if let Err(source) = mem.write_slice(src, GuestAddress(b.addr)) {
+                return Delivery::Broken(RxError::Buffer {
+                    addr: b.addr,
+                    source,
+                });
             }
             off += want;
             written += want as u32;
         }
         if let Err(e) = q.add_used(mem, chain.head, written) {
-            return Delivery::Broken(format!("used ring: {e}"));
+            return Delivery::Broken(RxError::UsedRing(e));
         }
     }
     Delivery::Done
@@ -507,7 +551,7 @@ impl Worker {
                 }
                 Delivery::Broken(why) => {
                     self.frame_len = None;
-                    break_queue(&mut self.p.rx, &*self.p.interrupt, &why);
+                    break_queue(&mut self.p.rx, &*self.p.interrupt, &why.to_string());
                     self.set_tap_polling(false);
                     break;
                 }
