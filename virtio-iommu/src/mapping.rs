@@ -14,8 +14,8 @@ use std::sync::Arc;
 pub use crate::invalidation::Invalidator;
 pub use crate::magazine::{Depot, DepotStats};
 pub use crate::space::{
-    DomainSpace, Fault, Limits, MapError, Perm, SpaceImpl, SpaceStats, Translation, UnmapError,
-    Worker, GPA_MAX, HUGE_PAGE_SIZE, IOVA_BITS, IOVA_MAX, PAGE_SIZE,
+    DomainSpace, Fault, Limits, MapError, Perm, SpaceImpl, SpaceStats, Translation,
+    UnknownSpaceImpl, UnmapError, Worker, GPA_MAX, HUGE_PAGE_SIZE, IOVA_BITS, IOVA_MAX, PAGE_SIZE,
 };
 use crate::table::TableWorker;
 

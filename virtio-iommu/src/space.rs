@@ -207,13 +207,21 @@ pub enum SpaceImpl {
     Baseline,
 }
 
+/// A [`SpaceImpl`] name that is neither `baseline` nor `scalable`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown iommu impl '{name}' (baseline|scalable)")]
+pub struct UnknownSpaceImpl {
+    /// The name given.
+    pub name: String,
+}
+
 impl std::str::FromStr for SpaceImpl {
-    type Err = String;
+    type Err = UnknownSpaceImpl;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "scalable" => Ok(SpaceImpl::Scalable),
             "baseline" => Ok(SpaceImpl::Baseline),
-            other => Err(format!("unknown iommu impl '{other}' (baseline|scalable)")),
+            other => Err(UnknownSpaceImpl { name: other.into() }),
         }
     }
 }

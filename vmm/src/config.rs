@@ -70,6 +70,20 @@ pub struct MemorySpec {
     pub shared: bool,
 }
 
+/// Why a [`MemorySpec`] is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum MemorySpecError {
+    /// Below [`MIN_MEMORY_SIZE`].
+    #[error("at least {} MiB are needed", MIN_MEMORY_SIZE >> 20)]
+    TooSmall,
+    /// Above [`MAX_MEMORY_SIZE`].
+    #[error("at most {} GiB are supported", MAX_MEMORY_SIZE >> 30)]
+    TooLarge,
+    /// Not whole pages.
+    #[error("size must be a multiple of 4 KiB")]
+    Unaligned,
+}
+
 impl MemoryConfig {
     /// Parses and validates `--memory`.
     pub fn parse(value: &str) -> Result<Self, Error> {
@@ -95,23 +109,20 @@ impl MemoryConfig {
             Some("on") => true,
             Some(other) => return Err(bad(format!("shared={other}: expected on or off"))),
         };
-        Self::from_spec(&MemorySpec { size, thp, shared }).map_err(bad)
+        Self::from_spec(&MemorySpec { size, thp, shared }).map_err(|e| bad(e.to_string()))
     }
 
     /// Checks a memory description from the command line or the API.
-    pub fn from_spec(spec: &MemorySpec) -> Result<Self, String> {
+    pub fn from_spec(spec: &MemorySpec) -> Result<Self, MemorySpecError> {
         let size = spec.size;
         if size < MIN_MEMORY_SIZE {
-            return Err(format!("at least {} MiB are needed", MIN_MEMORY_SIZE >> 20));
+            return Err(MemorySpecError::TooSmall);
         }
         if size > MAX_MEMORY_SIZE {
-            return Err(format!(
-                "at most {} GiB are supported",
-                MAX_MEMORY_SIZE >> 30
-            ));
+            return Err(MemorySpecError::TooLarge);
         }
         if size & 0xfff != 0 {
-            return Err("size must be a multiple of 4 KiB".into());
+            return Err(MemorySpecError::Unaligned);
         }
         Ok(Self {
             size,
@@ -161,6 +172,20 @@ impl Default for CpusSpec {
     }
 }
 
+/// Why a [`CpusSpec`] is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CpusSpecError {
+    /// `boot_vcpus` is 0 or above [`MAX_VCPUS`].
+    #[error("boot must be between 1 and {MAX_VCPUS}")]
+    Boot,
+    /// `max_vcpus` is below `boot_vcpus` or above [`MAX_VCPUS`].
+    #[error("max must be between boot ({boot}) and {MAX_VCPUS}")]
+    Max {
+        /// `boot_vcpus`.
+        boot: u64,
+    },
+}
+
 impl CpusConfig {
     /// Parses and validates `--cpus`.
     pub fn parse(value: &str) -> Result<Self, Error> {
@@ -187,24 +212,24 @@ impl CpusConfig {
             boot_vcpus,
             max_vcpus,
         })
-        .map_err(bad)
+        .map_err(|e| bad(e.to_string()))
     }
 
     /// Checks a vCPU description from the command line or the API.
-    pub fn from_spec(spec: &CpusSpec) -> Result<Self, String> {
+    pub fn from_spec(spec: &CpusSpec) -> Result<Self, CpusSpecError> {
         let limit = u64::from(MAX_VCPUS);
         let boot = spec.boot_vcpus;
         if boot == 0 || boot > limit {
-            return Err(format!("boot must be between 1 and {MAX_VCPUS}"));
+            return Err(CpusSpecError::Boot);
         }
         let max = spec.max_vcpus.unwrap_or(boot);
         if max < boot || max > limit {
-            return Err(format!("max must be between boot ({boot}) and {MAX_VCPUS}"));
+            return Err(CpusSpecError::Max { boot });
         }
         // Both are at most MAX_VCPUS (checked above), so they fit.
         Ok(Self {
-            boot: u8::try_from(boot).map_err(|e| e.to_string())?,
-            max: u8::try_from(max).map_err(|e| e.to_string())?,
+            boot: u8::try_from(boot).map_err(|_| CpusSpecError::Boot)?,
+            max: u8::try_from(max).map_err(|_| CpusSpecError::Max { boot })?,
         })
     }
 
@@ -257,6 +282,26 @@ pub struct ConsoleSpec {
     pub file: Option<PathBuf>,
 }
 
+/// Why a [`ConsoleSpec`] is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsoleSpecError {
+    /// [`ConsoleMode::File`] without a path.
+    #[error("mode File needs a file path")]
+    NoFile,
+    /// A mode dmavisor does not implement.
+    #[error("mode {mode:?} is not supported (Tty, File, Off or Null)")]
+    Unsupported {
+        /// The mode given.
+        mode: ConsoleMode,
+    },
+    /// A file with another mode than [`ConsoleMode::File`].
+    #[error("a file goes with mode File, not {mode:?}")]
+    FileWithoutFileMode {
+        /// The mode given.
+        mode: ConsoleMode,
+    },
+}
+
 impl SerialConfig {
     /// Parses `--serial`.
     pub fn parse(value: &str) -> Result<Self, Error> {
@@ -282,21 +327,20 @@ impl SerialConfig {
                 None => return Err(bad("expected tty, file=PATH or off".into())),
             },
         };
-        Self::from_spec(&spec).map_err(bad)
+        Self::from_spec(&spec).map_err(|e| bad(e.to_string()))
     }
 
     /// Checks a serial port description from the command line or the API.
-    pub fn from_spec(spec: &ConsoleSpec) -> Result<Self, String> {
+    pub fn from_spec(spec: &ConsoleSpec) -> Result<Self, ConsoleSpecError> {
         match (spec.mode, &spec.file) {
             (ConsoleMode::Tty, None) => Ok(Self::Tty),
             (ConsoleMode::Off | ConsoleMode::Null, None) => Ok(Self::Off),
             (ConsoleMode::File, Some(p)) if !p.as_os_str().is_empty() => Ok(Self::File(p.clone())),
-            (ConsoleMode::File, _) => Err("mode File needs a file path".into()),
-            (ConsoleMode::Pty | ConsoleMode::Socket, _) => Err(format!(
-                "mode {:?} is not supported (Tty, File, Off or Null)",
-                spec.mode
-            )),
-            (_, Some(_)) => Err(format!("a file goes with mode File, not {:?}", spec.mode)),
+            (ConsoleMode::File, _) => Err(ConsoleSpecError::NoFile),
+            (mode @ (ConsoleMode::Pty | ConsoleMode::Socket), _) => {
+                Err(ConsoleSpecError::Unsupported { mode })
+            }
+            (mode, Some(_)) => Err(ConsoleSpecError::FileWithoutFileMode { mode }),
         }
     }
 

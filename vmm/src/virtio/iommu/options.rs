@@ -74,6 +74,26 @@ pub struct IommuSpec {
     pub requests: Option<String>,
 }
 
+/// Why an [`IommuSpec`] is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum IommuSpecError {
+    /// `impl` names no implementation.
+    #[error(transparent)]
+    SpaceImpl(#[from] virtio_iommu::mapping::UnknownSpaceImpl),
+    /// `queues` out of range.
+    #[error("queues must be 1..={MAX_REQUEST_QUEUES}, not '{queues}'")]
+    Queues {
+        /// The number given.
+        queues: u64,
+    },
+    /// `requests` is neither `inline` nor `thread`.
+    #[error("requests must be inline or thread, not '{requests}'")]
+    Requests {
+        /// The text given.
+        requests: String,
+    },
+}
+
 impl IommuOptions {
     /// Parses `--iommu`; an empty value means the defaults.
     pub fn parse(value: &str) -> Result<Self, Error> {
@@ -101,11 +121,11 @@ impl IommuOptions {
             queues,
             requests: opts.get("requests").cloned(),
         };
-        Self::from_spec(&spec).map_err(bad)
+        Self::from_spec(&spec).map_err(|e| bad(e.to_string()))
     }
 
     /// Checks vIOMMU options from the command line or the API.
-    pub fn from_spec(spec: &IommuSpec) -> Result<Self, String> {
+    pub fn from_spec(spec: &IommuSpec) -> Result<Self, IommuSpecError> {
         let mut o = Self {
             bypass: spec.bypass,
             ..Self::default()
@@ -117,13 +137,17 @@ impl IommuOptions {
             o.queues = u16::try_from(q)
                 .ok()
                 .filter(|n| (1..=MAX_REQUEST_QUEUES).contains(n))
-                .ok_or_else(|| format!("queues must be 1..={MAX_REQUEST_QUEUES}, not '{q}'"))?;
+                .ok_or(IommuSpecError::Queues { queues: q })?;
         }
         if let Some(r) = &spec.requests {
             o.requests = match r.as_str() {
                 "inline" => RequestServing::Inline,
                 "thread" => RequestServing::Thread,
-                other => return Err(format!("requests must be inline or thread, not '{other}'")),
+                other => {
+                    return Err(IommuSpecError::Requests {
+                        requests: other.into(),
+                    })
+                }
             };
         }
         Ok(o)
