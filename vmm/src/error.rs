@@ -94,6 +94,9 @@ pub enum Error {
     /// valid: only a different dmavisor binary could have written it.
     #[error("the VM configuration handed over by vm.reboot: {0}")]
     HandedOver(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// Building the VM failed at one of `vm::start`'s steps.
+    #[error("{0}")]
+    Start(#[from] StartError),
     /// Creating a thread or event fd failed.
     #[error("{what}: {source}")]
     Os {
@@ -214,9 +217,97 @@ impl Error {
     pub fn device(e: impl std::error::Error + Send + Sync + 'static) -> Self {
         Self::Device(Box::new(e))
     }
+
+    /// The error itself, or the one the failed build step reported: what
+    /// decides the exit status.
+    pub fn step_error(&self) -> &Error {
+        match self {
+            Self::Start(e) => e.error().step_error(),
+            other => other,
+        }
+    }
+}
+
+/// Why `vm::start` failed: one variant per build step (in their order),
+/// each wrapping the error that step reported. The message is the step's
+/// error alone, as before the steps were named; the variant says where.
+#[derive(Debug, Error)]
+pub enum StartError {
+    /// An assigned function (`--device`) is not bound to vfio-pci; checked
+    /// before anything is built.
+    #[error("{0}")]
+    CheckDevices(#[source] Box<Error>),
+    /// Guest RAM, the kernel, initramfs, command line and boot data.
+    #[error("{0}")]
+    MemoryAndBoot(#[source] Box<Error>),
+    /// Opening KVM and creating the VM (irqchip, PIT, memory slots).
+    #[error("{0}")]
+    KvmVm(#[source] Box<Error>),
+    /// The buses, COM1, power and reset ports, power button, hotplug
+    /// registers, PCI configuration access.
+    #[error("{0}")]
+    LegacyDevices(#[source] Box<Error>),
+    /// The vIOMMU, `--net`, `--disk`, `--dma-test` and `--device`.
+    #[error("{0}")]
+    PciDevices(#[source] Box<Error>),
+    /// The ACPI tables.
+    #[error("{0}")]
+    Acpi(#[source] Box<Error>),
+    /// The PCI hotplug thread.
+    #[error("{0}")]
+    Hotplug(#[source] Box<Error>),
+    /// Creating and configuring the vCPUs.
+    #[error("{0}")]
+    Vcpus(#[source] Box<Error>),
+    /// Starting the vCPU and stdin threads.
+    #[error("{0}")]
+    Threads(#[source] Box<Error>),
+}
+
+impl StartError {
+    /// The error the step reported.
+    pub fn error(&self) -> &Error {
+        match self {
+            Self::CheckDevices(e)
+            | Self::MemoryAndBoot(e)
+            | Self::KvmVm(e)
+            | Self::LegacyDevices(e)
+            | Self::PciDevices(e)
+            | Self::Acpi(e)
+            | Self::Hotplug(e)
+            | Self::Vcpus(e)
+            | Self::Threads(e) => e,
+        }
+    }
+
+    /// `variant` (a step) as a `map_err` argument: `step(StartError::Acpi)`.
+    pub fn step(variant: fn(Box<Error>) -> Self) -> impl FnOnce(Error) -> Self {
+        move |e| variant(Box::new(e))
+    }
 }
 
 /// Shorthand for KVM ioctl errors.
 pub fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
     move |source| Error::KvmIoctl { what, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_step_prints_its_error_and_keeps_it_for_the_exit_status() {
+        let inner = Error::InvalidOption {
+            option: "cpus",
+            value: "boot=200".into(),
+            reason: "this host's KVM supports at most 8 vCPUs".into(),
+        };
+        let message = inner.to_string();
+        let e = Error::from(StartError::step(StartError::KvmVm)(inner));
+        assert_eq!(e.to_string(), message);
+        assert!(matches!(&e, Error::Start(StartError::KvmVm(_))));
+        assert!(matches!(e.step_error(), Error::InvalidOption { .. }));
+        let source = std::error::Error::source(&e).map(ToString::to_string);
+        assert_eq!(source, Some(message));
+    }
 }

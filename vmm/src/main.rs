@@ -69,10 +69,13 @@ fn main() {
     init_logging(cli.verbose);
     panic_exit::install();
     let (exit_tx, exit_rx) = channel();
-    let vmm = Arc::new(Controller::new(exit_tx, Box::new(vm::start)));
+    let vmm = Arc::new(Controller::new(
+        exit_tx,
+        Box::new(|config, exit| Ok(vm::start(config, exit)?)),
+    ));
     if let Err(e) = start(&cli, &vmm, inherited) {
         eprintln!("dmavisor: error: {e}");
-        let code = if matches!(e, Error::InvalidOption { .. }) {
+        let code = if matches!(e.step_error(), Error::InvalidOption { .. }) {
             2
         } else {
             1
