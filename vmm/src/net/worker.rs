@@ -119,8 +119,11 @@ enum RxError {
     },
 }
 
-struct Worker {
-    p: WorkerParts,
+/// The state of the thread serving one queue pair (its loop is
+/// [`QueuePairWorker::run`]).
+struct QueuePairWorker {
+    /// The queue pair, its TAP queue and what they share with the device.
+    pair: WorkerParts,
     epoll: Epoll,
     frame: Vec<u8>,
     frame_len: Option<usize>,
@@ -270,22 +273,22 @@ fn deliver(
     Delivery::Done
 }
 
-impl Worker {
-    fn new(p: WorkerParts) -> io::Result<Self> {
+impl QueuePairWorker {
+    fn new(pair: WorkerParts) -> io::Result<Self> {
         let mut fds = vec![
-            (p.stop.as_raw_fd(), TOKEN_STOP),
-            (p.rx.kick.as_raw_fd(), TOKEN_RX),
-            (p.tx.kick.as_raw_fd(), TOKEN_TX),
-            (p.tap.as_raw_fd(), TOKEN_TAP),
+            (pair.stop.as_raw_fd(), TOKEN_STOP),
+            (pair.rx.kick.as_raw_fd(), TOKEN_RX),
+            (pair.tx.kick.as_raw_fd(), TOKEN_TX),
+            (pair.tap.as_raw_fd(), TOKEN_TAP),
         ];
-        if let Some(c) = &p.ctrl {
+        if let Some(c) = &pair.ctrl {
             fds.push((c.kick.as_raw_fd(), TOKEN_CTRL));
         }
         let epoll = epoll_on(&fds)?;
-        let reader = p.mem.reader();
+        let reader = pair.mem.reader();
         Ok(Self {
             reader,
-            p,
+            pair,
             epoll,
             frame: vec![0u8; MAX_FRAME],
             frame_len: None,
@@ -303,7 +306,7 @@ impl Worker {
         if self.tap_polled == on {
             return;
         }
-        let fd = self.p.tap.as_raw_fd();
+        let fd = self.pair.tap.as_raw_fd();
         let r = if on {
             self.epoll.ctl(
                 ControlOperation::Add,
@@ -323,7 +326,7 @@ impl Worker {
     fn run(mut self) {
         let mut events = vec![EpollEvent::default(); 8];
         // Buffers or frames may already be waiting.
-        if self.p.mem.bus_master() {
+        if self.pair.mem.bus_master() {
             self.process_tx();
             self.process_rx();
         }
@@ -333,7 +336,7 @@ impl Worker {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     warn!("virtio-net worker: epoll: {e}");
-                    self.p.interrupt.set_needs_reset();
+                    self.pair.interrupt.set_needs_reset();
                     return;
                 }
             };
@@ -348,19 +351,19 @@ impl Worker {
                         return;
                     }
                     TOKEN_TX => {
-                        let _ = self.p.tx.kick.read();
+                        let _ = self.pair.tx.kick.read();
                     }
                     TOKEN_RX => {
-                        let _ = self.p.rx.kick.read();
+                        let _ = self.pair.rx.kick.read();
                     }
                     TOKEN_CTRL => {
-                        if let Some(c) = &self.p.ctrl {
+                        if let Some(c) = &self.pair.ctrl {
                             let _ = c.kick.read();
                         }
                     }
                     _ => {}
                 }
-                if !self.p.mem.bus_master() {
+                if !self.pair.mem.bus_master() {
                     // No DMA without bus mastering: the rings stay as they
                     // are and frames wait in the TAP until the transport
                     // kicks every queue when the bit is set again.
@@ -387,15 +390,14 @@ impl Worker {
         let mut iov: Vec<libc::iovec> = Vec::with_capacity(self.chain.readable.len());
         let mut total = 0usize;
         for b in &self.chain.readable {
-            let slices =
-                match self
-                    .p
-                    .mem
-                    .get_slices(GuestAddress(b.addr), b.len as usize, Permissions::Read)
-                {
-                    Ok(s) => s,
-                    Err(_) => return false,
-                };
+            let slices = match self.pair.mem.get_slices(
+                GuestAddress(b.addr),
+                b.len as usize,
+                Permissions::Read,
+            ) {
+                Ok(s) => s,
+                Err(_) => return false,
+            };
             for s in slices {
                 let Ok(s) = s else {
                     return false;
@@ -414,7 +416,7 @@ impl Worker {
             self.tx_dropped += 1;
             return true;
         }
-        if let Err(e) = self.p.tap.write_iov(&iov) {
+        if let Err(e) = self.pair.tap.write_iov(&iov) {
             self.tx_dropped += 1;
             debug!("virtio-net: TAP write: {e}");
         }
@@ -422,81 +424,97 @@ impl Worker {
     }
 
     fn process_tx(&mut self) {
-        if self.p.tx.broken {
+        if self.pair.tx.broken {
             return;
         }
         let mut used_any = false;
         let reader = self.reader.clone();
         loop {
-            if let Err(e) = self.p.tx.queue.disable_notification(&self.p.mem) {
-                break_queue(&mut self.p.tx, &*self.p.interrupt, &format!("ring: {e}"));
+            if let Err(e) = self.pair.tx.queue.disable_notification(&self.pair.mem) {
+                break_queue(
+                    &mut self.pair.tx,
+                    &*self.pair.interrupt,
+                    &format!("ring: {e}"),
+                );
                 return;
             }
             loop {
                 // One chain per section: translate, send, mark used.
                 let _section = reader.as_deref().map(ReaderSlot::enter);
-                let head = match pop_head(&mut self.p.tx.queue, &self.p.mem) {
+                let head = match pop_head(&mut self.pair.tx.queue, &self.pair.mem) {
                     Ok(Some(h)) => h,
                     Ok(None) => break,
                     Err(e) => {
                         let why = format!("avail ring: {e}");
-                        break_queue(&mut self.p.tx, &*self.p.interrupt, &why);
+                        break_queue(&mut self.pair.tx, &*self.pair.interrupt, &why);
                         return;
                     }
                 };
-                let q = &self.p.tx.queue;
-                if let Err(e) =
-                    walk_into(&self.p.mem, q.desc_table(), q.size(), head, &mut self.chain)
-                {
+                let q = &self.pair.tx.queue;
+                if let Err(e) = walk_into(
+                    &self.pair.mem,
+                    q.desc_table(),
+                    q.size(),
+                    head,
+                    &mut self.chain,
+                ) {
                     let why = format!("transmit chain {head}: {e}");
-                    break_queue(&mut self.p.tx, &*self.p.interrupt, &why);
+                    break_queue(&mut self.pair.tx, &*self.pair.interrupt, &why);
                     return;
                 }
                 if !self.send_chain() {
                     let why = format!("transmit chain {head}: buffer not accessible");
-                    break_queue(&mut self.p.tx, &*self.p.interrupt, &why);
+                    break_queue(&mut self.pair.tx, &*self.pair.interrupt, &why);
                     return;
                 }
-                if let Err(e) = self.p.tx.queue.add_used(&self.p.mem, head, 0) {
+                if let Err(e) = self.pair.tx.queue.add_used(&self.pair.mem, head, 0) {
                     break_queue(
-                        &mut self.p.tx,
-                        &*self.p.interrupt,
+                        &mut self.pair.tx,
+                        &*self.pair.interrupt,
                         &format!("used ring: {e}"),
                     );
                     return;
                 }
                 used_any = true;
             }
-            match self.p.tx.queue.enable_notification(&self.p.mem) {
+            match self.pair.tx.queue.enable_notification(&self.pair.mem) {
                 Ok(true) => continue,
                 Ok(false) => break,
                 Err(e) => {
-                    break_queue(&mut self.p.tx, &*self.p.interrupt, &format!("ring: {e}"));
+                    break_queue(
+                        &mut self.pair.tx,
+                        &*self.pair.interrupt,
+                        &format!("ring: {e}"),
+                    );
                     return;
                 }
             }
         }
         if used_any {
-            signal_used(&mut self.p.tx, &self.p.mem, &*self.p.interrupt);
+            signal_used(&mut self.pair.tx, &self.pair.mem, &*self.pair.interrupt);
         }
     }
 
     fn process_rx(&mut self) {
-        if self.p.rx.broken {
+        if self.pair.rx.broken {
             self.set_tap_polling(false);
             return;
         }
         let mut used_any = false;
         let reader = self.reader.clone();
-        if let Err(e) = self.p.rx.queue.disable_notification(&self.p.mem) {
-            break_queue(&mut self.p.rx, &*self.p.interrupt, &format!("ring: {e}"));
+        if let Err(e) = self.pair.rx.queue.disable_notification(&self.pair.mem) {
+            break_queue(
+                &mut self.pair.rx,
+                &*self.pair.interrupt,
+                &format!("ring: {e}"),
+            );
             self.set_tap_polling(false);
             return;
         }
         loop {
             let len = match self.frame_len {
                 Some(l) => l,
-                None => match self.p.tap.read_frame(&mut self.frame) {
+                None => match self.pair.tap.read_frame(&mut self.frame) {
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) => {
@@ -512,12 +530,12 @@ impl Worker {
             // One frame per section: translate, copy, mark used.
             let section = reader.as_deref().map(ReaderSlot::enter);
             let delivery = deliver(
-                &self.p.mem,
-                &mut self.p.rx.queue,
+                &self.pair.mem,
+                &mut self.pair.rx.queue,
                 &mut self.frame,
                 len,
                 &mut self.chains,
-                self.p.mrg_rxbuf,
+                self.pair.mrg_rxbuf,
             );
             drop(section);
             match delivery {
@@ -533,17 +551,21 @@ impl Worker {
                     // Hand over what was delivered so the driver can refill,
                     // then ask for a kick on its next buffer.
                     if used_any {
-                        signal_used(&mut self.p.rx, &self.p.mem, &*self.p.interrupt);
+                        signal_used(&mut self.pair.rx, &self.pair.mem, &*self.pair.interrupt);
                         used_any = false;
                     }
-                    match arm_rx_kick(&mut self.p.rx.queue, &self.p.mem, looked_at) {
+                    match arm_rx_kick(&mut self.pair.rx.queue, &self.pair.mem, looked_at) {
                         Ok(true) => continue,
                         Ok(false) => {
                             self.set_tap_polling(false);
                             break;
                         }
                         Err(e) => {
-                            break_queue(&mut self.p.rx, &*self.p.interrupt, &format!("ring: {e}"));
+                            break_queue(
+                                &mut self.pair.rx,
+                                &*self.pair.interrupt,
+                                &format!("ring: {e}"),
+                            );
                             self.set_tap_polling(false);
                             break;
                         }
@@ -551,31 +573,31 @@ impl Worker {
                 }
                 Delivery::Broken(why) => {
                     self.frame_len = None;
-                    break_queue(&mut self.p.rx, &*self.p.interrupt, &why.to_string());
+                    break_queue(&mut self.pair.rx, &*self.pair.interrupt, &why.to_string());
                     self.set_tap_polling(false);
                     break;
                 }
             }
         }
         if used_any {
-            signal_used(&mut self.p.rx, &self.p.mem, &*self.p.interrupt);
+            signal_used(&mut self.pair.rx, &self.pair.mem, &*self.pair.interrupt);
         }
     }
 
     fn process_ctrl(&mut self) {
-        let Some(mut c) = self.p.ctrl.take() else {
+        let Some(mut c) = self.pair.ctrl.take() else {
             return;
         };
-        let (taps, kicks) = (&self.p.all_taps, &self.p.all_rx_kicks);
+        let (taps, kicks) = (&self.pair.all_taps, &self.pair.all_rx_kicks);
         serve_ctrl_queue(
             &mut c,
-            &self.p.mem,
-            &*self.p.interrupt,
+            &self.pair.mem,
+            &*self.pair.interrupt,
             self.reader.as_deref(),
             &mut self.chain,
             &mut |cmd| set_queue_pairs(taps, kicks, cmd),
         );
-        self.p.ctrl = Some(c);
+        self.pair.ctrl = Some(c);
     }
 }
 
@@ -604,7 +626,7 @@ fn set_queue_pairs(taps: &[Arc<Tap>], rx_kicks: &[EventFd], cmd: CtrlCommand) ->
 /// Runs a worker on the current thread until its stop eventfd is written.
 pub fn run_worker(parts: WorkerParts) {
     let interrupt = parts.interrupt.clone();
-    match Worker::new(parts) {
+    match QueuePairWorker::new(parts) {
         Ok(w) => w.run(),
         Err(e) => {
             warn!("virtio-net worker could not start: {e}");

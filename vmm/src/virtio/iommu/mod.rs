@@ -3,7 +3,7 @@
 //!
 //! This file is the glue: the [`VirtioDevice`] implementation, feature and
 //! config plumbing, and the threads' lifetime. The queue work lives in
-//! [`request`] (one thread and one library `Worker` per request queue) and
+//! [`request`] (one thread and one library `QueueContext` per request queue) and
 //! [`event`] (fault events to the event queue).
 //!
 //! The vIOMMU's own rings are not translated: the transport is given an
