@@ -640,6 +640,7 @@ mod tests {
     use super::*;
     use crate::memory::GuestMemoryMmap;
     use crate::virtio::chain::{VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
+    use crate::virtio::test_ring::{leaked_ram, DriverRing, RingAddrs};
 
     const DESC: u64 = 0x1000;
     const AVAIL: u64 = 0x2000;
@@ -647,61 +648,44 @@ mod tests {
     const SIZE: u16 = 8;
 
     struct Ring {
-        mem: GuestMemoryMmap,
+        mem: &'static GuestMemoryMmap,
         dma: DmaSpace,
         queue: Queue,
-        avail_idx: u16,
+        driver: DriverRing<'static>,
     }
 
     impl Ring {
         fn new() -> Self {
-            let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x20000)]).unwrap();
+            let mem = leaked_ram(0x20000);
             let dma = DmaSpace::identity(mem.clone());
-            let mut queue = Queue::new(SIZE).unwrap();
-            queue.try_set_size(SIZE).unwrap();
-            queue
-                .try_set_desc_table_address(GuestAddress(DESC))
-                .unwrap();
-            queue
-                .try_set_avail_ring_address(GuestAddress(AVAIL))
-                .unwrap();
-            queue.try_set_used_ring_address(GuestAddress(USED)).unwrap();
-            queue.set_ready(true);
+            let addrs = RingAddrs {
+                desc: DESC,
+                avail: AVAIL,
+                used: USED,
+            };
+            let driver = DriverRing::new(mem, addrs, SIZE);
             Self {
                 mem,
                 dma,
-                queue,
-                avail_idx: 0,
+                queue: driver.queue(),
+                driver,
             }
         }
 
         fn desc(&self, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
-            let at = DESC + u64::from(i) * 16;
-            self.mem.write_obj(addr, GuestAddress(at)).unwrap();
-            self.mem.write_obj(len, GuestAddress(at + 8)).unwrap();
-            self.mem.write_obj(flags, GuestAddress(at + 12)).unwrap();
-            self.mem.write_obj(next, GuestAddress(at + 14)).unwrap();
+            self.driver.desc(i, addr, len, flags, next);
         }
 
         fn offer(&mut self, head: u16) {
-            let slot = AVAIL + 4 + u64::from(self.avail_idx % SIZE) * 2;
-            self.mem.write_obj(head, GuestAddress(slot)).unwrap();
-            self.avail_idx = self.avail_idx.wrapping_add(1);
-            self.mem
-                .write_obj(self.avail_idx, GuestAddress(AVAIL + 2))
-                .unwrap();
+            self.driver.offer(head);
         }
 
         fn used_idx(&self) -> u16 {
-            self.mem.read_obj(GuestAddress(USED + 2)).unwrap()
+            self.driver.used_idx()
         }
 
         fn used(&self, i: u64) -> (u32, u32) {
-            let at = USED + 4 + i * 8;
-            (
-                self.mem.read_obj(GuestAddress(at)).unwrap(),
-                self.mem.read_obj(GuestAddress(at + 4)).unwrap(),
-            )
+            self.driver.used(i)
         }
 
         fn deliver(&mut self, frame: &mut [u8], mrg: bool) -> Delivery {
@@ -751,7 +735,7 @@ mod tests {
         iommu.map(1, 0x9000, 0x1000, 0x9000, RW);
         iommu.map(1, 0xa000, 0x16000, 0xa000, RW);
         iommu.unmap(1, 0x9000, 0x1000);
-        r.dma = iommu.space(&r.mem);
+        r.dma = iommu.space(r.mem);
         r.mem
             .write_slice(&[0xc5; 4096], GuestAddress(0x9000))
             .unwrap();
@@ -895,7 +879,7 @@ mod tests {
         ));
         // The avail index jumps by more than the queue size.
         let mut r = Ring::new();
-        r.mem.write_obj(100u16, GuestAddress(AVAIL + 2)).unwrap();
+        r.driver.set_avail_idx(100);
         assert!(matches!(
             r.deliver(&mut frame(100), true),
             Delivery::Broken(_)

@@ -16,6 +16,8 @@ pub mod iommu;
 pub mod msix;
 pub mod pci;
 pub mod plug;
+#[cfg(test)]
+pub(crate) mod test_ring;
 pub mod wake;
 
 use std::sync::Arc;
