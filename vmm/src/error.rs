@@ -34,7 +34,8 @@ pub enum Error {
         /// Path given.
         path: PathBuf,
         /// Why loading failed.
-        reason: String,
+        #[source]
+        reason: KernelRejected,
     },
     /// The kernel, initramfs or boot data do not fit in guest memory.
     #[error("guest memory too small: {0}")]
@@ -105,6 +106,36 @@ pub enum Error {
         /// OS error.
         source: std::io::Error,
     },
+}
+
+/// Why a kernel file cannot be booted ([`Error::NotAKernel`]).
+#[derive(Debug, Error)]
+pub enum KernelRejected {
+    /// An ELF file the loader refuses.
+    #[error("{0}")]
+    Elf(#[source] linux_loader::loader::Error),
+    /// An ELF vmlinux without the PVH entry point.
+    #[error("ELF image has no PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY); use the bzImage")]
+    NoPvhEntry,
+    /// Not ELF, and not a bzImage the loader accepts.
+    #[error("neither an ELF vmlinux nor a loadable bzImage ({0})")]
+    NotBzImage(#[source] linux_loader::loader::Error),
+    /// A bzImage without its setup header.
+    #[error("bzImage without setup header")]
+    NoSetupHeader,
+    /// A boot protocol older than 2.12.
+    #[error(
+        "boot protocol {}.{:02} is too old for 64-bit entry (need 2.12)",
+        version >> 8,
+        version & 0xff
+    )]
+    OldProtocol {
+        /// The setup header's protocol version.
+        version: u16,
+    },
+    /// A bzImage without XLF_KERNEL_64.
+    #[error("bzImage has no 64-bit entry point")]
+    No64BitEntry,
 }
 
 /// Hint appended to every "no usable KVM" message.
