@@ -39,7 +39,7 @@ use crate::space::{
     DomainSpace, Fault, Limits, MapError, Perm, QueueContext, SpaceStats, Translation, UnmapError,
     WorkerState,
 };
-pub use audit::Audit;
+pub use audit::{Audit, AuditError};
 pub(crate) use quota::Padded;
 use quota::{Credits, Shard, SHARDS};
 use retire::{release_credits, retire_candidates, trim_credits};
@@ -318,7 +318,7 @@ impl ScalableSpace {
     /// Checks that the table's redundant state agrees (live counts, head
     /// and tail markers, counters, node count). Only meaningful while no
     /// request is in progress on the domain; for tests and debugging.
-    pub fn audit(&self) -> Result<Audit, String> {
+    pub fn audit(&self) -> Result<Audit, AuditError> {
         audit::audit(&self.table)
     }
 }
