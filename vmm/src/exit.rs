@@ -124,4 +124,25 @@ mod tests {
             .describe()
             .contains("triple fault"));
     }
+
+    #[test]
+    fn failures_read_as_one_line() {
+        let internal = ExitEvent::Error(Failure::KvmInternal {
+            vcpu: 2,
+            suberror: 1,
+        });
+        assert_eq!(
+            internal.describe(),
+            "KVM internal error on vCPU 2 (suberror 1); the guest did something KVM cannot emulate"
+        );
+        let event = Failure::UnknownSystemEvent {
+            kind: 9,
+            data: vec![1, 2],
+            vcpu: 0,
+        };
+        assert_eq!(
+            event.to_string(),
+            "unknown KVM system event 9 ([1, 2]) on vCPU 0"
+        );
+    }
 }
