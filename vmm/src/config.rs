@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Error;
+use crate::error::{Error, OptionReason};
 use crate::memory::layout::{MAX_MEMORY_SIZE, MIN_MEMORY_SIZE};
 
 /// Largest vCPU count accepted: APIC ids must fit the 8-bit MADT field and
@@ -88,7 +88,7 @@ impl MemoryConfig {
     /// Parses and validates `--memory`.
     pub fn parse(value: &str) -> Result<Self, Error> {
         let opts = parse_options("memory", value, &["size", "thp", "shared"])?;
-        let bad = |reason: String| Error::InvalidOption {
+        let bad = |reason: OptionReason| Error::InvalidOption {
             option: "memory",
             value: value.to_string(),
             reason,
@@ -97,19 +97,19 @@ impl MemoryConfig {
             .get("size")
             .ok_or_else(|| bad("size=... is required".into()))?;
         let size = parse_size(text)
-            .ok_or_else(|| bad(format!("'{text}' is not a size such as 512M or 2G")))?;
+            .ok_or_else(|| bad(format!("'{text}' is not a size such as 512M or 2G").into()))?;
         let thp = match opts.get("thp").map(String::as_str) {
             None => None,
             Some("on") => Some(true),
             Some("off") => Some(false),
-            Some(other) => return Err(bad(format!("thp={other}: expected on or off"))),
+            Some(other) => return Err(bad(format!("thp={other}: expected on or off").into())),
         };
         let shared = match opts.get("shared").map(String::as_str) {
             None | Some("off") => false,
             Some("on") => true,
-            Some(other) => return Err(bad(format!("shared={other}: expected on or off"))),
+            Some(other) => return Err(bad(format!("shared={other}: expected on or off").into())),
         };
-        Self::from_spec(&MemorySpec { size, thp, shared }).map_err(|e| bad(e.to_string()))
+        Self::from_spec(&MemorySpec { size, thp, shared }).map_err(|e| bad(e.into()))
     }
 
     /// Checks a memory description from the command line or the API.
@@ -190,7 +190,7 @@ impl CpusConfig {
     /// Parses and validates `--cpus`.
     pub fn parse(value: &str) -> Result<Self, Error> {
         let opts = parse_options("cpus", value, &["boot", "max"])?;
-        let bad = |reason: String| Error::InvalidOption {
+        let bad = |reason: OptionReason| Error::InvalidOption {
             option: "cpus",
             value: value.to_string(),
             reason,
@@ -200,19 +200,19 @@ impl CpusConfig {
             .ok_or_else(|| bad("boot=N is required".into()))?;
         let boot_vcpus = text
             .parse()
-            .map_err(|_| bad(format!("'{text}' is not a number")))?;
+            .map_err(|_| bad(format!("'{text}' is not a number").into()))?;
         let max_vcpus = match opts.get("max") {
             None => None,
             Some(text) => Some(
                 text.parse()
-                    .map_err(|_| bad(format!("max: '{text}' is not a number")))?,
+                    .map_err(|_| bad(format!("max: '{text}' is not a number").into()))?,
             ),
         };
         Self::from_spec(&CpusSpec {
             boot_vcpus,
             max_vcpus,
         })
-        .map_err(|e| bad(e.to_string()))
+        .map_err(|e| bad(e.into()))
     }
 
     /// Checks a vCPU description from the command line or the API.
@@ -305,7 +305,7 @@ pub enum ConsoleSpecError {
 impl SerialConfig {
     /// Parses `--serial`.
     pub fn parse(value: &str) -> Result<Self, Error> {
-        let bad = |reason: String| Error::InvalidOption {
+        let bad = |reason: OptionReason| Error::InvalidOption {
             option: "serial",
             value: value.to_string(),
             reason,
@@ -327,7 +327,7 @@ impl SerialConfig {
                 None => return Err(bad("expected tty, file=PATH or off".into())),
             },
         };
-        Self::from_spec(&spec).map_err(|e| bad(e.to_string()))
+        Self::from_spec(&spec).map_err(|e| bad(e.into()))
     }
 
     /// Checks a serial port description from the command line or the API.

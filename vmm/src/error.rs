@@ -5,6 +5,9 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
+/// Why a command line option is refused ([`Error::InvalidOption`]).
+pub type OptionReason = Box<dyn std::error::Error + Send + Sync>;
+
 /// Everything that can stop the VMM before or while the guest runs.
 #[derive(Debug, Error)]
 pub enum Error {
@@ -15,8 +18,10 @@ pub enum Error {
         option: &'static str,
         /// The text given.
         value: String,
-        /// What is wrong with it.
-        reason: String,
+        /// What is wrong with it: a sentence, or the section's own error
+        /// (`NetSpecError`, ...).
+        #[source]
+        reason: OptionReason,
     },
     /// A file named on the command line cannot be opened or read.
     #[error("cannot read {what} '{path}': {source}")]

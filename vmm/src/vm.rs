@@ -184,7 +184,7 @@ fn create_kvm_vm(config: &VmConfig, mem: &GuestMemoryMmap) -> Result<(Kvm, Arc<V
         return Err(Error::InvalidOption {
             option: "cpus",
             value: format!("boot={}", config.cpus.boot),
-            reason: format!("this host's KVM supports at most {max_vcpus} vCPUs"),
+            reason: format!("this host's KVM supports at most {max_vcpus} vCPUs").into(),
         });
     }
     if config.cpus.max > config.cpus.boot {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Error;
+use crate::error::{Error, OptionReason};
 use crate::options::parse_options;
 
 /// Most request queues one disk may have (one worker thread each).
@@ -80,7 +80,7 @@ fn on_off(value: &str, key: &str, v: Option<&String>) -> Result<bool, Error> {
         Some(o) => Err(Error::InvalidOption {
             option: "disk",
             value: value.to_string(),
-            reason: format!("{key} must be on or off, not '{o}'"),
+            reason: format!("{key} must be on or off, not '{o}'").into(),
         }),
     }
 }
@@ -126,7 +126,7 @@ impl DiskConfig {
                 "id",
             ],
         )?;
-        let bad = |reason: String| Error::InvalidOption {
+        let bad = |reason: OptionReason| Error::InvalidOption {
             option: "disk",
             value: value.to_string(),
             reason,
@@ -135,7 +135,7 @@ impl DiskConfig {
             opts.get(key)
                 .map(|t| {
                     t.parse::<u64>()
-                        .map_err(|_| bad(format!("{key} '{t}' is not a number")))
+                        .map_err(|_| bad(format!("{key} '{t}' is not a number").into()))
                 })
                 .transpose()
         };
@@ -148,7 +148,7 @@ impl DiskConfig {
             id: opts.get("id").cloned(),
             ..DiskSpec::default()
         };
-        Self::from_spec(&spec).map_err(|e| bad(e.to_string()))
+        Self::from_spec(&spec).map_err(|e| bad(e.into()))
     }
 
     /// Checks a disk description from the command line or the API.

@@ -9,7 +9,7 @@ use linux_loader::loader::{BzImage, Elf, KernelLoader, PvhBootCapability};
 use log::info;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, ReadVolatile};
 
-use crate::error::{DoesNotFit, Error, KernelRejected};
+use crate::error::{DoesNotFit, Error, KernelRejected, OptionReason};
 use crate::memory::layout::{CMDLINE_MAX_SIZE, CMDLINE_START, HIGH_RAM_START};
 use crate::memory::GuestMemoryMmap;
 
@@ -122,7 +122,7 @@ pub fn load_cmdline(
     let limit = max_len
         .unwrap_or(CMDLINE_MAX_SIZE - 1)
         .min(CMDLINE_MAX_SIZE - 1);
-    let bad = |reason: String| Error::InvalidOption {
+    let bad = |reason: OptionReason| Error::InvalidOption {
         option: "cmdline",
         value: cmdline.to_string(),
         reason,
@@ -130,7 +130,8 @@ pub fn load_cmdline(
     if cmdline.len() > limit {
         return Err(bad(format!(
             "longer than the kernel's limit of {limit} bytes"
-        )));
+        )
+        .into()));
     }
     if cmdline
         .bytes()

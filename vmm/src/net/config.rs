@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Error;
+use crate::error::{Error, OptionReason};
 use crate::options::parse_options;
 
 /// Largest number of queue pairs accepted.
@@ -167,7 +167,7 @@ impl NetConfig {
                 "vhost_mode",
             ],
         )?;
-        let bad = |reason: String| Error::InvalidOption {
+        let bad = |reason: OptionReason| Error::InvalidOption {
             option: "net",
             value: value.to_string(),
             reason,
@@ -176,19 +176,23 @@ impl NetConfig {
             opts.get(key)
                 .map(|t| {
                     t.parse::<u64>()
-                        .map_err(|_| bad(format!("{key} '{t}' is not a number")))
+                        .map_err(|_| bad(format!("{key} '{t}' is not a number").into()))
                 })
                 .transpose()
         };
         let iommu = match opts.get("iommu").map(String::as_str) {
             None | Some("off") => false,
             Some("on") => true,
-            Some(o) => return Err(bad(format!("iommu must be on or off, not '{o}'"))),
+            Some(o) => return Err(bad(format!("iommu must be on or off, not '{o}'").into())),
         };
         let vhost_user = match opts.get("vhost_user").map(String::as_str) {
             None | Some("off") | Some("false") => false,
             Some("on") | Some("true") => true,
-            Some(o) => return Err(bad(format!("vhost_user must be on or off, not '{o}'"))),
+            Some(o) => {
+                return Err(bad(
+                    format!("vhost_user must be on or off, not '{o}'").into()
+                ))
+            }
         };
         let spec = NetSpec {
             tap: opts.get("tap").cloned(),
@@ -202,7 +206,7 @@ impl NetConfig {
             vhost_socket: opts.get("socket").map(PathBuf::from),
             vhost_mode: opts.get("vhost_mode").cloned(),
         };
-        Self::from_spec(&spec).map_err(|e| bad(e.to_string()))
+        Self::from_spec(&spec).map_err(|e| bad(e.into()))
     }
 
     /// Checks a network device description from the command line or the API.

@@ -67,7 +67,7 @@ impl VfioConfig {
         Self::from_spec(&spec).map_err(|e| Error::InvalidOption {
             option: "device",
             value: value.into(),
-            reason: e.to_string(),
+            reason: e.into(),
         })
     }
 

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use virtio_iommu::mapping::SpaceImpl;
 
-use crate::error::Error;
+use crate::error::{Error, OptionReason};
 use crate::options::{parse_on_off, parse_options};
 
 /// Host choices for the virtio-iommu device.
@@ -98,7 +98,7 @@ impl IommuOptions {
     /// Parses `--iommu`; an empty value means the defaults.
     pub fn parse(value: &str) -> Result<Self, Error> {
         let opts = parse_options("iommu", value, &["impl", "bypass", "queues", "requests"])?;
-        let bad = |reason: String| Error::InvalidOption {
+        let bad = |reason: OptionReason| Error::InvalidOption {
             option: "iommu",
             value: value.to_string(),
             reason,
@@ -109,9 +109,7 @@ impl IommuOptions {
         };
         let queues = match opts.get("queues") {
             Some(q) => Some(q.parse::<u64>().map_err(|_| {
-                bad(format!(
-                    "queues must be 1..={MAX_REQUEST_QUEUES}, not '{q}'"
-                ))
+                bad(format!("queues must be 1..={MAX_REQUEST_QUEUES}, not '{q}'").into())
             })?),
             None => None,
         };
@@ -121,7 +119,7 @@ impl IommuOptions {
             queues,
             requests: opts.get("requests").cloned(),
         };
-        Self::from_spec(&spec).map_err(|e| bad(e.to_string()))
+        Self::from_spec(&spec).map_err(|e| bad(e.into()))
     }
 
     /// Checks vIOMMU options from the command line or the API.
