@@ -86,8 +86,8 @@ union IfReqData {
     flags: libc::c_short,
     /// `ifr_addr` / `ifr_netmask`: SIOCSIFADDR, SIOCSIFNETMASK.
     addr: libc::sockaddr_in,
-    /// The whole union (its largest members are `struct ifmap` and
-    /// `ifr_slave`'s name).
+    /// The whole union (its largest member, `struct ifmap`, is 24 bytes
+    /// on 64-bit targets).
     raw: [u8; IFREQ_SIZE - IFNAMSIZ],
 }
 
