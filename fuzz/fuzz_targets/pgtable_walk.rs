@@ -22,7 +22,7 @@ use virtio_iommu::wire::{feature, AttachReq, AttachTableReq, InvalidateReq, Requ
 const MEM_SIZE: usize = 0x10000;
 const EP: u32 = 8;
 
-fn send(d: &IommuDevice, w: &mut virtio_iommu::mapping::Worker, req: Request) -> u8 {
+fn send(d: &IommuDevice, w: &mut virtio_iommu::mapping::QueueContext, req: Request) -> u8 {
     let mut out = [0xffu8; 4];
     d.handle_request(w, &req.encode(), &mut out);
     out[0]

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use libfuzzer_sys::fuzz_target;
 use virtio_iommu::device::{DeviceLimits, EndpointListener, IommuConfig, IommuDevice};
-use virtio_iommu::mapping::{Invalidator, Perm, SpaceImpl, Worker};
+use virtio_iommu::mapping::{Invalidator, Perm, SpaceImpl, QueueContext};
 use virtio_iommu::wire::*;
 
 /// Mirrors endpoint attachment from listener calls; each call must start
@@ -112,7 +112,7 @@ impl Input<'_> {
 
 /// Sends a request and checks the framing invariants; returns the status
 /// if one was written at the start of the buffer.
-fn send(d: &IommuDevice, w: &mut Worker, req: &[u8], wlen: usize) -> Option<Status> {
+fn send(d: &IommuDevice, w: &mut QueueContext, req: &[u8], wlen: usize) -> Option<Status> {
     let mut out = vec![0xa5u8; wlen];
     let n = d.handle_request(w, req, &mut out);
     assert!(n <= wlen, "used length {n} > writable {wlen}");

@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::space::{
-    check_map_args, DomainSpace, Fault, Limits, MapError, Perm, SpaceStats, Translation,
-    UnmapError, Worker, IOVA_MAX,
+    check_map_args, DomainSpace, Fault, Limits, MapError, Perm, QueueContext, SpaceStats,
+    Translation, UnmapError, IOVA_MAX,
 };
 
 /// Approximate heap cost of one BTreeMap record (key, value and node share).
@@ -63,7 +63,7 @@ impl BaselineSpace {
 impl DomainSpace for BaselineSpace {
     fn map(
         &self,
-        _w: &mut Worker,
+        _w: &mut QueueContext,
         iova: u64,
         last: u64,
         gpa: u64,
@@ -85,7 +85,7 @@ impl DomainSpace for BaselineSpace {
         Ok(())
     }
 
-    fn unmap(&self, w: &mut Worker, iova: u64, last: u64) -> Result<(), UnmapError> {
+    fn unmap(&self, w: &mut QueueContext, iova: u64, last: u64) -> Result<(), UnmapError> {
         if last < iova || iova > IOVA_MAX {
             return Ok(());
         }
@@ -120,7 +120,7 @@ impl DomainSpace for BaselineSpace {
         Ok(())
     }
 
-    fn clear(&self, w: &mut Worker) {
+    fn clear(&self, w: &mut QueueContext) {
         let mut g = self.write();
         let first = g.map.keys().next().copied();
         let end = g.map.values().next_back().map(|r| r.last);

@@ -14,8 +14,8 @@ use std::sync::Arc;
 pub use crate::invalidation::Invalidator;
 pub use crate::magazine::{Depot, DepotStats};
 pub use crate::space::{
-    DomainSpace, Fault, Limits, MapError, Perm, SpaceImpl, SpaceStats, Translation, UnmapError,
-    Worker, GPA_MAX, HUGE_PAGE_SIZE, IOVA_BITS, IOVA_MAX, PAGE_SIZE,
+    DomainSpace, Fault, Limits, MapError, Perm, QueueContext, SpaceImpl, SpaceStats, Translation,
+    UnknownSpaceImpl, UnmapError, GPA_MAX, HUGE_PAGE_SIZE, IOVA_BITS, IOVA_MAX, PAGE_SIZE,
 };
 use crate::table::TableWorker;
 
@@ -32,10 +32,10 @@ pub fn new_space(
     }
 }
 
-impl Worker {
+impl QueueContext {
     /// A worker drawing table nodes from `depot`. The same worker serves
     /// both implementations: the baseline ignores the table's state.
-    pub fn new(depot: &Arc<Depot>) -> Worker {
-        Worker::with_state(Box::new(TableWorker::new(depot)))
+    pub fn new(depot: &Arc<Depot>) -> QueueContext {
+        QueueContext::with_state(Box::new(TableWorker::new(depot)))
     }
 }

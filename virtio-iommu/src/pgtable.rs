@@ -45,7 +45,7 @@ use thiserror::Error;
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 
 use crate::locks::lock;
-use crate::space::{DomainSpace, Fault, MapError, Perm, Translation, UnmapError, Worker};
+use crate::space::{DomainSpace, Fault, MapError, Perm, QueueContext, Translation, UnmapError};
 use crate::space::{IOVA_BITS, IOVA_MAX, PAGE_SIZE};
 use crate::wire::PageTableFmt;
 
@@ -239,7 +239,7 @@ pub struct TableStats {
 struct Filler {
     mem: Arc<dyn TableMemory>,
     /// Draws the table nodes of cached walks (never flushes: fills only add).
-    worker: Worker,
+    worker: QueueContext,
     stats: TableStats,
 }
 
@@ -267,10 +267,10 @@ impl TableSlot {
     pub fn install(
         &self,
         space: &dyn DomainSpace,
-        w: &mut Worker,
+        w: &mut QueueContext,
         root: u64,
         mem: Arc<dyn TableMemory>,
-        fill_worker: impl FnOnce() -> Worker,
+        fill_worker: impl FnOnce() -> QueueContext,
     ) {
         let mut f = lock(&self.fill);
         if self.root().is_some() {
@@ -300,7 +300,7 @@ impl TableSlot {
     pub fn invalidate(
         &self,
         space: &dyn DomainSpace,
-        w: &mut Worker,
+        w: &mut QueueContext,
         start: u64,
         last: u64,
     ) -> Result<(), UnmapError> {

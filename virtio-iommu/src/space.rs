@@ -1,6 +1,6 @@
 //! The contract between request handling (the `device` module) and the
 //! per-domain IOVA address spaces: the [`DomainSpace`] trait, the values it
-//! takes and returns, and the per-thread [`Worker`] it is called with.
+//! takes and returns, and the per-thread [`QueueContext`] it is called with.
 //!
 //! WHY a module of its own, below every implementation: the scalable table
 //! (`crate::table`) and the baseline (`crate::baseline`) both implement this
@@ -10,9 +10,9 @@
 //! when a flush calls it. `crate::mapping` is the public facade that puts
 //! the implementations together.
 //!
-//! Request flow: the thread serving one request queue owns one [`Worker`]. It
+//! Request flow: the thread serving one request queue owns one [`QueueContext`]. It
 //! handles every request of a kick with that worker and then calls
-//! [`Worker::flush`] once, before publishing the used-ring entries. The flush
+//! [`QueueContext::flush`] once, before publishing the used-ring entries. The flush
 //! invalidates every DMA consumer once for the merged ranges of the kick,
 //! advances the translation epoch and only then recycles the table nodes the
 //! UNMAPs emptied, so a guest never sees an UNMAP complete while a consumer
@@ -178,7 +178,7 @@ pub trait DomainSpace: Send + Sync {
     /// Adds the mapping `iova..=last -> gpa..` with `perm`.
     fn map(
         &self,
-        w: &mut Worker,
+        w: &mut QueueContext,
         iova: u64,
         last: u64,
         gpa: u64,
@@ -187,9 +187,9 @@ pub trait DomainSpace: Send + Sync {
     /// Removes every mapping inside `iova..=last` (ranges with no mapping are
     /// fine; a mapping only partly covered => `WouldSplit` and nothing
     /// removed). Records the removed ranges in `w`'s batch.
-    fn unmap(&self, w: &mut Worker, iova: u64, last: u64) -> Result<(), UnmapError>;
+    fn unmap(&self, w: &mut QueueContext, iova: u64, last: u64) -> Result<(), UnmapError>;
     /// Removes all mappings (domain destroyed or detached); also recorded in the batch.
-    fn clear(&self, w: &mut Worker);
+    fn clear(&self, w: &mut QueueContext);
     /// Translates one access. Lock-free in the scalable implementation: DMA
     /// consumers call it on their own threads.
     fn translate(&self, iova: u64, access: Perm) -> Result<Translation, Fault>;
@@ -207,13 +207,21 @@ pub enum SpaceImpl {
     Baseline,
 }
 
+/// A [`SpaceImpl`] name that is neither `baseline` nor `scalable`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown iommu impl '{name}' (baseline|scalable)")]
+pub struct UnknownSpaceImpl {
+    /// The name given.
+    pub name: String,
+}
+
 impl std::str::FromStr for SpaceImpl {
-    type Err = String;
+    type Err = UnknownSpaceImpl;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "scalable" => Ok(SpaceImpl::Scalable),
             "baseline" => Ok(SpaceImpl::Baseline),
-            other => Err(format!("unknown iommu impl '{other}' (baseline|scalable)")),
+            other => Err(UnknownSpaceImpl { name: other.into() }),
         }
     }
 }
@@ -292,23 +300,23 @@ pub(crate) trait WorkerState: Any + Send {
 /// table entries themselves lives here, so two queues never share a cache
 /// line on the hot path. The struct is cache-line aligned for the same reason.
 #[repr(align(128))]
-pub struct Worker {
+pub struct QueueContext {
     pub(crate) batch: Batch,
     /// This worker's request counters (a device's workers share a
     /// registry; a bare worker keeps its own).
     pub(crate) counters: Arc<CounterBlock>,
     state: Box<dyn WorkerState>,
-    /// The concrete type behind `state`, read once: [`Worker::parts`] runs
+    /// The concrete type behind `state`, read once: [`QueueContext::parts`] runs
     /// several times per MAP and UNMAP, and `downcast_mut`'s two virtual
     /// calls there cost a third of a MAP+UNMAP pair (`make bench-host`).
     state_type: TypeId,
 }
 
-impl Worker {
+impl QueueContext {
     /// A worker around one implementation's per-worker state.
-    pub(crate) fn with_state(mut state: Box<dyn WorkerState>) -> Worker {
+    pub(crate) fn with_state(mut state: Box<dyn WorkerState>) -> QueueContext {
         let state_type = <dyn Any as Any>::type_id(state.as_any_mut());
-        Worker {
+        QueueContext {
             state_type,
             batch: Batch::new(),
             counters: Arc::default(),
@@ -363,7 +371,7 @@ impl Worker {
     }
 }
 
-impl Drop for Worker {
+impl Drop for QueueContext {
     fn drop(&mut self) {
         // Nothing to invalidate at this point that a flush would not have
         // covered; the device flushes before dropping. The state gives its
@@ -372,9 +380,9 @@ impl Drop for Worker {
     }
 }
 
-impl fmt::Debug for Worker {
+impl fmt::Debug for QueueContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Worker")
+        f.debug_struct("QueueContext")
             .field("id", &self.state.id())
             .field("cached_nodes", &self.state.cached_nodes())
             .finish()

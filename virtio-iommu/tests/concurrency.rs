@@ -1,5 +1,5 @@
 //! Concurrent MAP/UNMAP/translate on one domain from several threads, each
-//! with its own `Worker` like the request queues of the device.
+//! with its own `QueueContext` like the request queues of the device.
 //!
 //! Checked: no lost mapping (disjoint ranges always map and translate),
 //! overlapping requests stay linearizable (two mutually overlapping
@@ -14,8 +14,8 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 
 use virtio_iommu::mapping::{
-    new_space, Depot, DomainSpace, Fault, Invalidator, Limits, MapError, Perm, SpaceImpl,
-    UnmapError, Worker,
+    new_space, Depot, DomainSpace, Fault, Invalidator, Limits, MapError, Perm, QueueContext,
+    SpaceImpl, UnmapError,
 };
 use virtio_iommu::table::ScalableSpace;
 
@@ -57,7 +57,7 @@ fn disjoint(kind: SpaceImpl) {
         .map(|t| {
             let (space, depot, start) = (space.clone(), depot.clone(), start.clone());
             thread::spawn(move || {
-                let mut w = Worker::new(&depot);
+                let mut w = QueueContext::new(&depot);
                 let cons = consumers();
                 // Threads share 2 MiB regions (interleaved pages) and also
                 // use private ones (huge entries, multi-page mappings).
@@ -159,7 +159,7 @@ fn overlapping(kind: SpaceImpl) {
                 successes.clone(),
             );
             thread::spawn(move || {
-                let mut w = Worker::new(&depot);
+                let mut w = QueueContext::new(&depot);
                 let cons = consumers();
                 let gpa = (t as u64 + 1) << 32;
                 start.wait();
@@ -249,7 +249,7 @@ fn stale_reads(kind: SpaceImpl) {
             pages.clone(),
         );
         hs.push(thread::spawn(move || {
-            let mut w = Worker::new(&depot);
+            let mut w = QueueContext::new(&depot);
             let cons = consumers();
             for k in 1..=3000u64 {
                 for (p, &iova) in pages.iter().enumerate() {
@@ -316,7 +316,7 @@ fn stale_reads(kind: SpaceImpl) {
     }
     // The detector must have seen live mappings, or it proved nothing.
     assert!(hits.load(Ordering::Relaxed) > 0);
-    let mut w = Worker::new(&depot);
+    let mut w = QueueContext::new(&depot);
     for s in &spaces {
         s.clear(&mut w);
     }
@@ -346,7 +346,7 @@ fn table_memory_is_reclaimed_and_depot_balanced() {
         .map(|t| {
             let (space, depot) = (space.clone(), depot.clone());
             thread::spawn(move || {
-                let mut w = Worker::new(&depot);
+                let mut w = QueueContext::new(&depot);
                 let cons = consumers();
                 for i in 0..2000u64 {
                     // Spread over many leaves and upper-level nodes.
@@ -369,7 +369,7 @@ fn table_memory_is_reclaimed_and_depot_balanced() {
         h.join().unwrap();
     }
     assert!(space.stats().table_bytes > 100 * ScalableSpace::EMPTY_TABLE_BYTES);
-    let mut w = Worker::new(&depot);
+    let mut w = QueueContext::new(&depot);
     space.clear(&mut w);
     w.flush(&consumers());
     check_empty(SpaceImpl::Scalable, &*space);
@@ -398,7 +398,7 @@ fn random_overlapping_churn_keeps_the_table_consistent() {
     for t in 0..3u64 {
         let (space, depot) = (space.clone(), depot.clone());
         hs.push(thread::spawn(move || {
-            let mut w = Worker::new(&depot);
+            let mut w = QueueContext::new(&depot);
             let cons = consumers();
             let mut x = 0x2545_f491_4f6c_dd1du64 ^ (t + 1);
             let mut ok = 0u64;
@@ -463,7 +463,7 @@ fn random_overlapping_churn_keeps_the_table_consistent() {
     let a = space.audit().unwrap();
     let s = space.stats();
     assert_eq!((a.mappings, a.mapped_bytes), (s.mappings, s.mapped_bytes));
-    let mut w = Worker::new(&depot);
+    let mut w = QueueContext::new(&depot);
     space.clear(&mut w);
     w.flush(&consumers());
     space.audit().unwrap();

@@ -200,7 +200,7 @@ impl Model {
     }
 }
 
-fn send(d: &IommuDevice, w: &mut virtio_iommu::mapping::Worker, req: Request) -> Status {
+fn send(d: &IommuDevice, w: &mut virtio_iommu::mapping::QueueContext, req: Request) -> Status {
     let mut out = [0u8; 4];
     assert_eq!(d.handle_request(w, &req.encode(), &mut out), 4);
     Status::from_u8(out[0]).unwrap()

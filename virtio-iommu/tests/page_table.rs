@@ -11,7 +11,7 @@ use common::Recorder;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use virtio_iommu::device::{DeviceLimits, IommuConfig, IommuDevice};
-use virtio_iommu::mapping::{Perm, Worker};
+use virtio_iommu::mapping::{Perm, QueueContext};
 use virtio_iommu::pgtable::{walk, WalkError, FORMAT_X86_4L, PTE_P, PTE_R, PTE_W};
 use virtio_iommu::translate::DmaFault;
 use virtio_iommu::wire::*;
@@ -77,7 +77,7 @@ fn device() -> (IommuDevice, Arc<Mem>) {
     device_with(DeviceLimits::default(), true)
 }
 
-fn send(d: &IommuDevice, w: &mut Worker, bytes: &[u8]) -> Status {
+fn send(d: &IommuDevice, w: &mut QueueContext, bytes: &[u8]) -> Status {
     let mut out = [0xffu8; 4];
     let n = d.handle_request(w, bytes, &mut out);
     assert_eq!(n, 4, "used length");
@@ -114,7 +114,7 @@ fn invalidate(domain: u32, virt_start: u64, virt_end: u64) -> Vec<u8> {
 }
 
 /// Device with EP in domain 1 in table mode at ROOT.
-fn table_device() -> (IommuDevice, Arc<Mem>, Worker) {
+fn table_device() -> (IommuDevice, Arc<Mem>, QueueContext) {
     let (d, m) = device();
     let mut w = d.new_worker();
     assert_eq!(send(&d, &mut w, &attach(1, EP)), Status::Ok);

@@ -12,7 +12,7 @@ use common::Recorder;
 use virtio_iommu::device::{
     DeviceLimits, EndpointListener, IommuConfig, IommuDevice, MapMirror, MirrorError, MULTIQUEUE,
 };
-use virtio_iommu::mapping::{Invalidator, Perm, SpaceImpl, Worker};
+use virtio_iommu::mapping::{Invalidator, Perm, QueueContext, SpaceImpl};
 use virtio_iommu::translate::{DmaFault, DmaRun};
 use virtio_iommu::wire::*;
 
@@ -37,7 +37,7 @@ fn device() -> IommuDevice {
 }
 
 /// Sends one request; asserts the used length is exactly one tail.
-fn send(d: &IommuDevice, w: &mut Worker, bytes: &[u8]) -> Status {
+fn send(d: &IommuDevice, w: &mut QueueContext, bytes: &[u8]) -> Status {
     let mut out = [0xffu8; 4];
     let n = d.handle_request(w, bytes, &mut out);
     assert_eq!(n, 4, "used length");

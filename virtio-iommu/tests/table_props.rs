@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
 use virtio_iommu::mapping::{
-    new_space, Depot, DomainSpace, Fault, Invalidator, Limits, MapError, Perm, SpaceImpl,
-    UnmapError, Worker, GPA_MAX, IOVA_MAX,
+    new_space, Depot, DomainSpace, Fault, Invalidator, Limits, MapError, Perm, QueueContext,
+    SpaceImpl, UnmapError, GPA_MAX, IOVA_MAX,
 };
 use virtio_iommu::table::ScalableSpace;
 
@@ -204,7 +204,7 @@ fn run(kind: SpaceImpl, ops: &[Op]) {
         Some(s) => s.clone(),
         None => new_space(kind, 5, &Limits::default(), &depot),
     };
-    let mut w = Worker::new(&depot);
+    let mut w = QueueContext::new(&depot);
     let log = Arc::new(Log::default());
     let consumers: Vec<Arc<dyn Invalidator>> = vec![log.clone()];
     let mut model = Model::default();
@@ -318,7 +318,7 @@ proptest! {
 fn one_gib_map_uses_2mib_entries() {
     let depot = Arc::new(Depot::new());
     let space = new_space(SpaceImpl::Scalable, 1, &Limits::default(), &depot);
-    let mut w = Worker::new(&depot);
+    let mut w = QueueContext::new(&depot);
     space
         .map(&mut w, 1 << 30, (2 << 30) - 1, 4 << 30, Perm::RW)
         .unwrap();
@@ -342,7 +342,7 @@ fn one_gib_map_uses_2mib_entries() {
 fn unaligned_gpa_falls_back_to_4k_entries() {
     let depot = Arc::new(Depot::new());
     let space = new_space(SpaceImpl::Scalable, 1, &Limits::default(), &depot);
-    let mut w = Worker::new(&depot);
+    let mut w = QueueContext::new(&depot);
     space.map(&mut w, 0, HUGE - 1, PAGE, Perm::READ).unwrap();
     // Root, level 2, level 1 and one leaf node.
     assert_eq!(
@@ -365,7 +365,7 @@ fn limits_answer_no_memory() {
             max_table_bytes: 1 << 20,
         };
         let space = new_space(kind, 1, &limits, &depot);
-        let mut w = Worker::new(&depot);
+        let mut w = QueueContext::new(&depot);
         for i in 0..5 {
             space
                 .map(&mut w, i * PAGE, i * PAGE + PAGE - 1, 0, Perm::READ)
@@ -389,7 +389,7 @@ fn limits_answer_no_memory() {
         max_table_bytes: 4 * ScalableSpace::EMPTY_TABLE_BYTES,
     };
     let space = new_space(SpaceImpl::Scalable, 1, &limits, &depot);
-    let mut w = Worker::new(&depot);
+    let mut w = QueueContext::new(&depot);
     space.map(&mut w, 0, PAGE - 1, 0, Perm::READ).unwrap();
     assert_eq!(
         space.map(&mut w, HUGE, HUGE + PAGE - 1, 0, Perm::READ),
@@ -414,8 +414,8 @@ fn mapping_limit_is_exact_across_workers_after_their_flushes() {
         max_table_bytes: 1 << 24,
     };
     let space = new_space(SpaceImpl::Scalable, 1, &limits, &depot);
-    let mut a = Worker::new(&depot);
-    let mut b = Worker::new(&depot);
+    let mut a = QueueContext::new(&depot);
+    let mut b = QueueContext::new(&depot);
     // Worker a maps 400 (reserving quota in chunks), then ends its kick.
     for i in 0..400u64 {
         space

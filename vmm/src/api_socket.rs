@@ -7,7 +7,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 
-use crate::error::Error;
+use crate::error::{Error, OptionReason};
 use crate::options::parse_options;
 
 /// Where the API listens (`--api-socket path=..` or `fd=..`).
@@ -23,7 +23,7 @@ impl ApiSocket {
     /// Parses `--api-socket`: `path=PATH`, `fd=N`, or a bare path, as
     /// cloud-hypervisor accepts.
     pub fn parse(value: &str) -> Result<Self, Error> {
-        let bad = |reason: String| Error::InvalidOption {
+        let bad = |reason: OptionReason| Error::InvalidOption {
             option: "api-socket",
             value: value.to_string(),
             reason,
@@ -42,7 +42,7 @@ impl ApiSocket {
                 .ok()
                 .filter(|fd| *fd >= 0)
                 .map(Self::Fd)
-                .ok_or_else(|| bad(format!("fd={fd}: not a file descriptor number"))),
+                .ok_or_else(|| bad(format!("fd={fd}: not a file descriptor number").into())),
             _ => Err(bad("give exactly one of path= and fd=".into())),
         }
     }

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Error;
+use crate::error::{Error, OptionReason};
 use crate::memory::layout::{MAX_MEMORY_SIZE, MIN_MEMORY_SIZE};
 
 /// Largest vCPU count accepted: APIC ids must fit the 8-bit MADT field and
@@ -70,11 +70,25 @@ pub struct MemorySpec {
     pub shared: bool,
 }
 
+/// Why a [`MemorySpec`] is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum MemorySpecError {
+    /// Below [`MIN_MEMORY_SIZE`].
+    #[error("at least {} MiB are needed", MIN_MEMORY_SIZE >> 20)]
+    TooSmall,
+    /// Above [`MAX_MEMORY_SIZE`].
+    #[error("at most {} GiB are supported", MAX_MEMORY_SIZE >> 30)]
+    TooLarge,
+    /// Not whole pages.
+    #[error("size must be a multiple of 4 KiB")]
+    Unaligned,
+}
+
 impl MemoryConfig {
     /// Parses and validates `--memory`.
     pub fn parse(value: &str) -> Result<Self, Error> {
         let opts = parse_options("memory", value, &["size", "thp", "shared"])?;
-        let bad = |reason: String| Error::InvalidOption {
+        let bad = |reason: OptionReason| Error::InvalidOption {
             option: "memory",
             value: value.to_string(),
             reason,
@@ -83,35 +97,32 @@ impl MemoryConfig {
             .get("size")
             .ok_or_else(|| bad("size=... is required".into()))?;
         let size = parse_size(text)
-            .ok_or_else(|| bad(format!("'{text}' is not a size such as 512M or 2G")))?;
+            .ok_or_else(|| bad(format!("'{text}' is not a size such as 512M or 2G").into()))?;
         let thp = match opts.get("thp").map(String::as_str) {
             None => None,
             Some("on") => Some(true),
             Some("off") => Some(false),
-            Some(other) => return Err(bad(format!("thp={other}: expected on or off"))),
+            Some(other) => return Err(bad(format!("thp={other}: expected on or off").into())),
         };
         let shared = match opts.get("shared").map(String::as_str) {
             None | Some("off") => false,
             Some("on") => true,
-            Some(other) => return Err(bad(format!("shared={other}: expected on or off"))),
+            Some(other) => return Err(bad(format!("shared={other}: expected on or off").into())),
         };
-        Self::from_spec(&MemorySpec { size, thp, shared }).map_err(bad)
+        Self::from_spec(&MemorySpec { size, thp, shared }).map_err(|e| bad(e.into()))
     }
 
     /// Checks a memory description from the command line or the API.
-    pub fn from_spec(spec: &MemorySpec) -> Result<Self, String> {
+    pub fn from_spec(spec: &MemorySpec) -> Result<Self, MemorySpecError> {
         let size = spec.size;
         if size < MIN_MEMORY_SIZE {
-            return Err(format!("at least {} MiB are needed", MIN_MEMORY_SIZE >> 20));
+            return Err(MemorySpecError::TooSmall);
         }
         if size > MAX_MEMORY_SIZE {
-            return Err(format!(
-                "at most {} GiB are supported",
-                MAX_MEMORY_SIZE >> 30
-            ));
+            return Err(MemorySpecError::TooLarge);
         }
         if size & 0xfff != 0 {
-            return Err("size must be a multiple of 4 KiB".into());
+            return Err(MemorySpecError::Unaligned);
         }
         Ok(Self {
             size,
@@ -161,11 +172,25 @@ impl Default for CpusSpec {
     }
 }
 
+/// Why a [`CpusSpec`] is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CpusSpecError {
+    /// `boot_vcpus` is 0 or above [`MAX_VCPUS`].
+    #[error("boot must be between 1 and {MAX_VCPUS}")]
+    Boot,
+    /// `max_vcpus` is below `boot_vcpus` or above [`MAX_VCPUS`].
+    #[error("max must be between boot ({boot}) and {MAX_VCPUS}")]
+    Max {
+        /// `boot_vcpus`.
+        boot: u64,
+    },
+}
+
 impl CpusConfig {
     /// Parses and validates `--cpus`.
     pub fn parse(value: &str) -> Result<Self, Error> {
         let opts = parse_options("cpus", value, &["boot", "max"])?;
-        let bad = |reason: String| Error::InvalidOption {
+        let bad = |reason: OptionReason| Error::InvalidOption {
             option: "cpus",
             value: value.to_string(),
             reason,
@@ -175,36 +200,36 @@ impl CpusConfig {
             .ok_or_else(|| bad("boot=N is required".into()))?;
         let boot_vcpus = text
             .parse()
-            .map_err(|_| bad(format!("'{text}' is not a number")))?;
+            .map_err(|_| bad(format!("'{text}' is not a number").into()))?;
         let max_vcpus = match opts.get("max") {
             None => None,
             Some(text) => Some(
                 text.parse()
-                    .map_err(|_| bad(format!("max: '{text}' is not a number")))?,
+                    .map_err(|_| bad(format!("max: '{text}' is not a number").into()))?,
             ),
         };
         Self::from_spec(&CpusSpec {
             boot_vcpus,
             max_vcpus,
         })
-        .map_err(bad)
+        .map_err(|e| bad(e.into()))
     }
 
     /// Checks a vCPU description from the command line or the API.
-    pub fn from_spec(spec: &CpusSpec) -> Result<Self, String> {
+    pub fn from_spec(spec: &CpusSpec) -> Result<Self, CpusSpecError> {
         let limit = u64::from(MAX_VCPUS);
         let boot = spec.boot_vcpus;
         if boot == 0 || boot > limit {
-            return Err(format!("boot must be between 1 and {MAX_VCPUS}"));
+            return Err(CpusSpecError::Boot);
         }
         let max = spec.max_vcpus.unwrap_or(boot);
         if max < boot || max > limit {
-            return Err(format!("max must be between boot ({boot}) and {MAX_VCPUS}"));
+            return Err(CpusSpecError::Max { boot });
         }
         // Both are at most MAX_VCPUS (checked above), so they fit.
         Ok(Self {
-            boot: u8::try_from(boot).map_err(|e| e.to_string())?,
-            max: u8::try_from(max).map_err(|e| e.to_string())?,
+            boot: u8::try_from(boot).map_err(|_| CpusSpecError::Boot)?,
+            max: u8::try_from(max).map_err(|_| CpusSpecError::Max { boot })?,
         })
     }
 
@@ -257,10 +282,30 @@ pub struct ConsoleSpec {
     pub file: Option<PathBuf>,
 }
 
+/// Why a [`ConsoleSpec`] is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsoleSpecError {
+    /// [`ConsoleMode::File`] without a path.
+    #[error("mode File needs a file path")]
+    NoFile,
+    /// A mode dmavisor does not implement.
+    #[error("mode {mode:?} is not supported (Tty, File, Off or Null)")]
+    Unsupported {
+        /// The mode given.
+        mode: ConsoleMode,
+    },
+    /// A file with another mode than [`ConsoleMode::File`].
+    #[error("a file goes with mode File, not {mode:?}")]
+    FileWithoutFileMode {
+        /// The mode given.
+        mode: ConsoleMode,
+    },
+}
+
 impl SerialConfig {
     /// Parses `--serial`.
     pub fn parse(value: &str) -> Result<Self, Error> {
-        let bad = |reason: String| Error::InvalidOption {
+        let bad = |reason: OptionReason| Error::InvalidOption {
             option: "serial",
             value: value.to_string(),
             reason,
@@ -282,21 +327,20 @@ impl SerialConfig {
                 None => return Err(bad("expected tty, file=PATH or off".into())),
             },
         };
-        Self::from_spec(&spec).map_err(bad)
+        Self::from_spec(&spec).map_err(|e| bad(e.into()))
     }
 
     /// Checks a serial port description from the command line or the API.
-    pub fn from_spec(spec: &ConsoleSpec) -> Result<Self, String> {
+    pub fn from_spec(spec: &ConsoleSpec) -> Result<Self, ConsoleSpecError> {
         match (spec.mode, &spec.file) {
             (ConsoleMode::Tty, None) => Ok(Self::Tty),
             (ConsoleMode::Off | ConsoleMode::Null, None) => Ok(Self::Off),
             (ConsoleMode::File, Some(p)) if !p.as_os_str().is_empty() => Ok(Self::File(p.clone())),
-            (ConsoleMode::File, _) => Err("mode File needs a file path".into()),
-            (ConsoleMode::Pty | ConsoleMode::Socket, _) => Err(format!(
-                "mode {:?} is not supported (Tty, File, Off or Null)",
-                spec.mode
-            )),
-            (_, Some(_)) => Err(format!("a file goes with mode File, not {:?}", spec.mode)),
+            (ConsoleMode::File, _) => Err(ConsoleSpecError::NoFile),
+            (mode @ (ConsoleMode::Pty | ConsoleMode::Socket), _) => {
+                Err(ConsoleSpecError::Unsupported { mode })
+            }
+            (mode, Some(_)) => Err(ConsoleSpecError::FileWithoutFileMode { mode }),
         }
     }
 

@@ -21,7 +21,60 @@ pub enum ExitEvent {
     /// (see `crate::reboot`) instead of ending the process.
     ApiReboot,
     /// An unrecoverable KVM or VMM error.
-    Error(String),
+    Error(Failure),
+}
+
+/// An unrecoverable KVM or VMM error ([`ExitEvent::Error`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    /// KVM reported a guest crash (KVM_SYSTEM_EVENT_CRASH).
+    #[error("guest crash reported by KVM on vCPU {vcpu}")]
+    GuestCrash {
+        /// vCPU index.
+        vcpu: u8,
+    },
+    /// A KVM system event this VMM does not know.
+    #[error("unknown KVM system event {kind} ({data:?}) on vCPU {vcpu}")]
+    UnknownSystemEvent {
+        /// The event type.
+        kind: u32,
+        /// Its data words.
+        data: Vec<u64>,
+        /// vCPU index.
+        vcpu: u8,
+    },
+    /// KVM_EXIT_FAIL_ENTRY.
+    #[error("KVM could not enter vCPU {vcpu} (hardware reason {reason:#x}, host cpu {cpu})")]
+    FailEntry {
+        /// vCPU index.
+        vcpu: u8,
+        /// The hardware's entry failure reason.
+        reason: u64,
+        /// Host CPU the entry was tried on.
+        cpu: u32,
+    },
+    /// KVM_EXIT_INTERNAL_ERROR.
+    #[error(
+        "KVM internal error on vCPU {vcpu} (suberror {suberror}); \
+         the guest did something KVM cannot emulate"
+    )]
+    KvmInternal {
+        /// vCPU index.
+        vcpu: u8,
+        /// KVM's suberror code.
+        suberror: u32,
+    },
+    /// KVM_RUN failed with an errno other than EINTR or EAGAIN.
+    #[error("KVM_RUN failed on vCPU {vcpu}: {source}")]
+    KvmRun {
+        /// vCPU index.
+        vcpu: u8,
+        /// errno.
+        source: kvm_ioctls::Error,
+    },
+    /// Every sender of the exit channel is gone.
+    #[error("the exit channel closed")]
+    ChannelClosed,
 }
 
 impl ExitEvent {
@@ -47,7 +100,7 @@ impl ExitEvent {
             ),
             ExitEvent::ApiShutdown => "shut down through the API".into(),
             ExitEvent::ApiReboot => "reboot requested through the API".into(),
-            ExitEvent::Error(msg) => msg.clone(),
+            ExitEvent::Error(failure) => failure.to_string(),
         }
     }
 }
@@ -66,9 +119,30 @@ mod tests {
         assert_eq!(ExitEvent::ApiShutdown.exit_code(), 0);
         assert_eq!(ExitEvent::ApiReboot.exit_code(), 0);
         assert_eq!(ExitEvent::TripleFault { vcpu: 1 }.exit_code(), 1);
-        assert_eq!(ExitEvent::Error("x".into()).exit_code(), 1);
+        assert_eq!(ExitEvent::Error(Failure::ChannelClosed).exit_code(), 1);
         assert!(ExitEvent::TripleFault { vcpu: 1 }
             .describe()
             .contains("triple fault"));
+    }
+
+    #[test]
+    fn failures_read_as_one_line() {
+        let internal = ExitEvent::Error(Failure::KvmInternal {
+            vcpu: 2,
+            suberror: 1,
+        });
+        assert_eq!(
+            internal.describe(),
+            "KVM internal error on vCPU 2 (suberror 1); the guest did something KVM cannot emulate"
+        );
+        let event = Failure::UnknownSystemEvent {
+            kind: 9,
+            data: vec![1, 2],
+            vcpu: 0,
+        };
+        assert_eq!(
+            event.to_string(),
+            "unknown KVM system event 9 ([1, 2]) on vCPU 0"
+        );
     }
 }

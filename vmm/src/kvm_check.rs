@@ -5,11 +5,8 @@ use std::path::Path;
 use kvm_ioctls::{Cap, Kvm};
 use log::warn;
 
-use crate::error::Error;
-
-/// Hint appended to every "no usable KVM" message.
-pub const RUNNER_HINT: &str =
-    "run dmavisor inside the nested-virt runner: resources/run-kvm -- dmavisor ...";
+pub use crate::error::RUNNER_HINT;
+use crate::error::{Error, KvmUnusable};
 
 /// Environment variable naming another KVM device node (tests use it to
 /// exercise the "no KVM" path; default `/dev/kvm`).
@@ -24,24 +21,24 @@ pub fn open_kvm() -> Result<Kvm, Error> {
 
 /// Like [`open_kvm`] for an explicit device path.
 pub fn open_kvm_at(path: &Path) -> Result<Kvm, Error> {
-    let dev = path.display();
+    let dev = || path.display().to_string();
     let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| Error::Kvm(format!("invalid KVM device path {dev}")))?;
-    let kvm = Kvm::new_with_path(&c_path).map_err(|e| {
-        let why = match e.errno() {
-            libc::ENOENT => format!("{dev} does not exist (no KVM on this host)"),
-            libc::EACCES | libc::EPERM => {
-                format!("no permission to open {dev} (are you in group 'kvm'?)")
-            }
-            _ => format!("cannot open {dev}: {e}"),
-        };
-        Error::Kvm(format!("{why}; {RUNNER_HINT}"))
+        .map_err(|_| KvmUnusable::InvalidPath { path: dev() })?;
+    let kvm = Kvm::new_with_path(&c_path).map_err(|source| match source.errno() {
+        libc::ENOENT => KvmUnusable::Missing { path: dev() },
+        libc::EACCES | libc::EPERM => KvmUnusable::NoPermission { path: dev() },
+        _ => KvmUnusable::Open {
+            path: dev(),
+            source,
+        },
     })?;
     let version = kvm.get_api_version();
     if version != kvm_bindings::KVM_API_VERSION as i32 {
-        return Err(Error::Kvm(format!(
-            "{dev} is not a usable KVM device (API version {version}); {RUNNER_HINT}"
-        )));
+        return Err(KvmUnusable::ApiVersion {
+            path: dev(),
+            version,
+        }
+        .into());
     }
     let needed = [
         (Cap::Irqchip, "in-kernel irqchip"),
@@ -53,9 +50,12 @@ pub fn open_kvm_at(path: &Path) -> Result<Kvm, Error> {
     ];
     for (cap, what) in needed {
         if !kvm.check_extension(cap) {
-            return Err(Error::Kvm(format!(
-                "{dev} lacks {what} (KVM_CAP {cap:?}); {RUNNER_HINT}"
-            )));
+            return Err(KvmUnusable::MissingCap {
+                path: dev(),
+                what,
+                cap,
+            }
+            .into());
         }
     }
     if is_pvm_host(Path::new("/sys/module")) {

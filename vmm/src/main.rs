@@ -9,7 +9,7 @@ use clap::Parser;
 use vmm::api::controller::Controller;
 use vmm::api::ApiSocket;
 use vmm::error::Error;
-use vmm::exit::ExitEvent;
+use vmm::exit::{ExitEvent, Failure};
 use vmm::{api, cli, panic_exit, reboot, vm};
 
 fn init_logging(verbosity: u8) {
@@ -37,7 +37,7 @@ fn start(cli: &cli::Cli, vmm: &Arc<Controller>, inherited: Inherited) -> Result<
     // the API, or changed by hotplug since the command line built it).
     let config = match inherited.config {
         Some(json) => Some(
-            api::vm_config::parse(json.as_bytes()).map_err(|e| Error::HandedOver(e.to_string()))?,
+            api::vm_config::parse(json.as_bytes()).map_err(|e| Error::HandedOver(Box::new(e)))?,
         ),
         None => cli.to_config()?,
     };
@@ -69,10 +69,13 @@ fn main() {
     init_logging(cli.verbose);
     panic_exit::install();
     let (exit_tx, exit_rx) = channel();
-    let vmm = Arc::new(Controller::new(exit_tx, Box::new(vm::start)));
+    let vmm = Arc::new(Controller::new(
+        exit_tx,
+        Box::new(|config, exit| Ok(vm::start(config, exit)?)),
+    ));
     if let Err(e) = start(&cli, &vmm, inherited) {
         eprintln!("dmavisor: error: {e}");
-        let code = if matches!(e, Error::InvalidOption { .. }) {
+        let code = if matches!(e.step_error(), Error::InvalidOption { .. }) {
             2
         } else {
             1
@@ -82,7 +85,7 @@ fn main() {
     // The controller holds a sender: this waits until something ends the VMM.
     let event = exit_rx
         .recv()
-        .unwrap_or_else(|_| ExitEvent::Error("the exit channel closed".into()));
+        .unwrap_or(ExitEvent::Error(Failure::ChannelClosed));
     vmm.finish(&event);
     if event == ExitEvent::ApiReboot {
         // A VM created through the API is not in the arguments, and one

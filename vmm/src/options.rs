@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::error::Error;
+use crate::error::{Error, OptionReason};
 
 /// Splits `key=value,...` into a map, refusing unknown or repeated keys.
 pub fn parse_options(
@@ -17,7 +17,7 @@ pub fn parse_options(
     value: &str,
     known: &[&str],
 ) -> Result<BTreeMap<String, String>, Error> {
-    let bad = |reason: String| Error::InvalidOption {
+    let bad = |reason: OptionReason| Error::InvalidOption {
         option,
         value: value.to_string(),
         reason,
@@ -26,15 +26,16 @@ pub fn parse_options(
     for part in value.split(',').filter(|p| !p.is_empty()) {
         let (k, v) = part
             .split_once('=')
-            .ok_or_else(|| bad(format!("'{part}' is not key=value")))?;
+            .ok_or_else(|| bad(format!("'{part}' is not key=value").into()))?;
         if !known.contains(&k) {
             return Err(bad(format!(
                 "unknown key '{k}' (known: {})",
                 known.join(", ")
-            )));
+            )
+            .into()));
         }
         if map.insert(k.to_string(), v.to_string()).is_some() {
-            return Err(bad(format!("key '{k}' given twice")));
+            return Err(bad(format!("key '{k}' given twice").into()));
         }
     }
     Ok(map)
@@ -48,7 +49,7 @@ pub fn parse_on_off(option: &'static str, value: &str, key: &str, v: &str) -> Re
         other => Err(Error::InvalidOption {
             option,
             value: value.to_string(),
-            reason: format!("{key} must be on or off, not '{other}'"),
+            reason: format!("{key} must be on or off, not '{other}'").into(),
         }),
     }
 }

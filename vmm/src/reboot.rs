@@ -229,7 +229,7 @@ mod tests {
             "serial": {"mode": "File", "file": "/tmp/s"}}"#;
         let created = crate::api::vm_config::parse(body).expect("valid");
         let (tx, _rx) = std::sync::mpsc::channel();
-        let never: Builder = Box::new(|_, _| Err(crate::error::Error::Kvm("no KVM".into())));
+        let never: Builder = Box::new(|_, _| Err(crate::error::Error::VmExists));
         let c = Controller::new(tx, never);
         c.create(created.clone()).expect("create");
         let json = c.config_json().expect("a config");

@@ -14,7 +14,7 @@ use crate::boot::msrs::boot_msrs;
 use crate::boot::regs::{boot_fpu, boot_regs, setup_sregs, EntryMode};
 use crate::devices::bus::Bus;
 use crate::error::{kvm_err, Error};
-use crate::exit::{ExitEvent, ExitSender};
+use crate::exit::{ExitEvent, ExitSender, Failure};
 use crate::memory::GuestMemoryMmap;
 use crate::vcpu_control::VcpuControl;
 
@@ -144,8 +144,10 @@ impl Vcpu {
         boot: Option<BootEntry<'_>>,
     ) -> Result<(), Error> {
         let entries = patch_cpuid(supported_cpuid, self.index, num_vcpus, tsc_deadline);
-        let cpuid = CpuId::from_entries(&entries)
-            .map_err(|e| Error::Kvm(format!("too many CPUID entries: {e:?}")))?;
+        let cpuid = CpuId::from_entries(&entries).map_err(|source| Error::KvmList {
+            what: "CPUID entries",
+            source,
+        })?;
         self.fd
             .set_cpuid2(&cpuid)
             .map_err(kvm_err("KVM_SET_CPUID2"))?;
@@ -161,8 +163,10 @@ impl Vcpu {
         }
 
         let wanted = boot_msrs();
-        let msrs =
-            Msrs::from_entries(&wanted).map_err(|e| Error::Kvm(format!("MSR list: {e:?}")))?;
+        let msrs = Msrs::from_entries(&wanted).map_err(|source| Error::KvmList {
+            what: "MSRs",
+            source,
+        })?;
         let set = self.fd.set_msrs(&msrs).map_err(kvm_err("KVM_SET_MSRS"))?;
         if set != wanted.len() {
             let failed = wanted.get(set).map(|m| m.index).unwrap_or(0);
@@ -291,28 +295,31 @@ impl Vcpu {
                     let event = match kind {
                         SYSTEM_EVENT_SHUTDOWN => ExitEvent::PowerOff,
                         SYSTEM_EVENT_RESET => ExitEvent::Reset,
-                        SYSTEM_EVENT_CRASH => {
-                            ExitEvent::Error(format!("guest crash reported by KVM on vCPU {index}"))
-                        }
-                        other => ExitEvent::Error(format!(
-                            "unknown KVM system event {other} ({data:?}) on vCPU {index}"
-                        )),
+                        SYSTEM_EVENT_CRASH => ExitEvent::Error(Failure::GuestCrash { vcpu: index }),
+                        other => ExitEvent::Error(Failure::UnknownSystemEvent {
+                            kind: other,
+                            data: data.to_vec(),
+                            vcpu: index,
+                        }),
                     };
                     return self.finish(event);
                 }
                 Ok(VcpuExit::FailEntry(reason, cpu)) => {
-                    return self.finish(ExitEvent::Error(format!(
-                        "KVM could not enter vCPU {index} (hardware reason {reason:#x}, host cpu {cpu})"
-                    )));
+                    return self.finish(ExitEvent::Error(Failure::FailEntry {
+                        vcpu: index,
+                        reason,
+                        cpu,
+                    }));
                 }
                 Ok(VcpuExit::InternalError) => {
                     // SAFETY: after KVM_EXIT_INTERNAL_ERROR the `internal`
                     // member of the exit union is the one KVM filled in.
                     let suberror =
                         unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal.suberror };
-                    return self.finish(ExitEvent::Error(format!(
-                        "KVM internal error on vCPU {index} (suberror {suberror}); the guest did something KVM cannot emulate"
-                    )));
+                    return self.finish(ExitEvent::Error(Failure::KvmInternal {
+                        vcpu: index,
+                        suberror,
+                    }));
                 }
                 Ok(VcpuExit::Intr) | Ok(VcpuExit::IrqWindowOpen) => {}
                 Ok(other) => {
@@ -321,9 +328,10 @@ impl Vcpu {
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
                 Err(e) => {
                     error!("vCPU {index}: KVM_RUN failed: {e}");
-                    return self.finish(ExitEvent::Error(format!(
-                        "KVM_RUN failed on vCPU {index}: {e}"
-                    )));
+                    return self.finish(ExitEvent::Error(Failure::KvmRun {
+                        vcpu: index,
+                        source: e,
+                    }));
                 }
             }
         }

@@ -50,7 +50,7 @@ pub enum PauseError {
     },
     /// The kick signal's handler could not be installed.
     #[error("installing the vCPU kick signal handler: {0}")]
-    Signal(String),
+    Signal(#[source] vmm_sys_util::errno::Error),
 }
 
 /// The signal that kicks a vCPU thread out of `KVM_RUN`.
@@ -67,8 +67,7 @@ pub fn install_kick_handler() -> Result<(), PauseError> {
     static ONCE: Once = Once::new();
     let mut result = Ok(());
     ONCE.call_once(|| {
-        result = register_signal_handler(kick_signal(), on_kick)
-            .map_err(|e| PauseError::Signal(e.to_string()));
+        result = register_signal_handler(kick_signal(), on_kick).map_err(PauseError::Signal);
     });
     result
 }

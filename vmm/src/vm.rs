@@ -34,7 +34,7 @@ use crate::devices::power::{
     I8042Reset, PowerDevice, I8042_COMMAND_PORT, POWER_PORT_BASE, POWER_PORT_COUNT,
 };
 use crate::devices::serial::{spawn_stdin_reader, SerialDevice};
-use crate::error::{kvm_err, Error};
+use crate::error::{kvm_err, AcpiError, Error, StartError};
 use crate::exit::{ExitEvent, ExitSender};
 use crate::kvm_check::open_kvm;
 use crate::memory::layout::{
@@ -184,7 +184,7 @@ fn create_kvm_vm(config: &VmConfig, mem: &GuestMemoryMmap) -> Result<(Kvm, Arc<V
         return Err(Error::InvalidOption {
             option: "cpus",
             value: format!("boot={}", config.cpus.boot),
-            reason: format!("this host's KVM supports at most {max_vcpus} vCPUs"),
+            reason: format!("this host's KVM supports at most {max_vcpus} vCPUs").into(),
         });
     }
     if config.cpus.max > config.cpus.boot {
@@ -356,9 +356,11 @@ fn write_acpi(
         &extra,
     )?;
     if rsdp != ACPI_START {
-        return Err(Error::Acpi(format!(
-            "RSDP at {rsdp:#x}, the boot data says {ACPI_START:#x}"
-        )));
+        return Err(AcpiError::RsdpMoved {
+            rsdp,
+            expected: ACPI_START,
+        }
+        .into());
     }
     Ok(())
 }
@@ -403,15 +405,17 @@ fn create_vcpus(
 /// guest, so the REST API can boot a VM and go on answering.
 ///
 /// The build is a sequence of named steps: memory and boot, the KVM VM,
-/// legacy devices, PCI devices, ACPI (once), vCPUs.
-pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
+/// legacy devices, PCI devices, ACPI (once), vCPUs; a failure says which
+/// ([`StartError`]).
+pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartError> {
+    let step = StartError::step;
     let started = Instant::now();
     // A device that cannot be assigned is the user's first problem.
     for d in &config.devices {
-        crate::vfio::check_assignable(d)?;
+        crate::vfio::check_assignable(d).map_err(step(StartError::CheckDevices))?;
     }
-    let image = load_memory_and_boot(config)?;
-    let (kvm, vm) = create_kvm_vm(config, &image.mem)?;
+    let image = load_memory_and_boot(config).map_err(step(StartError::MemoryAndBoot))?;
+    let (kvm, vm) = create_kvm_vm(config, &image.mem).map_err(step(StartError::KvmVm))?;
     let LegacyDevices {
         pio,
         mmio,
@@ -420,7 +424,8 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
         power_button,
         hotplug_events,
         eject_rx,
-    } = add_legacy_devices(config, &vm, image.windows, &exit_tx)?;
+    } = add_legacy_devices(config, &vm, image.windows, &exit_tx)
+        .map_err(step(StartError::LegacyDevices))?;
     let resources = VmResources {
         vm: vm.clone(),
         mem: image.mem.clone(),
@@ -430,8 +435,9 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
         exit: exit_tx.clone(),
         irq_router: Arc::new(crate::interrupt::GsiRouter::new(vm.clone())),
     };
-    let devices = add_pci_devices(config, &resources)?;
-    write_acpi(config, &image.mem, image.windows, devices.iommu.as_ref())?;
+    let devices = add_pci_devices(config, &resources).map_err(step(StartError::PciDevices))?;
+    write_acpi(config, &image.mem, image.windows, devices.iommu.as_ref())
+        .map_err(step(StartError::Acpi))?;
 
     // From here on the vIOMMU is shared with the hotplug thread.
     let iommu = devices.iommu.map(|p| Arc::new(Mutex::new(p)));
@@ -445,7 +451,8 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
         power_button.clone(),
         devices.assigned,
         eject_rx,
-    )?;
+    )
+    .map_err(step(StartError::Hotplug))?;
     let vcpu_control = VcpuControl::new(usize::from(config.cpus.boot));
     let counters = crate::api::vm_state::CounterSources {
         iommu: iommu_device.clone(),
@@ -465,7 +472,8 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
         lifecycle,
     ));
 
-    let vcpus = create_vcpus(&kvm, config, &resources, &image, &vcpu_control)?;
+    let vcpus = create_vcpus(&kvm, config, &resources, &image, &vcpu_control)
+        .map_err(step(StartError::Vcpus))?;
     info!(
         "VM set up in {:?}: {} vCPU(s), {} MiB, entry {:#x} ({:?})",
         started.elapsed(),
@@ -476,18 +484,22 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, Error> {
     );
 
     if let (Some(dev), SerialConfig::Tty) = (&serial, &config.serial) {
-        spawn_stdin_reader(dev.clone()).map_err(|source| Error::Os {
-            what: "stdin thread",
-            source,
+        spawn_stdin_reader(dev.clone()).map_err(|source| {
+            StartError::Threads(Box::new(Error::Os {
+                what: "stdin thread",
+                source,
+            }))
         })?;
     }
     for vcpu in vcpus {
         let handle = thread::Builder::new()
             .name(format!("vcpu{}", vcpu.index()))
             .spawn(move || vcpu.run())
-            .map_err(|source| Error::Os {
-                what: "vCPU thread",
-                source,
+            .map_err(|source| {
+                StartError::Threads(Box::new(Error::Os {
+                    what: "vCPU thread",
+                    source,
+                }))
             })?;
         vcpu_control.add_thread(handle);
     }

@@ -2,8 +2,8 @@
 //! (one lock around a BTreeMap, one invalidation per UNMAP) on the patterns
 //! a guest's DMA API produces.
 //!
-//! Workloads (one domain shared by all threads, one `Worker` per thread
-//! like one per request queue, `Worker::flush` every `--kick` operations
+//! Workloads (one domain shared by all threads, one `QueueContext` per thread
+//! like one per request queue, `QueueContext::flush` every `--kick` operations
 //! like the end of a kick):
 //! - `map_unmap`: each thread keeps a ring of in-flight 4 KiB buffers (NIC
 //!   ring); one op = map a new buffer + unmap the oldest one.
@@ -35,7 +35,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use virtio_iommu::mapping::{
-    new_space, Depot, DomainSpace, Invalidator, Limits, Perm, SpaceImpl, Worker,
+    new_space, Depot, DomainSpace, Invalidator, Limits, Perm, QueueContext, SpaceImpl,
 };
 use virtio_iommu::quiesce::{Quiescer, ReaderSlot};
 
@@ -236,7 +236,7 @@ fn setup(
 /// The NIC-ring loop of one thread: runs until `stop`, returns ops done.
 fn ring_loop(
     space: &dyn DomainSpace,
-    w: &mut Worker,
+    w: &mut QueueContext,
     cons: &[Arc<dyn Invalidator>],
     base: u64,
     kick: u64,
@@ -281,7 +281,7 @@ fn map_unmap(kind: SpaceImpl, threads: usize, o: &Opts, c: ConsumerKind) -> Samp
     let (depot, space, consumer) = setup(kind, o, c);
     let table_bytes = AtomicU64::new(0);
     let (ops, secs, cpu_ns) = harness(threads, o.duration, |t, stop| {
-        let mut w = Worker::new(&depot);
+        let mut w = QueueContext::new(&depot);
         let cons = consumer.list();
         // Per-thread IOVA regions, as a per-CPU IOVA allocator gives them.
         let base = (t as u64 + 1) << 30;
@@ -351,7 +351,7 @@ fn producer_consumer(kind: SpaceImpl, threads: usize, o: &Opts, c: ConsumerKind)
     let rings: Vec<Spsc> = (0..pairs).map(|_| Spsc::new(256)).collect();
     let table_bytes = AtomicU64::new(0);
     let (ops, secs, cpu_ns) = harness(pairs * 2, o.duration, |t, stop| {
-        let mut w = Worker::new(&depot);
+        let mut w = QueueContext::new(&depot);
         let cons = consumer.list();
         let ring = &rings[t / 2];
         let base = (t as u64 / 2 + 1) << 30;
@@ -423,7 +423,7 @@ fn translate_under_churn(kind: SpaceImpl, threads: usize, o: &Opts, c: ConsumerK
     let (depot, space, consumer) = setup(kind, o, c);
     const STABLE: u64 = 1024;
     {
-        let mut w = Worker::new(&depot);
+        let mut w = QueueContext::new(&depot);
         for p in 0..STABLE {
             let iova = p * PAGE;
             let _ = space.map(&mut w, iova, iova + PAGE - 1, (1 << 33) + iova, Perm::RW);
@@ -455,7 +455,7 @@ fn translate_under_churn(kind: SpaceImpl, threads: usize, o: &Opts, c: ConsumerK
             std::hint::black_box(sum);
             (ops, true)
         } else {
-            let mut w = Worker::new(&depot);
+            let mut w = QueueContext::new(&depot);
             let cons = consumer.list();
             let base = (t as u64 + 1) << 30;
             ring_loop(&*space, &mut w, &cons, base, o.kick, stop, &table_bytes);
@@ -480,7 +480,7 @@ fn map_1g(kind: SpaceImpl, _threads: usize, o: &Opts, c: ConsumerKind) -> Sample
     let (depot, space, consumer) = setup(kind, o, c);
     let table_bytes = AtomicU64::new(0);
     let (ops, secs, cpu_ns) = harness(1, o.duration, |_, stop| {
-        let mut w = Worker::new(&depot);
+        let mut w = QueueContext::new(&depot);
         let cons = consumer.list();
         let (iova, gpa, len) = (1u64 << 30, 1u64 << 32, 1u64 << 30);
         let mut ops = 0;

@@ -17,7 +17,7 @@
 use super::probe::fill_properties;
 use super::IommuDevice;
 use crate::counters::Counted;
-use crate::mapping::Worker;
+use crate::mapping::QueueContext;
 use crate::wire::{
     encode_tail, feature, parse_request, req_type, request_type, ProbeReq, Request, Status,
     WireError, TAIL_SIZE,
@@ -43,7 +43,12 @@ impl IommuDevice {
     /// number of bytes written into `writable` (the used length). The
     /// caller must call [`complete_kick`](Self::complete_kick) after the last
     /// request of a kick before publishing any of them.
-    pub fn handle_request(&self, w: &mut Worker, readable: &[u8], writable: &mut [u8]) -> usize {
+    pub fn handle_request(
+        &self,
+        w: &mut QueueContext,
+        readable: &[u8],
+        writable: &mut [u8],
+    ) -> usize {
         if writable.len() < TAIL_SIZE {
             log::debug!("virtio-iommu: writable part too small for a tail");
             return 0;

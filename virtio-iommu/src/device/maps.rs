@@ -7,7 +7,7 @@
 
 use super::IommuDevice;
 use crate::domain::Domain;
-use crate::mapping::{DomainSpace, MapError, Perm, UnmapError, Worker, GPA_MAX};
+use crate::mapping::{DomainSpace, MapError, Perm, QueueContext, UnmapError, GPA_MAX};
 use crate::wire::{feature, MapReq, Status, UnmapReq, MAP_F_ALL, MAP_F_MMIO};
 
 impl IommuDevice {
@@ -19,17 +19,17 @@ impl IommuDevice {
             .any(|r| r.start <= end && start <= r.end)
     }
 
-    pub(super) fn map(&self, w: &mut Worker, req: &MapReq) -> Status {
+    pub(super) fn map(&self, w: &mut QueueContext, req: &MapReq) -> Status {
         self.domains
             .with(req.domain, |d| self.map_in(w, req, d.map(|d| &**d)))
     }
 
-    pub(super) fn unmap(&self, w: &mut Worker, req: &UnmapReq) -> Status {
+    pub(super) fn unmap(&self, w: &mut QueueContext, req: &UnmapReq) -> Status {
         self.domains
             .with(req.domain, |d| self.unmap_in(w, req, d.map(|d| &**d)))
     }
 
-    fn map_in(&self, w: &mut Worker, req: &MapReq, domain: Option<&Domain>) -> Status {
+    fn map_in(&self, w: &mut QueueContext, req: &MapReq, domain: Option<&Domain>) -> Status {
         if !self.features.is_acked(feature::MAP_UNMAP) {
             return Status::Unsupp;
         }
@@ -91,7 +91,7 @@ impl IommuDevice {
     /// kick) and the guest is told S_NOMEM.
     fn mirror_map(
         &self,
-        w: &mut Worker,
+        w: &mut QueueContext,
         req: &MapReq,
         space: &dyn DomainSpace,
         perm: Perm,
@@ -121,7 +121,7 @@ impl IommuDevice {
         Status::Ok
     }
 
-    fn unmap_in(&self, w: &mut Worker, req: &UnmapReq, domain: Option<&Domain>) -> Status {
+    fn unmap_in(&self, w: &mut QueueContext, req: &UnmapReq, domain: Option<&Domain>) -> Status {
         if !self.features.is_acked(feature::MAP_UNMAP) {
             return Status::Unsupp;
         }

@@ -12,10 +12,11 @@
 
 use crate::mapping::Perm;
 
-/// Why a mirror could not install a mapping (the MAP is then refused).
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+/// Why a mirror could not install a mapping (the MAP is then refused): the
+/// mirror's own error, which this crate only reports.
+#[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct MirrorError(pub String);
+pub struct MirrorError(#[source] pub Box<dyn std::error::Error + Send + Sync>);
 
 /// Follows one endpoint's domain into a table of its own.
 pub trait MapMirror: Send + Sync {

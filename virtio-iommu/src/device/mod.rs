@@ -13,7 +13,7 @@
 //!    `num_request_queues()` tells how many request queues to serve (more
 //!    than one only when the project multi-queue feature is negotiated); the
 //!    event queue comes after the request queues.
-//! 3. One thread per request queue, each with its own `Worker` from
+//! 3. One thread per request queue, each with its own `QueueContext` from
 //!    `new_worker()`. On a kick: for every available descriptor chain, gather
 //!    the device-readable bytes and a device-writable buffer, call
 //!    `handle_request()`, and remember the returned used length; then call
@@ -62,7 +62,7 @@ use crate::counters::{CounterRegistry, RequestCounts};
 use crate::endpoint::Endpoint;
 use crate::events::FaultQueue;
 use crate::locks::{lock, read, write};
-use crate::mapping::{Depot, Invalidator, SpaceStats, Worker};
+use crate::mapping::{Depot, Invalidator, QueueContext, SpaceStats};
 use crate::pgtable::{TableMemory, TableStats};
 use crate::translate::EndpointDma;
 use crate::wire::{feature, ConfigSpace, ResvMem, CONFIG_BYPASS_OFFSET, FAULT_SIZE};
@@ -289,8 +289,8 @@ impl IommuDevice {
 
     /// A worker context for one request-queue thread, counting its
     /// requests in this device's totals ([`IommuDevice::request_counts`]).
-    pub fn new_worker(&self) -> Worker {
-        let mut w = Worker::new(&self.depot);
+    pub fn new_worker(&self) -> QueueContext {
+        let mut w = QueueContext::new(&self.depot);
         w.counters = self.counters.register();
         w
     }
@@ -304,7 +304,7 @@ impl IommuDevice {
     /// Ends a kick: one invalidation per consumer covering every UNMAP (and
     /// domain teardown) of the kick. Only after this returns may the transport
     /// publish the kick's used-ring entries.
-    pub fn complete_kick(&self, w: &mut Worker) {
+    pub fn complete_kick(&self, w: &mut QueueContext) {
         let consumers = read(&self.invalidators).clone();
         let pending = w.has_pending();
         let calls_before = w.invalidation_calls();

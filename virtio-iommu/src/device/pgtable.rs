@@ -10,12 +10,12 @@ use std::sync::Arc;
 
 use super::IommuDevice;
 use crate::locks::lock;
-use crate::mapping::{UnmapError, Worker, IOVA_MAX, PAGE_SIZE};
+use crate::mapping::{QueueContext, UnmapError, IOVA_MAX, PAGE_SIZE};
 use crate::pgtable::FORMAT_X86_4L;
 use crate::wire::{AttachTableReq, InvalidateReq, Status};
 
 impl IommuDevice {
-    pub(super) fn attach_table(&self, w: &mut Worker, req: &AttachTableReq) -> Status {
+    pub(super) fn attach_table(&self, w: &mut QueueContext, req: &AttachTableReq) -> Status {
         if req.reserved != [0u8; 2] {
             return Status::Inval;
         }
@@ -55,12 +55,12 @@ impl IommuDevice {
         let depot = Arc::clone(&self.depot);
         d.table()
             .install(space.as_ref(), w, req.root, Arc::clone(mem), || {
-                Worker::new(&depot)
+                QueueContext::new(&depot)
             });
         Status::Ok
     }
 
-    pub(super) fn invalidate(&self, w: &mut Worker, req: &InvalidateReq) -> Status {
+    pub(super) fn invalidate(&self, w: &mut QueueContext, req: &InvalidateReq) -> Status {
         self.domains.with(req.domain, |d| {
             let Some(d) = d else {
                 return Status::NoEnt;

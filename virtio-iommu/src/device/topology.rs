@@ -7,7 +7,7 @@
 //!
 //! A domain lives while it has members: when its last endpoint leaves, it is
 //! removed from the registry and its mappings are cleared through the
-//! caller's `Worker`, so consumers are invalidated in the same flush as the
+//! caller's `QueueContext`, so consumers are invalidated in the same flush as the
 //! kick's UNMAPs.
 
 use std::sync::Arc;
@@ -15,11 +15,11 @@ use std::sync::Arc;
 use super::IommuDevice;
 use crate::domain::{Domain, DomainKind};
 use crate::locks::lock;
-use crate::mapping::{new_space, Limits, Worker};
+use crate::mapping::{new_space, Limits, QueueContext};
 use crate::wire::{feature, AttachReq, DetachReq, Status, ATTACH_F_ALL, ATTACH_F_BYPASS};
 
 impl IommuDevice {
-    pub(super) fn attach(&self, w: &mut Worker, req: &AttachReq) -> Status {
+    pub(super) fn attach(&self, w: &mut QueueContext, req: &AttachReq) -> Status {
         if req.reserved != [0u8; 4] {
             return Status::Inval;
         }
@@ -99,7 +99,7 @@ impl IommuDevice {
         Status::Ok
     }
 
-    pub(super) fn detach(&self, w: &mut Worker, req: &DetachReq) -> Status {
+    pub(super) fn detach(&self, w: &mut QueueContext, req: &DetachReq) -> Status {
         let Some(ep) = self.endpoints.get(req.endpoint) else {
             return Status::NoEnt;
         };
@@ -140,7 +140,7 @@ impl IommuDevice {
 
     /// Removes `endpoint` from `d`; destroys `d` if it was the last member.
     /// Caller holds the topology lock and has already repointed the endpoint.
-    fn leave(&self, w: &mut Worker, d: &Arc<Domain>, endpoint: u32) {
+    fn leave(&self, w: &mut QueueContext, d: &Arc<Domain>, endpoint: u32) {
         let remaining = d.remove_member(endpoint, |e| {
             self.endpoints
                 .get(e)
@@ -170,7 +170,7 @@ impl IommuDevice {
 
     /// Detaches everything and destroys every domain. Caller holds the
     /// topology lock and flushes `w`.
-    pub(super) fn reset_locked(&self, w: &mut Worker) {
+    pub(super) fn reset_locked(&self, w: &mut QueueContext) {
         for ep in self.endpoints.all() {
             if let Some(old) = ep.set_domain(None) {
                 self.notify_moved(ep.id(), Some(old.id()), None, false);

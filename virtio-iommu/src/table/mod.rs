@@ -36,10 +36,10 @@ use crate::invalidation::Batch;
 use crate::magazine::{Depot, NodeCache};
 use crate::node::{self, Node, NodePtr, NODE_BYTES};
 use crate::space::{
-    DomainSpace, Fault, Limits, MapError, Perm, SpaceStats, Translation, UnmapError, Worker,
+    DomainSpace, Fault, Limits, MapError, Perm, QueueContext, SpaceStats, Translation, UnmapError,
     WorkerState,
 };
-pub use audit::Audit;
+pub use audit::{Audit, AuditError};
 pub(crate) use quota::Padded;
 use quota::{Credits, Shard, SHARDS};
 use retire::{release_credits, retire_candidates, trim_credits};
@@ -217,9 +217,9 @@ pub(crate) struct Ctx<'a> {
     pub(crate) batch: &'a mut Batch,
 }
 
-/// The table's view of a worker built by `Worker::new`.
+/// The table's view of a worker built by `QueueContext::new`.
 #[inline]
-fn ctx(w: &mut Worker) -> Ctx<'_> {
+fn ctx(w: &mut QueueContext) -> Ctx<'_> {
     let (tw, batch) = w.parts::<TableWorker>();
     tw.ctx(batch)
 }
@@ -292,7 +292,7 @@ impl Table {
 /// A scalable domain space.
 #[derive(Debug)]
 pub struct ScalableSpace {
-    t: Arc<Table>,
+    table: Arc<Table>,
 }
 
 /// Builds a scalable space.
@@ -308,7 +308,7 @@ impl ScalableSpace {
     /// An empty domain whose nodes come from `depot`.
     pub fn new(domain: u32, limits: &Limits, depot: &Arc<Depot>) -> ScalableSpace {
         ScalableSpace {
-            t: Arc::new(Table::new(domain, limits, depot)),
+            table: Arc::new(Table::new(domain, limits, depot)),
         }
     }
 
@@ -318,41 +318,41 @@ impl ScalableSpace {
     /// Checks that the table's redundant state agrees (live counts, head
     /// and tail markers, counters, node count). Only meaningful while no
     /// request is in progress on the domain; for tests and debugging.
-    pub fn audit(&self) -> Result<Audit, String> {
-        audit::audit(&self.t)
+    pub fn audit(&self) -> Result<Audit, AuditError> {
+        audit::audit(&self.table)
     }
 }
 
 impl DomainSpace for ScalableSpace {
     fn map(
         &self,
-        w: &mut Worker,
+        w: &mut QueueContext,
         iova: u64,
         last: u64,
         gpa: u64,
         perm: Perm,
     ) -> Result<(), MapError> {
-        ops::map(&self.t, &mut ctx(w), iova, last, gpa, perm)
+        ops::map(&self.table, &mut ctx(w), iova, last, gpa, perm)
     }
 
-    fn unmap(&self, w: &mut Worker, iova: u64, last: u64) -> Result<(), UnmapError> {
-        ops::unmap(&self.t, &mut ctx(w), iova, last)
+    fn unmap(&self, w: &mut QueueContext, iova: u64, last: u64) -> Result<(), UnmapError> {
+        ops::unmap(&self.table, &mut ctx(w), iova, last)
     }
 
-    fn clear(&self, w: &mut Worker) {
-        ops::clear(&self.t, &mut ctx(w))
+    fn clear(&self, w: &mut QueueContext) {
+        ops::clear(&self.table, &mut ctx(w))
     }
 
     fn translate(&self, iova: u64, access: Perm) -> Result<Translation, Fault> {
-        ops::translate(&self.t, iova, access)
+        ops::translate(&self.table, iova, access)
     }
 
     fn stats(&self) -> SpaceStats {
-        let (mappings, mapped_bytes) = quota::totals(&self.t);
+        let (mappings, mapped_bytes) = quota::totals(&self.table);
         SpaceStats {
             mappings,
             mapped_bytes,
-            table_bytes: self.t.table_bytes(),
+            table_bytes: self.table.table_bytes(),
         }
     }
 }

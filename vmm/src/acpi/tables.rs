@@ -17,7 +17,7 @@ use vm_memory::{Bytes, GuestAddress};
 use super::dsdt::{build_dsdt, COM1_IRQ};
 use super::{OEM_ID, OEM_REVISION, OEM_TABLE_ID};
 use crate::devices::power::{RESET_PORT, RESET_VALUE, SLEEP_CONTROL_PORT, SLEEP_STATUS_PORT};
-use crate::error::Error;
+use crate::error::{AcpiError, Error};
 use crate::memory::layout::{
     ACPI_END, ACPI_START, APIC_START, IOAPIC_START, PCI_ECAM_LAST_BUS, PCI_ECAM_START,
 };
@@ -145,10 +145,10 @@ pub fn build_tables_with(
     }
     let xsdt_addr = place(to_bytes(&xsdt), &mut placed);
     if next > ACPI_END {
-        return Err(Error::Acpi(format!(
-            "tables need {:#x} bytes, more than the BIOS area holds",
-            next - ACPI_START
-        )));
+        return Err(AcpiError::TooLarge {
+            bytes: next - ACPI_START,
+        }
+        .into());
     }
     placed.insert(0, (ACPI_START, to_bytes(&Rsdp::new(OEM_ID, xsdt_addr))));
     Ok(placed)

@@ -295,9 +295,10 @@ fn delete(vmm: &dyn VmmApi) -> Reply {
 
 /// `vm.add-device`: the body is cloud-hypervisor's `DeviceConfig`.
 fn add_device(vm: &dyn VmApi, body: &[u8]) -> Reply {
-    let device = serde_json::from_slice::<DeviceSpec>(body)
-        .map_err(|e| format!("invalid DeviceConfig: {e}"))
-        .and_then(|spec| VfioConfig::from_spec(&spec));
+    let device = match serde_json::from_slice::<DeviceSpec>(body) {
+        Ok(spec) => VfioConfig::from_spec(&spec),
+        Err(e) => return Reply::error(400, format!("vm.add-device: invalid DeviceConfig: {e}")),
+    };
     match device {
         Ok(d) => match vm.add_device(d) {
             Ok(info) => Reply::json(200, &info),

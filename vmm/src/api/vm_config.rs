@@ -45,8 +45,10 @@ pub enum VmConfigError {
     Invalid {
         /// Where, e.g. `disks[1]`.
         field: String,
-        /// What is wrong.
-        reason: String,
+        /// What is wrong: the section's own error (`DiskSpecError`, ...)
+        /// or a sentence.
+        #[source]
+        reason: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 
@@ -110,16 +112,21 @@ fn default_memory() -> MemorySpec {
     }
 }
 
-fn invalid(field: impl Into<String>) -> impl FnOnce(String) -> VmConfigError {
+fn invalid<E: Into<Box<dyn std::error::Error + Send + Sync>>>(
+    field: impl Into<String>,
+) -> impl FnOnce(E) -> VmConfigError {
     let field = field.into();
-    move |reason| VmConfigError::Invalid { field, reason }
+    move |reason| VmConfigError::Invalid {
+        field,
+        reason: reason.into(),
+    }
 }
 
 /// Checks every entry of a device list with `check`, naming the bad one.
-fn each<S, C>(
+fn each<S, C, E: std::error::Error + Send + Sync + 'static>(
     list: &Option<Vec<S>>,
     name: &str,
-    check: impl Fn(&S) -> Result<C, String>,
+    check: impl Fn(&S) -> Result<C, E>,
 ) -> Result<Vec<C>, VmConfigError> {
     list.iter()
         .flatten()
@@ -137,17 +144,17 @@ impl VmConfigSpec {
             .clone()
             .filter(|k| !k.as_os_str().is_empty())
             .ok_or_else(|| {
-                invalid("payload.kernel")("required (dmavisor boots a kernel, not firmware)".into())
+                invalid("payload.kernel")("required (dmavisor boots a kernel, not firmware)")
             })?;
         if let Some(c) = &self.console {
             if !matches!(c.mode, ConsoleMode::Off | ConsoleMode::Null) || c.file.is_some() {
                 return Err(invalid("console")(
-                    "dmavisor has no virtio-console: use mode Off and serial".into(),
+                    "dmavisor has no virtio-console: use mode Off and serial",
                 ));
             }
         }
         if self.iommu_config.is_some() && !self.iommu {
-            return Err(invalid("iommu_config")("needs iommu: true".into()));
+            return Err(invalid("iommu_config")("needs iommu: true"));
         }
         let serial = match &self.serial {
             Some(s) => SerialConfig::from_spec(s).map_err(invalid("serial"))?,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Error;
+use crate::error::{Error, OptionReason};
 use crate::options::parse_options;
 
 /// Most request queues one disk may have (one worker thread each).
@@ -80,9 +80,35 @@ fn on_off(value: &str, key: &str, v: Option<&String>) -> Result<bool, Error> {
         Some(o) => Err(Error::InvalidOption {
             option: "disk",
             value: value.to_string(),
-            reason: format!("{key} must be on or off, not '{o}'"),
+            reason: format!("{key} must be on or off, not '{o}'").into(),
         }),
     }
+}
+
+/// Why a [`DiskSpec`] is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskSpecError {
+    /// No image path.
+    #[error("path=... is required")]
+    NoPath,
+    /// O_DIRECT asked for.
+    #[error("direct (O_DIRECT) is not supported")]
+    Direct,
+    /// A vhost-user disk asked for.
+    #[error("vhost-user disks are not supported")]
+    VhostUser,
+    /// A PCI segment other than 0.
+    #[error("only PCI segment 0 exists")]
+    PciSegment,
+    /// `num_queues` out of range.
+    #[error("num_queues must be between 1 and {MAX_QUEUES}")]
+    NumQueues,
+    /// `queue_size` not a power of two in range.
+    #[error("queue_size must be a power of two from 4 to 32768")]
+    QueueSize,
+    /// `id` empty, too long or with control characters.
+    #[error("id must be 1 to {MAX_ID_LEN} printable characters")]
+    Id,
 }
 
 impl DiskConfig {
@@ -100,7 +126,7 @@ impl DiskConfig {
                 "id",
             ],
         )?;
-        let bad = |reason: String| Error::InvalidOption {
+        let bad = |reason: OptionReason| Error::InvalidOption {
             option: "disk",
             value: value.to_string(),
             reason,
@@ -109,7 +135,7 @@ impl DiskConfig {
             opts.get(key)
                 .map(|t| {
                     t.parse::<u64>()
-                        .map_err(|_| bad(format!("{key} '{t}' is not a number")))
+                        .map_err(|_| bad(format!("{key} '{t}' is not a number").into()))
                 })
                 .transpose()
         };
@@ -122,37 +148,37 @@ impl DiskConfig {
             id: opts.get("id").cloned(),
             ..DiskSpec::default()
         };
-        Self::from_spec(&spec).map_err(bad)
+        Self::from_spec(&spec).map_err(|e| bad(e.into()))
     }
 
     /// Checks a disk description from the command line or the API.
-    pub fn from_spec(spec: &DiskSpec) -> Result<Self, String> {
+    pub fn from_spec(spec: &DiskSpec) -> Result<Self, DiskSpecError> {
         let path = spec
             .path
             .as_ref()
             .filter(|p| !p.as_os_str().is_empty())
-            .ok_or("path=... is required")?;
+            .ok_or(DiskSpecError::NoPath)?;
         if spec.direct {
-            return Err("direct (O_DIRECT) is not supported".into());
+            return Err(DiskSpecError::Direct);
         }
         if spec.vhost_user || spec.vhost_socket.is_some() {
-            return Err("vhost-user disks are not supported".into());
+            return Err(DiskSpecError::VhostUser);
         }
         if spec.pci_segment != 0 {
-            return Err("only PCI segment 0 exists".into());
+            return Err(DiskSpecError::PciSegment);
         }
         let num_queues = spec.num_queues.unwrap_or(1);
         if !(1..=MAX_QUEUES as u64).contains(&num_queues) {
-            return Err(format!("num_queues must be between 1 and {MAX_QUEUES}"));
+            return Err(DiskSpecError::NumQueues);
         }
         let queue_size = spec.queue_size.unwrap_or(DEFAULT_QUEUE_SIZE.into());
         // A request needs a header and a status descriptor besides its data.
         if !queue_size.is_power_of_two() || !(4..=32768).contains(&queue_size) {
-            return Err("queue_size must be a power of two from 4 to 32768".into());
+            return Err(DiskSpecError::QueueSize);
         }
         if let Some(id) = &spec.id {
             if id.is_empty() || id.len() > MAX_ID_LEN || id.chars().any(char::is_control) {
-                return Err(format!("id must be 1 to {MAX_ID_LEN} printable characters"));
+                return Err(DiskSpecError::Id);
             }
         }
         Ok(Self {

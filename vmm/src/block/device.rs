@@ -18,7 +18,7 @@ use super::worker::{run_worker, WorkerParts};
 use super::{MAX_DISCARD_SECTORS, MAX_DISCARD_SEGMENTS, SECTOR_SIZE};
 use crate::virtio::chain::MAX_CHAIN_DESCRIPTORS;
 use crate::virtio::{
-    feature, read_config_window, ActivateContext, ActivateError, VirtioDevice,
+    feature, read_config_window, ActivateContext, ActivateError, QueueSetupError, VirtioDevice,
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 
@@ -169,7 +169,7 @@ impl VirtioDevice for Block {
             self.workers.push((stop, handle));
         }
         if self.workers.is_empty() {
-            return Err(ActivateError::Queues("no request queue enabled".into()));
+            return Err(QueueSetupError::NoRequestQueue.into());
         }
         Ok(())
     }

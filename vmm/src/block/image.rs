@@ -46,8 +46,11 @@ pub enum ImageError {
         source: io::Error,
     },
     /// It holds not even one sector.
-    #[error("disk image '{0}' is smaller than one 512-byte sector")]
-    Empty(String),
+    #[error("disk image '{path}' is smaller than one 512-byte sector")]
+    Empty {
+        /// Path given.
+        path: String,
+    },
 }
 
 /// A raw disk image opened for the device.
@@ -127,7 +130,9 @@ impl DiskImage {
             })?;
         let sectors = size / SECTOR_SIZE;
         if sectors == 0 {
-            return Err(ImageError::Empty(name.to_string()));
+            return Err(ImageError::Empty {
+                path: name.to_string(),
+            });
         }
         if size % SECTOR_SIZE != 0 {
             warn!(
@@ -303,7 +308,7 @@ mod tests {
         let (empty, _) = temp_image(100);
         assert!(matches!(
             DiskImage::open(&empty, false, None),
-            Err(ImageError::Empty(_))
+            Err(ImageError::Empty { .. })
         ));
         assert!(DiskImage::open(Path::new("/nonexistent/x.raw"), false, None).is_err());
         let _ = std::fs::remove_file(p);

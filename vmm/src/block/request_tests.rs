@@ -13,6 +13,7 @@ use crate::block::image::DiskImage;
 use crate::block::test_util::{pattern, temp_image, Recorder, Ring};
 use crate::block::worker::QueueServer;
 use crate::virtio::chain::{VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
+use crate::virtio::test_ring::put_desc;
 
 const OK: u8 = VIRTIO_BLK_S_OK as u8;
 const IOERR: u8 = VIRTIO_BLK_S_IOERR as u8;
@@ -245,16 +246,7 @@ fn any_layout_is_accepted() {
     // Read with data and status in one writable buffer, via an indirect
     // table at 0xa000.
     let table = 0xa000u64;
-    let put = |i: u64, addr: u64, len: u32, flags: u16, next: u16| {
-        let at = GuestAddress(table + i * 16);
-        f.ring.mem.write_obj(addr, at).unwrap();
-        f.ring.mem.write_obj(len, GuestAddress(at.0 + 8)).unwrap();
-        f.ring
-            .mem
-            .write_obj(flags, GuestAddress(at.0 + 12))
-            .unwrap();
-        f.ring.mem.write_obj(next, GuestAddress(at.0 + 14)).unwrap();
-    };
+    let put = |i, addr, len, flags, next| put_desc(f.ring.mem, table, i, addr, len, flags, next);
     put(0, HDR, 16, N, 1);
     put(1, DATA, 513, W, 0);
     f.ring.header(HDR, VIRTIO_BLK_T_IN, 2);
@@ -321,7 +313,7 @@ fn behind_the_iommu_only_mapped_buffers_are_used() {
     // Rings, header and status at IOVA = GPA; IOVA 0x100000 -> GPA DATA.
     iommu.map(1, 0, 0x10000, 0, RW);
     iommu.map(1, 0x100000, 0x1000, DATA, RW);
-    f.ring.dma = iommu.space(&f.ring.mem);
+    f.ring.dma = iommu.space(f.ring.mem);
     f.ring.header(HDR, VIRTIO_BLK_T_IN, 1);
     f.ring.desc(0, HDR, 16, N, 1);
     f.ring.desc(1, 0x100000, 512, W | N, 2);

@@ -7,11 +7,12 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::Queue;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::dma::DmaSpace;
 use crate::memory::GuestMemoryMmap;
+use crate::virtio::test_ring::{leaked_ram, DriverRing, RingAddrs};
 use crate::virtio::VirtioInterrupt;
 
 /// Byte `i` of a fresh test image.
@@ -42,71 +43,47 @@ pub const RAM: usize = 0x40000;
 
 /// A split ring the test plays the driver of.
 pub struct Ring {
-    pub mem: GuestMemoryMmap,
+    pub mem: &'static GuestMemoryMmap,
     pub dma: DmaSpace,
-    avail_idx: u16,
+    driver: DriverRing<'static>,
 }
 
 impl Ring {
     pub fn new() -> Self {
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM)]).expect("ram");
+        let mem = leaked_ram(RAM);
         let dma = DmaSpace::identity(mem.clone());
+        let addrs = RingAddrs {
+            desc: DESC,
+            avail: AVAIL,
+            used: USED,
+        };
         Self {
             mem,
             dma,
-            avail_idx: 0,
+            driver: DriverRing::new(mem, addrs, SIZE),
         }
     }
 
     /// The device's view of the ring, as the driver configured it.
     pub fn queue(&self) -> Queue {
-        let mut queue = Queue::new(SIZE).expect("queue");
-        queue.try_set_size(SIZE).expect("size");
-        queue
-            .try_set_desc_table_address(GuestAddress(DESC))
-            .expect("desc");
-        queue
-            .try_set_avail_ring_address(GuestAddress(AVAIL))
-            .expect("avail");
-        queue
-            .try_set_used_ring_address(GuestAddress(USED))
-            .expect("used");
-        queue.set_ready(true);
-        queue
+        self.driver.queue()
     }
 
     pub fn desc(&self, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let at = DESC + u64::from(i) * 16;
-        self.mem.write_obj(addr, GuestAddress(at)).expect("desc");
-        self.mem.write_obj(len, GuestAddress(at + 8)).expect("desc");
-        self.mem
-            .write_obj(flags, GuestAddress(at + 12))
-            .expect("desc");
-        self.mem
-            .write_obj(next, GuestAddress(at + 14))
-            .expect("desc");
+        self.driver.desc(i, addr, len, flags, next);
     }
 
     pub fn offer(&mut self, head: u16) {
-        let slot = AVAIL + 4 + u64::from(self.avail_idx % SIZE) * 2;
-        self.mem.write_obj(head, GuestAddress(slot)).expect("avail");
-        self.avail_idx = self.avail_idx.wrapping_add(1);
-        self.mem
-            .write_obj(self.avail_idx, GuestAddress(AVAIL + 2))
-            .expect("avail idx");
+        self.driver.offer(head);
     }
 
     pub fn used_idx(&self) -> u16 {
-        self.mem.read_obj(GuestAddress(USED + 2)).expect("used idx")
+        self.driver.used_idx()
     }
 
     /// Used entry `i`: (head, length).
     pub fn used(&self, i: u64) -> (u32, u32) {
-        let at = USED + 4 + i * 8;
-        (
-            self.mem.read_obj(GuestAddress(at)).expect("used"),
-            self.mem.read_obj(GuestAddress(at + 4)).expect("used"),
-        )
+        self.driver.used(i)
     }
 
     /// Writes a request header (type, sector) at `at`.

@@ -3,7 +3,7 @@
 use linux_loader::loader::bootparam::{boot_e820_entry, boot_params, setup_header};
 use vm_memory::{Bytes, GuestAddress};
 
-use crate::error::Error;
+use crate::error::{DoesNotFit, Error};
 use crate::memory::layout::{e820_entries, CMDLINE_START, ZERO_PAGE_START};
 use crate::memory::GuestMemoryMmap;
 
@@ -44,7 +44,7 @@ pub fn build_zero_page(header: &setup_header, p: &ZeroPageParams) -> Result<boot
     params.acpi_rsdp_addr = p.rsdp;
     let entries = e820_entries(p.mem_size);
     if entries.len() > params.e820_table.len() {
-        return Err(Error::DoesNotFit("too many e820 entries".into()));
+        return Err(DoesNotFit::E820Entries.into());
     }
     for (slot, e) in params.e820_table.iter_mut().zip(entries.iter()) {
         *slot = boot_e820_entry {

@@ -9,7 +9,7 @@ use linux_loader::loader::{BzImage, Elf, KernelLoader, PvhBootCapability};
 use log::info;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, ReadVolatile};
 
-use crate::error::Error;
+use crate::error::{DoesNotFit, Error, KernelRejected, OptionReason};
 use crate::memory::layout::{CMDLINE_MAX_SIZE, CMDLINE_START, HIGH_RAM_START};
 use crate::memory::GuestMemoryMmap;
 
@@ -65,13 +65,13 @@ pub fn load_kernel(mem: &GuestMemoryMmap, path: &Path) -> Result<LoadedKernel, E
     let mut file = open("kernel", path)?;
     let mut magic = [0u8; 4];
     let is_elf = file.read_exact(&mut magic).is_ok() && magic == *b"\x7fELF";
-    let not_kernel = |reason: String| Error::NotAKernel {
+    let not_kernel = |reason: KernelRejected| Error::NotAKernel {
         path: path.to_path_buf(),
         reason,
     };
     if is_elf {
         let result = Elf::load(mem, None, &mut file, Some(GuestAddress(HIGH_RAM_START)))
-            .map_err(|e| not_kernel(e.to_string()))?;
+            .map_err(|e| not_kernel(KernelRejected::Elf(e)))?;
         match result.pvh_boot_cap {
             PvhBootCapability::PvhEntryPresent(entry) => {
                 info!("ELF kernel with PVH entry at {:#x}", entry.0);
@@ -81,31 +81,22 @@ pub fn load_kernel(mem: &GuestMemoryMmap, path: &Path) -> Result<LoadedKernel, E
                     protocol: BootProtocol::Pvh,
                 })
             }
-            _ => Err(not_kernel(
-                "ELF image has no PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY); use the bzImage"
-                    .into(),
-            )),
+            _ => Err(not_kernel(KernelRejected::NoPvhEntry)),
         }
     } else {
         let result = BzImage::load(mem, None, &mut file, Some(GuestAddress(HIGH_RAM_START)))
-            .map_err(|e| {
-                not_kernel(format!(
-                    "neither an ELF vmlinux nor a loadable bzImage ({e})"
-                ))
-            })?;
+            .map_err(|e| not_kernel(KernelRejected::NotBzImage(e)))?;
         let header = result
             .setup_header
-            .ok_or_else(|| not_kernel("bzImage without setup header".into()))?;
+            .ok_or_else(|| not_kernel(KernelRejected::NoSetupHeader))?;
         if header.version < 0x020c {
-            return Err(not_kernel(format!(
-                "boot protocol {}.{:02} is too old for 64-bit entry (need 2.12)",
-                header.version >> 8,
-                header.version & 0xff
-            )));
+            return Err(not_kernel(KernelRejected::OldProtocol {
+                version: header.version,
+            }));
         }
         // XLF_KERNEL_64: the image has a 64-bit entry at +0x200.
         if header.xloadflags & 1 == 0 {
-            return Err(not_kernel("bzImage has no 64-bit entry point".into()));
+            return Err(not_kernel(KernelRejected::No64BitEntry));
         }
         info!(
             "bzImage protocol {}.{:02} loaded at {:#x}",
@@ -131,7 +122,7 @@ pub fn load_cmdline(
     let limit = max_len
         .unwrap_or(CMDLINE_MAX_SIZE - 1)
         .min(CMDLINE_MAX_SIZE - 1);
-    let bad = |reason: String| Error::InvalidOption {
+    let bad = |reason: OptionReason| Error::InvalidOption {
         option: "cmdline",
         value: cmdline.to_string(),
         reason,
@@ -139,7 +130,8 @@ pub fn load_cmdline(
     if cmdline.len() > limit {
         return Err(bad(format!(
             "longer than the kernel's limit of {limit} bytes"
-        )));
+        )
+        .into()));
     }
     if cmdline
         .bytes()
@@ -175,11 +167,11 @@ pub fn load_initramfs(
         .checked_sub(size)
         .map(|s| s & !0xfff)
         .filter(|s| *s >= min_start)
-        .ok_or_else(|| {
-            Error::DoesNotFit(format!(
-                "initramfs '{}' ({size} bytes) does not fit between {min_start:#x} and {max_end:#x}",
-                path.display()
-            ))
+        .ok_or_else(|| DoesNotFit::Initramfs {
+            path: path.to_path_buf(),
+            size,
+            min_start,
+            max_end,
         })?;
     let mut slice = mem
         .get_slice(GuestAddress(start), size as usize)
@@ -188,7 +180,7 @@ pub fn load_initramfs(
         .map_err(|e| Error::ReadFile {
             what: "initramfs",
             path: path.to_path_buf(),
-            source: std::io::Error::other(e.to_string()),
+            source: std::io::Error::other(e),
         })?;
     Ok((start, size))
 }

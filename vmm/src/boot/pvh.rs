@@ -6,7 +6,7 @@ use linux_loader::loader::elf::start_info::{
 };
 use vm_memory::{Bytes, GuestAddress};
 
-use crate::error::Error;
+use crate::error::{DoesNotFit, Error};
 use crate::memory::layout::{
     e820_entries, CMDLINE_START, PVH_INFO_START, PVH_MEMMAP_MAX_ENTRIES, PVH_MEMMAP_START,
     PVH_MODLIST_START,
@@ -26,7 +26,7 @@ pub fn write_start_info(
 ) -> Result<u64, Error> {
     let entries = e820_entries(mem_size);
     if entries.len() > PVH_MEMMAP_MAX_ENTRIES {
-        return Err(Error::DoesNotFit("too many PVH memory map entries".into()));
+        return Err(DoesNotFit::PvhMemmapEntries.into());
     }
     for (i, e) in entries.iter().enumerate() {
         let entry = hvm_memmap_table_entry {

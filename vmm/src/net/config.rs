@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Error;
+use crate::error::{Error, OptionReason};
 use crate::options::parse_options;
 
 /// Largest number of queue pairs accepted.
@@ -93,6 +93,61 @@ pub struct NetSpec {
     pub vhost_mode: Option<String>,
 }
 
+/// Why a [`NetSpec`] is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum NetSpecError {
+    /// The TAP name does not fit IFNAMSIZ.
+    #[error("tap name '{tap}' is longer than 15 bytes")]
+    TapName {
+        /// The name given.
+        tap: String,
+    },
+    /// `mac` does not parse.
+    #[error("'{mac}' is not a MAC address")]
+    Mac {
+        /// The text given.
+        mac: String,
+    },
+    /// The MAC address has the group bit set.
+    #[error("the MAC address is a multicast address")]
+    Multicast,
+    /// `ip` or `mask` does not parse.
+    #[error("{key} '{text}' is not an IPv4 address")]
+    Ipv4 {
+        /// `ip` or `mask`.
+        key: &'static str,
+        /// The text given.
+        text: String,
+    },
+    /// `num_queues` odd or out of range.
+    #[error("num_queues must be an even number between 2 and {}", 2 * MAX_QUEUE_PAIRS)]
+    NumQueues,
+    /// `queue_size` not a power of two in range.
+    #[error("queue_size must be a power of two up to 32768")]
+    QueueSize,
+    /// `vhost_mode` server on a TAP device.
+    #[error("vhost_mode server needs vhost_user")]
+    ServerWithoutVhostUser,
+    /// `vhost_mode` neither client nor server.
+    #[error("vhost_mode must be client or server, not '{mode}'")]
+    VhostMode {
+        /// The text given.
+        mode: String,
+    },
+    /// vhost-user without a socket.
+    #[error("vhost_user needs a socket path")]
+    NoSocket,
+    /// A TAP setting on a vhost-user device.
+    #[error("{key} belongs to a TAP, not to vhost_user")]
+    TapKeyWithVhostUser {
+        /// `tap`, `ip` or `mask`.
+        key: &'static str,
+    },
+    /// A socket on a TAP device.
+    #[error("a vhost-user socket needs vhost_user on")]
+    SocketWithoutVhostUser,
+}
+
 impl NetConfig {
     /// Parses and validates one `--net` value.
     pub fn parse(value: &str) -> Result<Self, Error> {
@@ -112,7 +167,7 @@ impl NetConfig {
                 "vhost_mode",
             ],
         )?;
-        let bad = |reason: String| Error::InvalidOption {
+        let bad = |reason: OptionReason| Error::InvalidOption {
             option: "net",
             value: value.to_string(),
             reason,
@@ -121,19 +176,23 @@ impl NetConfig {
             opts.get(key)
                 .map(|t| {
                     t.parse::<u64>()
-                        .map_err(|_| bad(format!("{key} '{t}' is not a number")))
+                        .map_err(|_| bad(format!("{key} '{t}' is not a number").into()))
                 })
                 .transpose()
         };
         let iommu = match opts.get("iommu").map(String::as_str) {
             None | Some("off") => false,
             Some("on") => true,
-            Some(o) => return Err(bad(format!("iommu must be on or off, not '{o}'"))),
+            Some(o) => return Err(bad(format!("iommu must be on or off, not '{o}'").into())),
         };
         let vhost_user = match opts.get("vhost_user").map(String::as_str) {
             None | Some("off") | Some("false") => false,
             Some("on") | Some("true") => true,
-            Some(o) => return Err(bad(format!("vhost_user must be on or off, not '{o}'"))),
+            Some(o) => {
+                return Err(bad(
+                    format!("vhost_user must be on or off, not '{o}'").into()
+                ))
+            }
         };
         let spec = NetSpec {
             tap: opts.get("tap").cloned(),
@@ -147,70 +206,68 @@ impl NetConfig {
             vhost_socket: opts.get("socket").map(PathBuf::from),
             vhost_mode: opts.get("vhost_mode").cloned(),
         };
-        Self::from_spec(&spec).map_err(bad)
+        Self::from_spec(&spec).map_err(|e| bad(e.into()))
     }
 
     /// Checks a network device description from the command line or the API.
-    pub fn from_spec(spec: &NetSpec) -> Result<Self, String> {
+    pub fn from_spec(spec: &NetSpec) -> Result<Self, NetSpecError> {
         let tap = spec.tap.clone().unwrap_or_default();
         if tap.len() >= 16 {
-            return Err(format!("tap name '{tap}' is longer than 15 bytes"));
+            return Err(NetSpecError::TapName { tap });
         }
         let mac = match &spec.mac {
-            Some(m) => parse_mac(m).ok_or_else(|| format!("'{m}' is not a MAC address"))?,
+            Some(m) => parse_mac(m).ok_or_else(|| NetSpecError::Mac { mac: m.clone() })?,
             // Locally administered, fixed so guest-side tests are stable.
             None => [0x52, 0x54, 0x00, 0x12, 0x34, 0x56],
         };
         if mac[0] & 1 != 0 {
-            return Err("the MAC address is a multicast address".into());
+            return Err(NetSpecError::Multicast);
         }
-        let ipv4 = |key: &str, v: &Option<String>| -> Result<Option<Ipv4Addr>, String> {
-            v.as_ref()
-                .map(|t| {
-                    t.parse::<Ipv4Addr>()
-                        .map_err(|_| format!("{key} '{t}' is not an IPv4 address"))
-                })
-                .transpose()
-        };
+        let ipv4 =
+            |key: &'static str, v: &Option<String>| -> Result<Option<Ipv4Addr>, NetSpecError> {
+                v.as_ref()
+                    .map(|t| {
+                        t.parse::<Ipv4Addr>().map_err(|_| NetSpecError::Ipv4 {
+                            key,
+                            text: t.clone(),
+                        })
+                    })
+                    .transpose()
+            };
         let ip = ipv4("ip", &spec.ip)?;
         let mask = ipv4("mask", &spec.mask)?;
         let num_queues = spec.num_queues.unwrap_or(2);
         if num_queues < 2 || num_queues & 1 != 0 || num_queues / 2 > MAX_QUEUE_PAIRS as u64 {
-            return Err(format!(
-                "num_queues must be an even number between 2 and {}",
-                2 * MAX_QUEUE_PAIRS
-            ));
+            return Err(NetSpecError::NumQueues);
         }
         let queue_size = spec.queue_size.unwrap_or(256);
         if !queue_size.is_power_of_two() || !(2..=32768).contains(&queue_size) {
-            return Err("queue_size must be a power of two up to 32768".into());
+            return Err(NetSpecError::QueueSize);
         }
         let vhost_server = match spec.vhost_mode.as_deref() {
             None | Some("client") | Some("Client") => false,
             Some("server") | Some("Server") if spec.vhost_user => true,
-            Some("server") | Some("Server") => {
-                return Err("vhost_mode server needs vhost_user".into())
-            }
-            Some(m) => return Err(format!("vhost_mode must be client or server, not '{m}'")),
+            Some("server") | Some("Server") => return Err(NetSpecError::ServerWithoutVhostUser),
+            Some(m) => return Err(NetSpecError::VhostMode { mode: m.into() }),
         };
         let vhost_user_socket = if spec.vhost_user {
             let socket = spec
                 .vhost_socket
                 .as_ref()
                 .filter(|s| !s.as_os_str().is_empty())
-                .ok_or("vhost_user needs a socket path")?;
+                .ok_or(NetSpecError::NoSocket)?;
             let tap_keys = [
                 ("tap", !tap.is_empty()),
                 ("ip", ip.is_some()),
                 ("mask", mask.is_some()),
             ];
             if let Some((k, _)) = tap_keys.iter().find(|(_, given)| *given) {
-                return Err(format!("{k} belongs to a TAP, not to vhost_user"));
+                return Err(NetSpecError::TapKeyWithVhostUser { key: k });
             }
             Some(socket.clone())
         } else {
             if spec.vhost_socket.is_some() {
-                return Err("a vhost-user socket needs vhost_user on".into());
+                return Err(NetSpecError::SocketWithoutVhostUser);
             }
             None
         };

@@ -12,7 +12,7 @@ use super::queue::WorkerQueue;
 use super::tap::{Tap, TapError, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6};
 use super::worker::{run_worker, WorkerParts};
 use crate::virtio::{
-    feature, read_config_window, ActivateContext, ActivateError, VirtioDevice,
+    feature, read_config_window, ActivateContext, ActivateError, QueueSetupError, VirtioDevice,
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 
@@ -227,9 +227,7 @@ impl VirtioDevice for Net {
             self.workers.push((stop, handle));
         }
         if self.workers.is_empty() {
-            return Err(ActivateError::Queues(
-                "no complete receive/transmit queue pair enabled".into(),
-            ));
+            return Err(QueueSetupError::NoQueuePair.into());
         }
         Ok(())
     }

@@ -16,11 +16,24 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
 use thiserror::Error;
+use vmm_sys_util::ioctl::{ioctl_with_mut_ref, ioctl_with_ref, ioctl_with_val};
 
-const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
-const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
-const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
-const TUNSETQUEUE: libc::c_ulong = 0x4004_54d9;
+use self::ioctls::{TUNSETIFF, TUNSETOFFLOAD, TUNSETQUEUE, TUNSETVNETHDRSZ};
+
+/// The TUN ioctl numbers, from `<linux/if_tun.h>`'s `_IOW('T', nr, type)`.
+#[allow(non_snake_case)]
+mod ioctls {
+    use std::os::raw::{c_int, c_uint};
+
+    /// The ioctl type of TUN/TAP devices.
+    const TUNTAP: c_uint = b'T' as c_uint;
+
+    vmm_sys_util::ioctl_iow_nr!(TUNSETIFF, TUNTAP, 202, c_int);
+    vmm_sys_util::ioctl_iow_nr!(TUNSETOFFLOAD, TUNTAP, 208, c_uint);
+    vmm_sys_util::ioctl_iow_nr!(TUNSETVNETHDRSZ, TUNTAP, 216, c_int);
+    vmm_sys_util::ioctl_iow_nr!(TUNSETQUEUE, TUNTAP, 217, c_int);
+}
+
 const IFF_ATTACH_QUEUE: u16 = 0x0200;
 const IFF_DETACH_QUEUE: u16 = 0x0400;
 const IFF_TAP: u16 = 0x0002;
@@ -28,6 +41,7 @@ const IFF_NO_PI: u16 = 0x1000;
 const IFF_VNET_HDR: u16 = 0x4000;
 const IFF_MULTI_QUEUE: u16 = 0x0100;
 const IFNAMSIZ: usize = 16;
+/// `sizeof(struct ifreq)`: the kernel copies this much whatever the request.
 const IFREQ_SIZE: usize = 40;
 
 /// TUNSETOFFLOAD: the reader accepts partial checksums.
@@ -63,46 +77,77 @@ pub enum TapError {
     },
 }
 
-/// An ifreq buffer: name in the first 16 bytes, the union after it.
-struct IfReq([u8; IFREQ_SIZE]);
+/// The members of `struct ifreq`'s union these ioctls use, padded to the
+/// union's full size.
+#[repr(C)]
+#[derive(Clone, Copy)]
+union IfReqData {
+    /// `ifr_flags`: TUNSETIFF, TUNSETQUEUE, SIOC[GS]IFFLAGS.
+    flags: libc::c_short,
+    /// `ifr_addr` / `ifr_netmask`: SIOCSIFADDR, SIOCSIFNETMASK.
+    addr: libc::sockaddr_in,
+    /// The whole union (its largest member, `struct ifmap`, is 24 bytes
+    /// on 64-bit targets).
+    raw: [u8; IFREQ_SIZE - IFNAMSIZ],
+}
+
+/// `struct ifreq`: the interface name, then the request's member.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct IfReq {
+    /// `ifr_name`, NUL-terminated.
+    name: [u8; IFNAMSIZ],
+    /// `ifr_ifru`.
+    data: IfReqData,
+}
+
+const _: () = assert!(std::mem::size_of::<IfReq>() == IFREQ_SIZE);
 
 impl IfReq {
+    /// A zeroed request for interface `name` (cut to IFNAMSIZ - 1 bytes).
     fn new(name: &str) -> Self {
-        let mut b = [0u8; IFREQ_SIZE];
+        let mut req = Self {
+            name: [0; IFNAMSIZ],
+            data: IfReqData {
+                raw: [0; IFREQ_SIZE - IFNAMSIZ],
+            },
+        };
         let n = name.len().min(IFNAMSIZ - 1);
-        b[..n].copy_from_slice(&name.as_bytes()[..n]);
-        Self(b)
+        req.name[..n].copy_from_slice(&name.as_bytes()[..n]);
+        req
     }
 
-    fn set_short(&mut self, v: u16) {
-        self.0[IFNAMSIZ..IFNAMSIZ + 2].copy_from_slice(&v.to_ne_bytes());
+    fn set_flags(&mut self, flags: u16) {
+        self.data.flags = flags as libc::c_short;
     }
 
-    fn short(&self) -> u16 {
-        u16::from_ne_bytes([self.0[IFNAMSIZ], self.0[IFNAMSIZ + 1]])
+    fn flags(&self) -> u16 {
+        // SAFETY: the union was zeroed whole in `new`, so its first two
+        // bytes are initialized whichever member was written since, and
+        // every bit pattern is a valid c_short.
+        unsafe { self.data.flags as u16 }
     }
 
     fn set_inet(&mut self, addr: Ipv4Addr) {
-        // struct sockaddr_in: family, port, address, zero padding.
-        let sa = &mut self.0[IFNAMSIZ..IFNAMSIZ + 16];
-        sa.fill(0);
-        sa[0..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
-        sa[4..8].copy_from_slice(&addr.octets());
+        self.data.addr = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: 0,
+            sin_addr: libc::in_addr {
+                // Network byte order: the octets as they lie in memory.
+                s_addr: u32::from_ne_bytes(addr.octets()),
+            },
+            sin_zero: [0; 8],
+        };
     }
 
     fn name(&self) -> String {
-        let end = self.0[..IFNAMSIZ]
-            .iter()
-            .position(|b| *b == 0)
-            .unwrap_or(IFNAMSIZ);
-        String::from_utf8_lossy(&self.0[..end]).into_owned()
+        let end = self.name.iter().position(|b| *b == 0).unwrap_or(IFNAMSIZ);
+        String::from_utf8_lossy(&self.name[..end]).into_owned()
     }
 }
 
-fn ioctl_ptr(fd: RawFd, req: libc::c_ulong, arg: *mut libc::c_void) -> io::Result<()> {
-    // SAFETY: callers pass a request whose argument is the pointed-to
-    // buffer (an ifreq of IFREQ_SIZE bytes or an int), valid for the call.
-    let r = unsafe { libc::ioctl(fd, req as _, arg) };
+/// An ioctl's return value as a result.
+fn check(r: libc::c_int) -> io::Result<()> {
     if r < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -110,14 +155,13 @@ fn ioctl_ptr(fd: RawFd, req: libc::c_ulong, arg: *mut libc::c_void) -> io::Resul
     }
 }
 
-fn ioctl_val(fd: RawFd, req: libc::c_ulong, arg: libc::c_ulong) -> io::Result<()> {
-    // SAFETY: the request takes its argument by value.
-    let r = unsafe { libc::ioctl(fd, req as _, arg) };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+/// An ioctl whose argument is a `struct ifreq` (read, and for the GET
+/// requests written, by the kernel).
+fn ioctl_ifreq(fd: &impl AsRawFd, req: libc::c_ulong, ifreq: &mut IfReq) -> io::Result<()> {
+    // SAFETY: every request passed here takes a `struct ifreq *`; `ifreq`
+    // is a live, exclusively borrowed, IFREQ_SIZE-byte `struct ifreq` for
+    // the duration of the call.
+    check(unsafe { ioctl_with_mut_ref(fd, req, ifreq) })
 }
 
 /// One queue of a TAP interface (a file descriptor on it).
@@ -144,7 +188,7 @@ impl Tap {
         if multi_queue {
             flags |= IFF_MULTI_QUEUE;
         }
-        req.set_short(flags);
+        req.set_flags(flags);
         let err = |what| {
             move |source| TapError::Ioctl {
                 name: name.to_string(),
@@ -152,19 +196,16 @@ impl Tap {
                 source,
             }
         };
-        ioctl_ptr(file.as_raw_fd(), TUNSETIFF, req.0.as_mut_ptr().cast())
-            .map_err(err("TUNSETIFF"))?;
+        ioctl_ifreq(&file, TUNSETIFF(), &mut req).map_err(err("TUNSETIFF"))?;
         let tap = Self {
             file,
             name: req.name(),
         };
         let hdr: libc::c_int = VNET_HDR_LEN as libc::c_int;
-        ioctl_ptr(
-            tap.file.as_raw_fd(),
-            TUNSETVNETHDRSZ,
-            (&hdr as *const libc::c_int).cast_mut().cast(),
-        )
-        .map_err(err("TUNSETVNETHDRSZ"))?;
+        // SAFETY: TUNSETVNETHDRSZ reads an `int` through its argument,
+        // which `hdr` is, alive for the call.
+        check(unsafe { ioctl_with_ref(&tap.file, TUNSETVNETHDRSZ(), &hdr) })
+            .map_err(err("TUNSETVNETHDRSZ"))?;
         Ok(tap)
     }
 
@@ -175,16 +216,14 @@ impl Tap {
 
     /// Which offloads frames read from the TAP may use (TUN_F_*).
     pub fn set_offload(&self, flags: u32) -> Result<(), TapError> {
-        ioctl_val(
-            self.file.as_raw_fd(),
-            TUNSETOFFLOAD,
-            libc::c_ulong::from(flags),
-        )
-        .map_err(|source| TapError::Ioctl {
-            name: self.name.clone(),
-            what: "TUNSETOFFLOAD",
-            source,
-        })
+        // SAFETY: TUNSETOFFLOAD takes its flags by value; no memory is
+        // passed.
+        check(unsafe { ioctl_with_val(&self.file, TUNSETOFFLOAD(), libc::c_ulong::from(flags)) })
+            .map_err(|source| TapError::Ioctl {
+                name: self.name.clone(),
+                what: "TUNSETOFFLOAD",
+                source,
+            })
     }
 
     /// Attaches or detaches this queue of a multi-queue TAP: the kernel
@@ -192,16 +231,12 @@ impl Tap {
     /// does not use must be detached or their flows would stall.
     pub fn set_queue_enabled(&self, enabled: bool) -> Result<(), TapError> {
         let mut req = IfReq::new("");
-        req.set_short(if enabled {
+        req.set_flags(if enabled {
             IFF_ATTACH_QUEUE
         } else {
             IFF_DETACH_QUEUE
         });
-        match ioctl_ptr(
-            self.file.as_raw_fd(),
-            TUNSETQUEUE,
-            req.0.as_mut_ptr().cast(),
-        ) {
+        match ioctl_ifreq(&self.file, TUNSETQUEUE(), &mut req) {
             Ok(()) => Ok(()),
             // Already in the requested state.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
@@ -230,26 +265,21 @@ impl Tap {
         }
         // SAFETY: `raw` is a fresh, valid fd nobody else owns.
         let sock = unsafe { OwnedFd::from_raw_fd(raw) };
-        let fd = sock.as_raw_fd();
         if let Some(ip) = ip {
             let mut req = IfReq::new(&self.name);
             req.set_inet(ip);
-            ioctl_ptr(fd, libc::SIOCSIFADDR, req.0.as_mut_ptr().cast())
-                .map_err(err("SIOCSIFADDR"))?;
+            ioctl_ifreq(&sock, libc::SIOCSIFADDR, &mut req).map_err(err("SIOCSIFADDR"))?;
         }
         if let Some(mask) = mask {
             let mut req = IfReq::new(&self.name);
             req.set_inet(mask);
-            ioctl_ptr(fd, libc::SIOCSIFNETMASK, req.0.as_mut_ptr().cast())
-                .map_err(err("SIOCSIFNETMASK"))?;
+            ioctl_ifreq(&sock, libc::SIOCSIFNETMASK, &mut req).map_err(err("SIOCSIFNETMASK"))?;
         }
         let mut req = IfReq::new(&self.name);
-        ioctl_ptr(fd, libc::SIOCGIFFLAGS, req.0.as_mut_ptr().cast())
-            .map_err(err("SIOCGIFFLAGS"))?;
-        let flags = req.short() | (libc::IFF_UP | libc::IFF_RUNNING) as u16;
-        req.set_short(flags);
-        ioctl_ptr(fd, libc::SIOCSIFFLAGS, req.0.as_mut_ptr().cast())
-            .map_err(err("SIOCSIFFLAGS"))?;
+        ioctl_ifreq(&sock, libc::SIOCGIFFLAGS, &mut req).map_err(err("SIOCGIFFLAGS"))?;
+        let flags = req.flags() | (libc::IFF_UP | libc::IFF_RUNNING) as u16;
+        req.set_flags(flags);
+        ioctl_ifreq(&sock, libc::SIOCSIFFLAGS, &mut req).map_err(err("SIOCSIFFLAGS"))?;
         Ok(())
     }
 
@@ -287,14 +317,31 @@ impl AsRawFd for Tap {
 mod tests {
     use super::*;
 
+    /// The bytes the kernel sees.
+    fn bytes(r: &IfReq) -> [u8; IFREQ_SIZE] {
+        // SAFETY: `IfReq` is repr(C), IFREQ_SIZE bytes without padding
+        // (checked at compile time), and every byte was initialized by
+        // `IfReq::new`; any bytes are a valid `[u8; IFREQ_SIZE]`.
+        unsafe { std::mem::transmute::<IfReq, [u8; IFREQ_SIZE]>(*r) }
+    }
+
+    #[test]
+    fn ioctl_numbers_are_the_kernels() {
+        assert_eq!(TUNSETIFF(), 0x4004_54ca);
+        assert_eq!(TUNSETOFFLOAD(), 0x4004_54d0);
+        assert_eq!(TUNSETVNETHDRSZ(), 0x4004_54d8);
+        assert_eq!(TUNSETQUEUE(), 0x4004_54d9);
+    }
+
     #[test]
     fn ifreq_layout() {
         let mut r = IfReq::new("tap-test0");
         assert_eq!(r.name(), "tap-test0");
         r.set_inet(Ipv4Addr::new(192, 168, 249, 1));
-        assert_eq!(&r.0[20..24], &[192, 168, 249, 1]);
-        r.set_short(0x1234);
-        assert_eq!(r.short(), 0x1234);
+        assert_eq!(&bytes(&r)[20..24], &[192, 168, 249, 1]);
+        assert_eq!(&bytes(&r)[16..18], &(libc::AF_INET as u16).to_ne_bytes());
+        r.set_flags(0x1234);
+        assert_eq!(r.flags(), 0x1234);
         assert!(matches!(
             Tap::open("a-very-long-tap-name", false),
             Err(TapError::Name(_))

@@ -28,7 +28,7 @@ use super::ctrl::{serve_ctrl_queue, CtrlCommand};
 use super::queue::{break_queue, pop_head, signal_used, WorkerQueue};
 use super::tap::{Tap, VNET_HDR_LEN};
 use crate::dma::DmaSpace;
-use crate::virtio::chain::{walk_into, Chain, MAX_CHAIN_DESCRIPTORS};
+use crate::virtio::chain::{walk_into, Chain, ChainError, MAX_CHAIN_DESCRIPTORS};
 use crate::virtio::wake::epoll_on;
 use crate::virtio::VirtioInterrupt;
 
@@ -75,11 +75,55 @@ enum Delivery {
     /// Too few buffers; the driver's avail index that was looked at (every
     /// buffer before it was considered, none after it).
     NoBuffers(Wrapping<u16>),
-    Broken(String),
+    /// The receive queue cannot be used any more.
+    Broken(RxError),
 }
 
-struct Worker {
-    p: WorkerParts,
+/// Why a frame's delivery broke the receive queue.
+#[derive(Debug, thiserror::Error)]
+enum RxError {
+    /// The avail ring cannot be read.
+    #[error("avail ring: {0}")]
+    AvailRing(#[source] virtio_queue::Error),
+    /// The chain pool did not grow (a bug, not the guest's doing).
+    #[error("internal chain pool")]
+    ChainPool,
+    /// The driver's chain is malformed.
+    #[error("receive chain {head}: {source}")]
+    Chain {
+        /// Its head index.
+        head: u16,
+        /// What is wrong with it.
+        source: ChainError,
+    },
+    /// A receive chain the device cannot write into.
+    #[error("receive chain {head} has no writable buffer")]
+    NoWritableBuffer {
+        /// Its head index.
+        head: u16,
+    },
+    /// The used ring cannot be written.
+    #[error("used ring: {0}")]
+    UsedRing(#[source] virtio_queue::Error),
+    /// A frame slice out of bounds (a bug, not the guest's doing).
+    #[error("internal frame bounds")]
+    FrameBounds,
+    /// A receive buffer cannot be written (the vIOMMU refuses it, or it is
+    /// not guest RAM).
+    #[error("receive buffer {addr:#x}: {source}")]
+    Buffer {
+        /// The buffer's address.
+        addr: u64,
+        /// The access error.
+        source: vm_memory::GuestMemoryError,
+    },
+}
+
+/// The state of the thread serving one queue pair (its loop is
+/// [`QueuePairWorker::run`]).
+struct QueuePairWorker {
+    /// The queue pair, its TAP queue and what they share with the device.
+    pair: WorkerParts,
     epoll: Epoll,
     frame: Vec<u8>,
     frame_len: Option<usize>,
@@ -169,20 +213,20 @@ fn deliver(
                 q.set_next_avail(saved);
                 return Delivery::NoBuffers(looked_at);
             }
-            Err(e) => return Delivery::Broken(format!("avail ring: {e}")),
+            Err(e) => return Delivery::Broken(RxError::AvailRing(e)),
         };
         if chains.len() <= n {
             chains.push(Chain::default());
         }
         let Some(chain) = chains.get_mut(n) else {
-            return Delivery::Broken("internal chain pool".into());
+            return Delivery::Broken(RxError::ChainPool);
         };
-        if let Err(e) = walk_into(mem, q.desc_table(), q.size(), head, chain) {
-            return Delivery::Broken(format!("receive chain {head}: {e}"));
+        if let Err(source) = walk_into(mem, q.desc_table(), q.size(), head, chain) {
+            return Delivery::Broken(RxError::Chain { head, source });
         }
         let cap = chain.writable_len();
         if cap == 0 {
-            return Delivery::Broken(format!("receive chain {head} has no writable buffer"));
+            return Delivery::Broken(RxError::NoWritableBuffer { head });
         }
         n += 1;
         if cap >= need {
@@ -194,7 +238,7 @@ fn deliver(
             // and hand the buffer back empty.
             return match q.add_used(mem, head, 0) {
                 Ok(()) => Delivery::Dropped(true),
-                Err(e) => Delivery::Broken(format!("used ring: {e}")),
+                Err(e) => Delivery::Broken(RxError::UsedRing(e)),
             };
         }
     }
@@ -211,37 +255,40 @@ fn deliver(
             }
             let want = (b.len as usize).min(len - off);
             let Some(src) = frame.get(off..off + want) else {
-                return Delivery::Broken("internal frame bounds".into());
+                return Delivery::Broken(RxError::FrameBounds);
             };
-            if let Err(e) = mem.write_slice(src, GuestAddress(b.addr)) {
-                return Delivery::Broken(format!("receive buffer {:#x}: {e}", b.addr));
+            if let Err(source) = mem.write_slice(src, GuestAddress(b.addr)) {
+                return Delivery::Broken(RxError::Buffer {
+                    addr: b.addr,
+                    source,
+                });
             }
             off += want;
             written += want as u32;
         }
         if let Err(e) = q.add_used(mem, chain.head, written) {
-            return Delivery::Broken(format!("used ring: {e}"));
+            return Delivery::Broken(RxError::UsedRing(e));
         }
     }
     Delivery::Done
 }
 
-impl Worker {
-    fn new(p: WorkerParts) -> io::Result<Self> {
+impl QueuePairWorker {
+    fn new(pair: WorkerParts) -> io::Result<Self> {
         let mut fds = vec![
-            (p.stop.as_raw_fd(), TOKEN_STOP),
-            (p.rx.kick.as_raw_fd(), TOKEN_RX),
-            (p.tx.kick.as_raw_fd(), TOKEN_TX),
-            (p.tap.as_raw_fd(), TOKEN_TAP),
+            (pair.stop.as_raw_fd(), TOKEN_STOP),
+            (pair.rx.kick.as_raw_fd(), TOKEN_RX),
+            (pair.tx.kick.as_raw_fd(), TOKEN_TX),
+            (pair.tap.as_raw_fd(), TOKEN_TAP),
         ];
-        if let Some(c) = &p.ctrl {
+        if let Some(c) = &pair.ctrl {
             fds.push((c.kick.as_raw_fd(), TOKEN_CTRL));
         }
         let epoll = epoll_on(&fds)?;
-        let reader = p.mem.reader();
+        let reader = pair.mem.reader();
         Ok(Self {
             reader,
-            p,
+            pair,
             epoll,
             frame: vec![0u8; MAX_FRAME],
             frame_len: None,
@@ -259,7 +306,7 @@ impl Worker {
         if self.tap_polled == on {
             return;
         }
-        let fd = self.p.tap.as_raw_fd();
+        let fd = self.pair.tap.as_raw_fd();
         let r = if on {
             self.epoll.ctl(
                 ControlOperation::Add,
@@ -279,7 +326,7 @@ impl Worker {
     fn run(mut self) {
         let mut events = vec![EpollEvent::default(); 8];
         // Buffers or frames may already be waiting.
-        if self.p.mem.bus_master() {
+        if self.pair.mem.bus_master() {
             self.process_tx();
             self.process_rx();
         }
@@ -289,7 +336,7 @@ impl Worker {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     warn!("virtio-net worker: epoll: {e}");
-                    self.p.interrupt.set_needs_reset();
+                    self.pair.interrupt.set_needs_reset();
                     return;
                 }
             };
@@ -304,19 +351,19 @@ impl Worker {
                         return;
                     }
                     TOKEN_TX => {
-                        let _ = self.p.tx.kick.read();
+                        let _ = self.pair.tx.kick.read();
                     }
                     TOKEN_RX => {
-                        let _ = self.p.rx.kick.read();
+                        let _ = self.pair.rx.kick.read();
                     }
                     TOKEN_CTRL => {
-                        if let Some(c) = &self.p.ctrl {
+                        if let Some(c) = &self.pair.ctrl {
                             let _ = c.kick.read();
                         }
                     }
                     _ => {}
                 }
-                if !self.p.mem.bus_master() {
+                if !self.pair.mem.bus_master() {
                     // No DMA without bus mastering: the rings stay as they
                     // are and frames wait in the TAP until the transport
                     // kicks every queue when the bit is set again.
@@ -343,15 +390,14 @@ impl Worker {
         let mut iov: Vec<libc::iovec> = Vec::with_capacity(self.chain.readable.len());
         let mut total = 0usize;
         for b in &self.chain.readable {
-            let slices =
-                match self
-                    .p
-                    .mem
-                    .get_slices(GuestAddress(b.addr), b.len as usize, Permissions::Read)
-                {
-                    Ok(s) => s,
-                    Err(_) => return false,
-                };
+            let slices = match self.pair.mem.get_slices(
+                GuestAddress(b.addr),
+                b.len as usize,
+                Permissions::Read,
+            ) {
+                Ok(s) => s,
+                Err(_) => return false,
+            };
             for s in slices {
                 let Ok(s) = s else {
                     return false;
@@ -370,7 +416,7 @@ impl Worker {
             self.tx_dropped += 1;
             return true;
         }
-        if let Err(e) = self.p.tap.write_iov(&iov) {
+        if let Err(e) = self.pair.tap.write_iov(&iov) {
             self.tx_dropped += 1;
             debug!("virtio-net: TAP write: {e}");
         }
@@ -378,81 +424,97 @@ impl Worker {
     }
 
     fn process_tx(&mut self) {
-        if self.p.tx.broken {
+        if self.pair.tx.broken {
             return;
         }
         let mut used_any = false;
         let reader = self.reader.clone();
         loop {
-            if let Err(e) = self.p.tx.queue.disable_notification(&self.p.mem) {
-                break_queue(&mut self.p.tx, &*self.p.interrupt, &format!("ring: {e}"));
+            if let Err(e) = self.pair.tx.queue.disable_notification(&self.pair.mem) {
+                break_queue(
+                    &mut self.pair.tx,
+                    &*self.pair.interrupt,
+                    &format!("ring: {e}"),
+                );
                 return;
             }
             loop {
                 // One chain per section: translate, send, mark used.
                 let _section = reader.as_deref().map(ReaderSlot::enter);
-                let head = match pop_head(&mut self.p.tx.queue, &self.p.mem) {
+                let head = match pop_head(&mut self.pair.tx.queue, &self.pair.mem) {
                     Ok(Some(h)) => h,
                     Ok(None) => break,
                     Err(e) => {
                         let why = format!("avail ring: {e}");
-                        break_queue(&mut self.p.tx, &*self.p.interrupt, &why);
+                        break_queue(&mut self.pair.tx, &*self.pair.interrupt, &why);
                         return;
                     }
                 };
-                let q = &self.p.tx.queue;
-                if let Err(e) =
-                    walk_into(&self.p.mem, q.desc_table(), q.size(), head, &mut self.chain)
-                {
+                let q = &self.pair.tx.queue;
+                if let Err(e) = walk_into(
+                    &self.pair.mem,
+                    q.desc_table(),
+                    q.size(),
+                    head,
+                    &mut self.chain,
+                ) {
                     let why = format!("transmit chain {head}: {e}");
-                    break_queue(&mut self.p.tx, &*self.p.interrupt, &why);
+                    break_queue(&mut self.pair.tx, &*self.pair.interrupt, &why);
                     return;
                 }
                 if !self.send_chain() {
                     let why = format!("transmit chain {head}: buffer not accessible");
-                    break_queue(&mut self.p.tx, &*self.p.interrupt, &why);
+                    break_queue(&mut self.pair.tx, &*self.pair.interrupt, &why);
                     return;
                 }
-                if let Err(e) = self.p.tx.queue.add_used(&self.p.mem, head, 0) {
+                if let Err(e) = self.pair.tx.queue.add_used(&self.pair.mem, head, 0) {
                     break_queue(
-                        &mut self.p.tx,
-                        &*self.p.interrupt,
+                        &mut self.pair.tx,
+                        &*self.pair.interrupt,
                         &format!("used ring: {e}"),
                     );
                     return;
                 }
                 used_any = true;
             }
-            match self.p.tx.queue.enable_notification(&self.p.mem) {
+            match self.pair.tx.queue.enable_notification(&self.pair.mem) {
                 Ok(true) => continue,
                 Ok(false) => break,
                 Err(e) => {
-                    break_queue(&mut self.p.tx, &*self.p.interrupt, &format!("ring: {e}"));
+                    break_queue(
+                        &mut self.pair.tx,
+                        &*self.pair.interrupt,
+                        &format!("ring: {e}"),
+                    );
                     return;
                 }
             }
         }
         if used_any {
-            signal_used(&mut self.p.tx, &self.p.mem, &*self.p.interrupt);
+            signal_used(&mut self.pair.tx, &self.pair.mem, &*self.pair.interrupt);
         }
     }
 
     fn process_rx(&mut self) {
-        if self.p.rx.broken {
+        if self.pair.rx.broken {
             self.set_tap_polling(false);
             return;
         }
         let mut used_any = false;
         let reader = self.reader.clone();
-        if let Err(e) = self.p.rx.queue.disable_notification(&self.p.mem) {
-            break_queue(&mut self.p.rx, &*self.p.interrupt, &format!("ring: {e}"));
+        if let Err(e) = self.pair.rx.queue.disable_notification(&self.pair.mem) {
+            break_queue(
+                &mut self.pair.rx,
+                &*self.pair.interrupt,
+                &format!("ring: {e}"),
+            );
             self.set_tap_polling(false);
             return;
         }
         loop {
             let len = match self.frame_len {
                 Some(l) => l,
-                None => match self.p.tap.read_frame(&mut self.frame) {
+                None => match self.pair.tap.read_frame(&mut self.frame) {
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) => {
@@ -468,12 +530,12 @@ impl Worker {
             // One frame per section: translate, copy, mark used.
             let section = reader.as_deref().map(ReaderSlot::enter);
             let delivery = deliver(
-                &self.p.mem,
-                &mut self.p.rx.queue,
+                &self.pair.mem,
+                &mut self.pair.rx.queue,
                 &mut self.frame,
                 len,
                 &mut self.chains,
-                self.p.mrg_rxbuf,
+                self.pair.mrg_rxbuf,
             );
             drop(section);
             match delivery {
@@ -489,17 +551,21 @@ impl Worker {
                     // Hand over what was delivered so the driver can refill,
                     // then ask for a kick on its next buffer.
                     if used_any {
-                        signal_used(&mut self.p.rx, &self.p.mem, &*self.p.interrupt);
+                        signal_used(&mut self.pair.rx, &self.pair.mem, &*self.pair.interrupt);
                         used_any = false;
                     }
-                    match arm_rx_kick(&mut self.p.rx.queue, &self.p.mem, looked_at) {
+                    match arm_rx_kick(&mut self.pair.rx.queue, &self.pair.mem, looked_at) {
                         Ok(true) => continue,
                         Ok(false) => {
                             self.set_tap_polling(false);
                             break;
                         }
                         Err(e) => {
-                            break_queue(&mut self.p.rx, &*self.p.interrupt, &format!("ring: {e}"));
+                            break_queue(
+                                &mut self.pair.rx,
+                                &*self.pair.interrupt,
+                                &format!("ring: {e}"),
+                            );
                             self.set_tap_polling(false);
                             break;
                         }
@@ -507,31 +573,31 @@ impl Worker {
                 }
                 Delivery::Broken(why) => {
                     self.frame_len = None;
-                    break_queue(&mut self.p.rx, &*self.p.interrupt, &why);
+                    break_queue(&mut self.pair.rx, &*self.pair.interrupt, &why.to_string());
                     self.set_tap_polling(false);
                     break;
                 }
             }
         }
         if used_any {
-            signal_used(&mut self.p.rx, &self.p.mem, &*self.p.interrupt);
+            signal_used(&mut self.pair.rx, &self.pair.mem, &*self.pair.interrupt);
         }
     }
 
     fn process_ctrl(&mut self) {
-        let Some(mut c) = self.p.ctrl.take() else {
+        let Some(mut c) = self.pair.ctrl.take() else {
             return;
         };
-        let (taps, kicks) = (&self.p.all_taps, &self.p.all_rx_kicks);
+        let (taps, kicks) = (&self.pair.all_taps, &self.pair.all_rx_kicks);
         serve_ctrl_queue(
             &mut c,
-            &self.p.mem,
-            &*self.p.interrupt,
+            &self.pair.mem,
+            &*self.pair.interrupt,
             self.reader.as_deref(),
             &mut self.chain,
             &mut |cmd| set_queue_pairs(taps, kicks, cmd),
         );
-        self.p.ctrl = Some(c);
+        self.pair.ctrl = Some(c);
     }
 }
 
@@ -560,7 +626,7 @@ fn set_queue_pairs(taps: &[Arc<Tap>], rx_kicks: &[EventFd], cmd: CtrlCommand) ->
 /// Runs a worker on the current thread until its stop eventfd is written.
 pub fn run_worker(parts: WorkerParts) {
     let interrupt = parts.interrupt.clone();
-    match Worker::new(parts) {
+    match QueuePairWorker::new(parts) {
         Ok(w) => w.run(),
         Err(e) => {
             warn!("virtio-net worker could not start: {e}");
@@ -574,6 +640,7 @@ mod tests {
     use super::*;
     use crate::memory::GuestMemoryMmap;
     use crate::virtio::chain::{VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
+    use crate::virtio::test_ring::{leaked_ram, DriverRing, RingAddrs};
 
     const DESC: u64 = 0x1000;
     const AVAIL: u64 = 0x2000;
@@ -581,61 +648,44 @@ mod tests {
     const SIZE: u16 = 8;
 
     struct Ring {
-        mem: GuestMemoryMmap,
+        mem: &'static GuestMemoryMmap,
         dma: DmaSpace,
         queue: Queue,
-        avail_idx: u16,
+        driver: DriverRing<'static>,
     }
 
     impl Ring {
         fn new() -> Self {
-            let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x20000)]).unwrap();
+            let mem = leaked_ram(0x20000);
             let dma = DmaSpace::identity(mem.clone());
-            let mut queue = Queue::new(SIZE).unwrap();
-            queue.try_set_size(SIZE).unwrap();
-            queue
-                .try_set_desc_table_address(GuestAddress(DESC))
-                .unwrap();
-            queue
-                .try_set_avail_ring_address(GuestAddress(AVAIL))
-                .unwrap();
-            queue.try_set_used_ring_address(GuestAddress(USED)).unwrap();
-            queue.set_ready(true);
+            let addrs = RingAddrs {
+                desc: DESC,
+                avail: AVAIL,
+                used: USED,
+            };
+            let driver = DriverRing::new(mem, addrs, SIZE);
             Self {
                 mem,
                 dma,
-                queue,
-                avail_idx: 0,
+                queue: driver.queue(),
+                driver,
             }
         }
 
         fn desc(&self, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
-            let at = DESC + u64::from(i) * 16;
-            self.mem.write_obj(addr, GuestAddress(at)).unwrap();
-            self.mem.write_obj(len, GuestAddress(at + 8)).unwrap();
-            self.mem.write_obj(flags, GuestAddress(at + 12)).unwrap();
-            self.mem.write_obj(next, GuestAddress(at + 14)).unwrap();
+            self.driver.desc(i, addr, len, flags, next);
         }
 
         fn offer(&mut self, head: u16) {
-            let slot = AVAIL + 4 + u64::from(self.avail_idx % SIZE) * 2;
-            self.mem.write_obj(head, GuestAddress(slot)).unwrap();
-            self.avail_idx = self.avail_idx.wrapping_add(1);
-            self.mem
-                .write_obj(self.avail_idx, GuestAddress(AVAIL + 2))
-                .unwrap();
+            self.driver.offer(head);
         }
 
         fn used_idx(&self) -> u16 {
-            self.mem.read_obj(GuestAddress(USED + 2)).unwrap()
+            self.driver.used_idx()
         }
 
         fn used(&self, i: u64) -> (u32, u32) {
-            let at = USED + 4 + i * 8;
-            (
-                self.mem.read_obj(GuestAddress(at)).unwrap(),
-                self.mem.read_obj(GuestAddress(at + 4)).unwrap(),
-            )
+            self.driver.used(i)
         }
 
         fn deliver(&mut self, frame: &mut [u8], mrg: bool) -> Delivery {
@@ -685,7 +735,7 @@ mod tests {
         iommu.map(1, 0x9000, 0x1000, 0x9000, RW);
         iommu.map(1, 0xa000, 0x16000, 0xa000, RW);
         iommu.unmap(1, 0x9000, 0x1000);
-        r.dma = iommu.space(&r.mem);
+        r.dma = iommu.space(r.mem);
         r.mem
             .write_slice(&[0xc5; 4096], GuestAddress(0x9000))
             .unwrap();
@@ -829,7 +879,7 @@ mod tests {
         ));
         // The avail index jumps by more than the queue size.
         let mut r = Ring::new();
-        r.mem.write_obj(100u16, GuestAddress(AVAIL + 2)).unwrap();
+        r.driver.set_avail_idx(100);
         assert!(matches!(
             r.deliver(&mut frame(100), true),
             Delivery::Broken(_)

@@ -39,6 +39,17 @@ pub struct DeviceSpec {
     pub pci_segment: u16,
 }
 
+/// Why a [`DeviceSpec`] is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceSpecError {
+    /// No sysfs path.
+    #[error("path=/sys/bus/pci/devices/<BDF> is required")]
+    NoPath,
+    /// A PCI segment other than 0.
+    #[error("only PCI segment 0 exists")]
+    PciSegment,
+}
+
 impl VfioConfig {
     /// Parses one `--device` value.
     pub fn parse(value: &str) -> Result<Self, Error> {
@@ -53,23 +64,23 @@ impl VfioConfig {
             id: opts.get("id").cloned(),
             pci_segment: 0,
         };
-        Self::from_spec(&spec).map_err(|reason| Error::InvalidOption {
+        Self::from_spec(&spec).map_err(|e| Error::InvalidOption {
             option: "device",
             value: value.into(),
-            reason,
+            reason: e.into(),
         })
     }
 
     /// Checks an assigned function's description from the command line or
     /// the API.
-    pub fn from_spec(spec: &DeviceSpec) -> Result<Self, String> {
+    pub fn from_spec(spec: &DeviceSpec) -> Result<Self, DeviceSpecError> {
         let path = spec
             .path
             .as_ref()
             .filter(|p| !p.as_os_str().is_empty())
-            .ok_or("path=/sys/bus/pci/devices/<BDF> is required")?;
+            .ok_or(DeviceSpecError::NoPath)?;
         if spec.pci_segment != 0 {
-            return Err("only PCI segment 0 exists".into());
+            return Err(DeviceSpecError::PciSegment);
         }
         Ok(Self {
             path: path.clone(),

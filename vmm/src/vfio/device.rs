@@ -36,6 +36,18 @@ use crate::pci::{
 };
 use crate::virtio::msix::{MsiSink, MsixState, MSIX_CAP_ID, MSIX_ENABLE};
 
+/// Why an MSI change the guest wrote could not be carried out (logged; the
+/// vector stays as it was).
+#[derive(Debug, thiserror::Error)]
+enum MsiSwitchError {
+    /// The vector's GSI route could not follow the message.
+    #[error("{0}")]
+    Route(#[from] crate::interrupt::InterruptError),
+    /// VFIO refused to switch MSI on or off.
+    #[error("{0}")]
+    Vfio(#[from] vfio_ioctls::VfioError),
+}
+
 /// Registers of the type-0 header (bytes 0..0x40).
 const HEADER_REGS: usize = 16;
 /// Size of the configuration space the guest sees (no extended space).
@@ -359,15 +371,15 @@ impl VfioPciDevice {
         let Some(m) = self.msi.as_mut() else {
             return;
         };
-        let r = match change {
+        let r: Result<(), MsiSwitchError> = match change {
             MsiChange::None => return,
-            MsiChange::Reroute(msg) => m.sink.route(msg).map_err(|e| e.to_string()),
-            MsiChange::Enable(msg) => m.sink.route(msg).map_err(|e| e.to_string()).and_then(|()| {
-                self.device
-                    .enable_msi(vec![&m.irqfd])
-                    .map_err(|e| e.to_string())
-            }),
-            MsiChange::Disable => self.device.disable_msi().map_err(|e| e.to_string()),
+            MsiChange::Reroute(msg) => m.sink.route(msg).map_err(Into::into),
+            MsiChange::Enable(msg) => m
+                .sink
+                .route(msg)
+                .map_err(MsiSwitchError::from)
+                .and_then(|()| Ok(self.device.enable_msi(vec![&m.irqfd])?)),
+            MsiChange::Disable => self.device.disable_msi().map_err(Into::into),
         };
         match r {
             Ok(()) => {

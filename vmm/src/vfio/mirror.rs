@@ -48,6 +48,44 @@ mod ioctl_nr {
 }
 use ioctl_nr::{VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA};
 
+/// Why a guest mapping cannot be installed in the container.
+#[derive(Debug, thiserror::Error)]
+enum VfioMapError {
+    /// The mapping's target is not guest RAM.
+    #[error("{gpa:#x} is not guest RAM")]
+    NotRam {
+        /// Guest physical address.
+        gpa: u64,
+    },
+    /// The range runs past the end of its RAM region.
+    #[error("guest range {gpa:#x}+{len:#x} leaves its RAM region")]
+    LeavesRegion {
+        /// Guest physical address.
+        gpa: u64,
+        /// Length in bytes.
+        len: u64,
+    },
+    /// The region has no host mapping for the address.
+    #[error("{0}")]
+    HostAddress(#[source] vm_memory::GuestMemoryError),
+    /// VFIO_IOMMU_MAP_DMA failed.
+    #[error("VFIO map {iova:#x}+{len:#x}: {source}")]
+    Map {
+        /// I/O virtual address.
+        iova: u64,
+        /// Length in bytes.
+        len: u64,
+        /// errno.
+        source: std::io::Error,
+    },
+}
+
+impl From<VfioMapError> for MirrorError {
+    fn from(e: VfioMapError) -> Self {
+        MirrorError(Box::new(e))
+    }
+}
+
 /// Counters of one mirror (printed at exit, kept for the API).
 #[derive(Debug, Default)]
 pub struct MirrorStats {
@@ -155,17 +193,15 @@ impl VfioMirror {
         let region = self
             .mem
             .find_region(GuestAddress(gpa))
-            .ok_or_else(|| MirrorError(format!("{gpa:#x} is not guest RAM")))?;
+            .ok_or(VfioMapError::NotRam { gpa })?;
         let off = gpa - region.start_addr().0;
         if off.checked_add(len).is_none_or(|end| end > region.len()) {
-            return Err(MirrorError(format!(
-                "guest range {gpa:#x}+{len:#x} leaves its RAM region"
-            )));
+            return Err(VfioMapError::LeavesRegion { gpa, len }.into());
         }
         let host = self
             .mem
             .get_host_address(GuestAddress(gpa))
-            .map_err(|e| MirrorError(e.to_string()))?;
+            .map_err(VfioMapError::HostAddress)?;
         let mut flags = 0;
         if perm.contains(Perm::READ) {
             flags |= VFIO_DMA_MAP_FLAG_READ;
@@ -186,10 +222,12 @@ impl VfioMirror {
         let r = unsafe { ioctl_with_ref(&*self.container, VFIO_IOMMU_MAP_DMA(), &arg) };
         self.stats.map_calls.fetch_add(1, Ordering::Relaxed);
         if r < 0 {
-            return Err(MirrorError(format!(
-                "VFIO map {iova:#x}+{len:#x}: {}",
-                std::io::Error::last_os_error()
-            )));
+            return Err(VfioMapError::Map {
+                iova,
+                len,
+                source: std::io::Error::last_os_error(),
+            }
+            .into());
         }
         self.stats
             .pages_mapped

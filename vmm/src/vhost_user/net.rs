@@ -35,7 +35,7 @@ use crate::net::device::{config_space, features as net_features, VIRTIO_ID_NET};
 use crate::net::queue::WorkerQueue;
 use crate::net::NetConfig;
 use crate::virtio::{
-    feature, read_config_window, ActivateContext, ActivateError, VirtioDevice,
+    feature, read_config_window, ActivateContext, ActivateError, QueueSetupError, VirtioDevice,
     VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX,
     VIRTIO_RING_F_INDIRECT_DESC,
 };
@@ -254,7 +254,7 @@ impl VhostUserNet {
         // translates through its IOTLB; otherwise host addresses.
         let behind_iommu = acked & feature(VIRTIO_F_ACCESS_PLATFORM) != 0;
         let mem = self.mem.clone();
-        let ring_addr = |gpa: u64, what: &str| {
+        let ring_addr = |gpa: u64, what: &'static str| {
             if behind_iommu {
                 Ok(gpa)
             } else {
@@ -360,10 +360,10 @@ impl VhostUserNet {
 
 /// The host address of `gpa`, which the back-end finds in its copy of the
 /// memory table.
-fn host_addr(mem: &GuestMemoryMmap, gpa: u64, what: &str) -> Result<u64, ActivateError> {
+fn host_addr(mem: &GuestMemoryMmap, gpa: u64, what: &'static str) -> Result<u64, ActivateError> {
     mem.get_host_address(GuestAddress(gpa))
         .map(|p| p as u64)
-        .map_err(|_| ActivateError::Queues(format!("{what} at {gpa:#x} is not in guest RAM")))
+        .map_err(|_| QueueSetupError::NotInGuestRam { what, gpa }.into())
 }
 
 /// The SET_MEM_TABLE body and its file descriptors, one per RAM region.
@@ -422,9 +422,7 @@ impl VirtioDevice for VhostUserNet {
     fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
         let has = |i: u16| ctx.queues.iter().any(|q| q.index == i);
         if !has(0) || !has(1) {
-            return Err(ActivateError::Queues(
-                "vhost-user-net needs the first receive and transmit queues enabled".into(),
-            ));
+            return Err(QueueSetupError::NoFirstPair.into());
         }
         // A pair is handed over whole or not at all.
         if let Some(q) = ctx
@@ -432,10 +430,7 @@ impl VirtioDevice for VhostUserNet {
             .iter()
             .find(|q| usize::from(q.index) < self.pairs * 2 && !has(q.index ^ 1))
         {
-            return Err(ActivateError::Queues(format!(
-                "queue {} enabled without its pair",
-                q.index
-            )));
+            return Err(QueueSetupError::Unpaired { index: q.index }.into());
         }
         let result = self.start(ctx);
         if let Err(e) = &result {

@@ -233,20 +233,13 @@ pub fn walk<M: GuestMemory + ?Sized>(
 mod tests {
     use super::*;
     use crate::memory::GuestMemoryMmap;
+    use crate::virtio::test_ring::put_desc as put;
 
     const TABLE: u64 = 0x1000;
     const INDIRECT: u64 = 0x3000;
 
     fn mem() -> GuestMemoryMmap {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap()
-    }
-
-    fn put(m: &GuestMemoryMmap, table: u64, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let at = GuestAddress(table + u64::from(i) * 16);
-        m.write_obj(addr, at).unwrap();
-        m.write_obj(len, GuestAddress(at.0 + 8)).unwrap();
-        m.write_obj(flags, GuestAddress(at.0 + 12)).unwrap();
-        m.write_obj(next, GuestAddress(at.0 + 14)).unwrap();
     }
 
     #[test]

@@ -16,6 +16,8 @@ pub mod iommu;
 pub mod msix;
 pub mod pci;
 pub mod plug;
+#[cfg(test)]
+pub(crate) mod test_ring;
 pub mod wake;
 
 use std::sync::Arc;
@@ -107,13 +109,50 @@ pub struct ActivateContext {
 pub enum ActivateError {
     /// Queues the device needs were not enabled by the driver.
     #[error("queue configuration not usable: {0}")]
-    Queues(String),
+    Queues(#[from] QueueSetupError),
     /// A thread or event fd could not be created.
     #[error("{0}")]
     Os(#[from] std::io::Error),
     /// Device-specific failure: the device's own error.
     #[error("{0}")]
     Device(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Which queues a device cannot start with ([`ActivateError::Queues`]).
+#[derive(Debug, Error)]
+pub enum QueueSetupError {
+    /// virtio-net: not one receive queue enabled with its transmit queue.
+    #[error("no complete receive/transmit queue pair enabled")]
+    NoQueuePair,
+    /// vhost-user-net: the first pair, which the back-end always serves,
+    /// is not enabled.
+    #[error("vhost-user-net needs the first receive and transmit queues enabled")]
+    NoFirstPair,
+    /// vhost-user-net: one queue of a pair without the other.
+    #[error("queue {index} enabled without its pair")]
+    Unpaired {
+        /// The queue enabled alone.
+        index: u16,
+    },
+    /// virtio-blk: no request queue enabled.
+    #[error("no request queue enabled")]
+    NoRequestQueue,
+    /// virtio-iommu: not every request queue enabled.
+    #[error("{enabled} of {needed} request queues enabled")]
+    RequestQueues {
+        /// Request queues the driver enabled.
+        enabled: usize,
+        /// Request queues the device has.
+        needed: u16,
+    },
+    /// A ring address the back-end must map is not guest RAM.
+    #[error("{what} at {gpa:#x} is not in guest RAM")]
+    NotInGuestRam {
+        /// The ring part ("descriptor table", ...).
+        what: &'static str,
+        /// Its guest physical address.
+        gpa: u64,
+    },
 }
 
 /// A virtio device, independent of the transport.

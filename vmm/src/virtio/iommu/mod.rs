@@ -3,7 +3,7 @@
 //!
 //! This file is the glue: the [`VirtioDevice`] implementation, feature and
 //! config plumbing, and the threads' lifetime. The queue work lives in
-//! [`request`] (one thread and one library `Worker` per request queue) and
+//! [`request`] (one thread and one library `QueueContext` per request queue) and
 //! [`event`] (fault events to the event queue).
 //!
 //! The vIOMMU's own rings are not translated: the transport is given an
@@ -38,7 +38,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::chain::Buffer;
 use super::wake::Wake;
-use super::{ActivateContext, ActivateError, VirtioDevice};
+use super::{ActivateContext, ActivateError, QueueSetupError, VirtioDevice};
 use crate::dma::DmaSpace;
 
 /// Virtio device id of the IOMMU.
@@ -149,10 +149,11 @@ impl VirtioDevice for VirtioIommu {
             }
         }
         if requests.len() != usize::from(nreq) {
-            return Err(ActivateError::Queues(format!(
-                "{} of {nreq} request queues enabled",
-                requests.len()
-            )));
+            return Err(QueueSetupError::RequestQueues {
+                enabled: requests.len(),
+                needed: nreq,
+            }
+            .into());
         }
         let mut threads = Vec::new();
         for q in requests {
@@ -264,6 +265,7 @@ mod tests {
     use super::*;
     use crate::memory::GuestMemoryMmap;
     use crate::virtio::chain::{VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
+    use crate::virtio::test_ring::{DriverRing, RingAddrs};
     use crate::virtio::{ActiveQueue, VirtioInterrupt};
 
     const EP: u32 = 8;
@@ -300,48 +302,29 @@ mod tests {
         q
     }
 
-    fn desc(mem: &GuestMemoryMmap, q: usize, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let at = RINGS[q].0 + u64::from(i) * 16;
-        mem.write_obj(addr, GuestAddress(at)).unwrap();
-        mem.write_obj(len, GuestAddress(at + 8)).unwrap();
-        mem.write_obj(flags, GuestAddress(at + 12)).unwrap();
-        mem.write_obj(next, GuestAddress(at + 14)).unwrap();
-    }
-
-    /// Publishes `head` as avail entry number `n` (0-based) of queue `q`.
-    fn offer(mem: &GuestMemoryMmap, q: usize, n: u16, head: u16) {
-        let a = RINGS[q].1;
-        mem.write_obj(head, GuestAddress(a + 4 + u64::from(n % 16) * 2))
-            .unwrap();
-        mem.write_obj(n + 1, GuestAddress(a + 2)).unwrap();
-    }
-
-    fn used_idx(mem: &GuestMemoryMmap, q: usize) -> u16 {
-        mem.read_obj(GuestAddress(RINGS[q].2 + 2)).unwrap()
-    }
-
-    fn used_len(mem: &GuestMemoryMmap, q: usize, n: u16) -> u32 {
-        mem.read_obj(GuestAddress(RINGS[q].2 + 4 + u64::from(n) * 8 + 4))
-            .unwrap()
+    /// The driver's side of queues 0 and 1 (indices zeroed: build them
+    /// before the device starts).
+    fn drivers(mem: &GuestMemoryMmap) -> [DriverRing<'_>; 2] {
+        RINGS.map(|(desc, avail, used)| DriverRing::new(mem, RingAddrs { desc, avail, used }, 16))
     }
 
     /// Publishes ATTACH endpoint EP to domain 1 as the first request of
     /// queue 0 (readable request at 0x10000, writable status at 0x11000).
-    fn offer_attach(mem: &GuestMemoryMmap) {
+    fn offer_attach(mem: &GuestMemoryMmap, ring: &mut DriverRing<'_>) {
         let mut attach = vec![1u8, 0, 0, 0];
         attach.extend_from_slice(&1u32.to_le_bytes());
         attach.extend_from_slice(&EP.to_le_bytes());
         attach.extend_from_slice(&[0; 8]);
         mem.write_slice(&attach, GuestAddress(0x10000)).unwrap();
         mem.write_slice(&[0xff; 4], GuestAddress(0x11000)).unwrap();
-        desc(mem, 0, 0, 0x10000, 20, VIRTQ_DESC_F_NEXT, 1);
-        desc(mem, 0, 1, 0x11000, 4, VIRTQ_DESC_F_WRITE, 0);
-        offer(mem, 0, 0, 0);
+        ring.desc(0, 0x10000, 20, VIRTQ_DESC_F_NEXT, 1);
+        ring.desc(1, 0x11000, 4, VIRTQ_DESC_F_WRITE, 0);
+        ring.offer(0);
     }
 
-    fn wait_used(mem: &GuestMemoryMmap, q: usize, want: u16) {
+    fn wait_used(rings: &[DriverRing<'_>], q: usize, want: u16) {
         let t = Instant::now();
-        while used_idx(mem, q) < want {
+        while rings[q].used_idx() < want {
             assert!(t.elapsed() < Duration::from_secs(10), "queue {q} stalled");
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -350,6 +333,7 @@ mod tests {
     #[test]
     fn requests_are_answered_and_faults_reach_the_event_queue() {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x100000)]).unwrap();
+        let mut rings = drivers(&mem);
         let iommu = Arc::new(IommuDevice::new(IommuConfig::default()).unwrap());
         iommu.add_endpoint(EP).unwrap();
         let mut dev = VirtioIommu::new(iommu.clone(), RequestServing::Thread).unwrap();
@@ -380,32 +364,32 @@ mod tests {
         })
         .unwrap();
 
-        offer_attach(&mem);
+        offer_attach(&mem, &mut rings[0]);
         kicks[0].write(1).unwrap();
-        wait_used(&mem, 0, 1);
-        assert_eq!(used_len(&mem, 0, 0), 4);
+        wait_used(&rings, 0, 1);
+        assert_eq!(rings[0].used(0).1, 4);
         assert_eq!(mem.read_obj::<u8>(GuestAddress(0x11000)).unwrap(), 0);
         assert_eq!(iommu.endpoint_domain(EP), Some(1));
         assert_eq!(irq.queue[0].load(Ordering::SeqCst), 1);
 
         // A malformed request (unknown type) is answered with length 0.
         mem.write_slice(&[0x7f; 20], GuestAddress(0x10000)).unwrap();
-        offer(&mem, 0, 1, 0);
+        rings[0].offer(0);
         kicks[0].write(1).unwrap();
-        wait_used(&mem, 0, 2);
-        assert_eq!(used_len(&mem, 0, 1), 0);
+        wait_used(&rings, 0, 2);
+        assert_eq!(rings[0].used(1).1, 0);
 
         // A fault waits for an event buffer, then lands in it.
         let dma = iommu.endpoint_dma(EP).unwrap();
         assert!(dma.translate_contiguous(0x5000, 8, Perm::READ).is_err());
         dev.fault_notify().write(1).unwrap();
         std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(used_idx(&mem, 1), 0, "no buffer yet");
-        desc(&mem, 1, 0, 0x20000, 24, VIRTQ_DESC_F_WRITE, 0);
-        offer(&mem, 1, 0, 0);
+        assert_eq!(rings[1].used_idx(), 0, "no buffer yet");
+        rings[1].desc(0, 0x20000, 24, VIRTQ_DESC_F_WRITE, 0);
+        rings[1].offer(0);
         kicks[1].write(1).unwrap();
-        wait_used(&mem, 1, 1);
-        assert_eq!(used_len(&mem, 1, 0), 24);
+        wait_used(&rings, 1, 1);
+        assert_eq!(rings[1].used(0).1, 24);
         let ep: u32 = mem.read_obj(GuestAddress(0x20008)).unwrap();
         let addr: u64 = mem.read_obj(GuestAddress(0x20010)).unwrap();
         assert_eq!((ep, addr), (EP, 0x5000));
@@ -414,11 +398,11 @@ mod tests {
         // Reset stops the threads and forgets the attachment.
         dev.reset();
         assert_eq!(iommu.endpoint_domain(EP), None);
-        offer(&mem, 0, 2, 0);
+        rings[0].offer(0);
         kicks[0].write(1).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(
-            used_idx(&mem, 0),
+            rings[0].used_idx(),
             2,
             "no thread serves the queue after reset"
         );
@@ -430,6 +414,7 @@ mod tests {
     #[test]
     fn inline_requests_are_answered_before_serve_queue_returns() {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x100000)]).unwrap();
+        let mut rings = drivers(&mem);
         let iommu = Arc::new(IommuDevice::new(IommuConfig::default()).unwrap());
         iommu.add_endpoint(EP).unwrap();
         let mut dev = VirtioIommu::new(iommu.clone(), RequestServing::Inline).unwrap();
@@ -458,15 +443,15 @@ mod tests {
             "the event queue is not a request queue"
         );
 
-        offer_attach(&mem);
+        offer_attach(&mem, &mut rings[0]);
         // A kick through the eventfd reaches nobody...
         kicks[0].write(1).unwrap();
         std::thread::sleep(Duration::from_millis(20));
-        assert_eq!(used_idx(&mem, 0), 0);
+        assert_eq!(rings[0].used_idx(), 0);
         // ...serve_queue answers before it returns.
         dev.serve_queue(0);
-        assert_eq!(used_idx(&mem, 0), 1);
-        assert_eq!(used_len(&mem, 0, 0), 4);
+        assert_eq!(rings[0].used_idx(), 1);
+        assert_eq!(rings[0].used(0).1, 4);
         assert_eq!(mem.read_obj::<u8>(GuestAddress(0x11000)).unwrap(), 0);
         assert_eq!(iommu.endpoint_domain(EP), Some(1));
         assert_eq!(irq.queue[0].load(Ordering::SeqCst), 1);
@@ -474,8 +459,8 @@ mod tests {
         // After a reset nothing is served inline any more.
         dev.reset();
         assert!(!dev.serves_inline(0));
-        offer(&mem, 0, 1, 0);
+        rings[0].offer(0);
         dev.serve_queue(0);
-        assert_eq!(used_idx(&mem, 0), 1);
+        assert_eq!(rings[0].used_idx(), 1);
     }
 }

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use virtio_iommu::mapping::SpaceImpl;
 
-use crate::error::Error;
+use crate::error::{Error, OptionReason};
 use crate::options::{parse_on_off, parse_options};
 
 /// Host choices for the virtio-iommu device.
@@ -74,11 +74,31 @@ pub struct IommuSpec {
     pub requests: Option<String>,
 }
 
+/// Why an [`IommuSpec`] is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum IommuSpecError {
+    /// `impl` names no implementation.
+    #[error(transparent)]
+    SpaceImpl(#[from] virtio_iommu::mapping::UnknownSpaceImpl),
+    /// `queues` out of range.
+    #[error("queues must be 1..={MAX_REQUEST_QUEUES}, not '{queues}'")]
+    Queues {
+        /// The number given.
+        queues: u64,
+    },
+    /// `requests` is neither `inline` nor `thread`.
+    #[error("requests must be inline or thread, not '{requests}'")]
+    Requests {
+        /// The text given.
+        requests: String,
+    },
+}
+
 impl IommuOptions {
     /// Parses `--iommu`; an empty value means the defaults.
     pub fn parse(value: &str) -> Result<Self, Error> {
         let opts = parse_options("iommu", value, &["impl", "bypass", "queues", "requests"])?;
-        let bad = |reason: String| Error::InvalidOption {
+        let bad = |reason: OptionReason| Error::InvalidOption {
             option: "iommu",
             value: value.to_string(),
             reason,
@@ -89,9 +109,7 @@ impl IommuOptions {
         };
         let queues = match opts.get("queues") {
             Some(q) => Some(q.parse::<u64>().map_err(|_| {
-                bad(format!(
-                    "queues must be 1..={MAX_REQUEST_QUEUES}, not '{q}'"
-                ))
+                bad(format!("queues must be 1..={MAX_REQUEST_QUEUES}, not '{q}'").into())
             })?),
             None => None,
         };
@@ -101,11 +119,11 @@ impl IommuOptions {
             queues,
             requests: opts.get("requests").cloned(),
         };
-        Self::from_spec(&spec).map_err(bad)
+        Self::from_spec(&spec).map_err(|e| bad(e.into()))
     }
 
     /// Checks vIOMMU options from the command line or the API.
-    pub fn from_spec(spec: &IommuSpec) -> Result<Self, String> {
+    pub fn from_spec(spec: &IommuSpec) -> Result<Self, IommuSpecError> {
         let mut o = Self {
             bypass: spec.bypass,
             ..Self::default()
@@ -117,13 +135,17 @@ impl IommuOptions {
             o.queues = u16::try_from(q)
                 .ok()
                 .filter(|n| (1..=MAX_REQUEST_QUEUES).contains(n))
-                .ok_or_else(|| format!("queues must be 1..={MAX_REQUEST_QUEUES}, not '{q}'"))?;
+                .ok_or(IommuSpecError::Queues { queues: q })?;
         }
         if let Some(r) = &spec.requests {
             o.requests = match r.as_str() {
                 "inline" => RequestServing::Inline,
                 "thread" => RequestServing::Thread,
-                other => return Err(format!("requests must be inline or thread, not '{other}'")),
+                other => {
+                    return Err(IommuSpecError::Requests {
+                        requests: other.into(),
+                    })
+                }
             };
         }
         Ok(o)

@@ -1,4 +1,4 @@
-//! One request queue with its own library `Worker`, served by a thread of
+//! One request queue with its own library `QueueContext`, served by a thread of
 //! its own or inline by the vCPU that kicked it.
 //!
 //! Per kick: pop every available chain, copy its device-readable part into
@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 
 use log::{debug, warn};
 use virtio_iommu::device::IommuDevice;
-use virtio_iommu::mapping::Worker;
+use virtio_iommu::mapping::QueueContext;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
@@ -47,7 +47,7 @@ pub(super) struct RequestQueue {
     queue: Queue,
     mem: DmaSpace,
     interrupt: Arc<dyn VirtioInterrupt>,
-    worker: Worker,
+    worker: QueueContext,
     chain: Chain,
     readable: Vec<u8>,
     writable: Vec<u8>,
