@@ -156,6 +156,7 @@ impl VirtioDevice for VirtioIommu {
             .into());
         }
         let mut threads = Vec::new();
+        let inline = self.serving.inline_for(nreq);
         for q in requests {
             let rq = request::RequestQueue::new(
                 self.iommu.clone(),
@@ -164,15 +165,14 @@ impl VirtioDevice for VirtioIommu {
                 ctx.mem.clone(),
                 ctx.interrupt.clone(),
             );
-            match self.serving {
-                RequestServing::Inline => {
-                    let mut rq = rq;
-                    // Buffers may already be there when the driver set
-                    // DRIVER_OK (this runs in that vCPU's thread).
-                    rq.serve();
-                    self.inline.push(rq);
-                }
-                RequestServing::Thread => threads.push(rq.spawn(q.kick, stop.clone())?),
+            if inline {
+                let mut rq = rq;
+                // Buffers may already be there when the driver set
+                // DRIVER_OK (this runs in that vCPU's thread).
+                rq.serve();
+                self.inline.push(rq);
+            } else {
+                threads.push(rq.spawn(q.kick, stop.clone())?);
             }
         }
         match events {
@@ -188,7 +188,8 @@ impl VirtioDevice for VirtioIommu {
             None => warn!("virtio-iommu: driver did not enable the event queue"),
         }
         info!(
-            "virtio-iommu: active with {nreq} request queue(s), features {:#x}",
+            "virtio-iommu: active with {nreq} request queue(s) served {}, features {:#x}",
+            if inline { "inline" } else { "by threads" },
             ctx.features
         );
         self.stop = Some(stop);
@@ -462,5 +463,31 @@ mod tests {
         rings[0].offer(0);
         dev.serve_queue(0);
         assert_eq!(rings[0].used_idx(), 1);
+    }
+
+    /// The default serving: a driver on the standard single request queue
+    /// (multi-queue not negotiated) is served inline.
+    #[test]
+    fn auto_serves_a_single_request_queue_inline() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x100000)]).unwrap();
+        let _rings = drivers(&mem);
+        let iommu = Arc::new(IommuDevice::new(IommuConfig::default()).unwrap());
+        let mut dev = VirtioIommu::new(iommu, RequestServing::Auto).unwrap();
+        let features = dev.features();
+        dev.activate(ActivateContext {
+            mem: DmaSpace::identity(mem.clone()),
+            interrupt: Arc::new(Irq::default()),
+            queues: (0..2)
+                .map(|i| ActiveQueue {
+                    index: i as u16,
+                    queue: queue(&mem, i),
+                    kick: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+                })
+                .collect(),
+            features,
+        })
+        .unwrap();
+        assert!(dev.serves_inline(0));
+        dev.reset();
     }
 }

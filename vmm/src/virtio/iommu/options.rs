@@ -1,4 +1,4 @@
-//! `--iommu [impl=scalable|baseline][,bypass=on|off][,queues=N][,requests=inline|thread]`
+//! `--iommu [impl=scalable|baseline][,bypass=on|off][,queues=N][,requests=auto|inline|thread]`
 //! and the `iommu=on|off`
 //! key shared by the devices that can sit behind it.
 
@@ -21,15 +21,30 @@ pub struct IommuOptions {
     /// Request queues offered behind the project's multi-queue feature
     /// (1 = the standard single-queue device).
     pub queues: u16,
-    /// Who serves the request queues: the vCPU that kicked (inline) or one
-    /// thread per queue woken through an ioeventfd. Unless asked for, inline
-    /// with one queue and threads with several ([`RequestServing::default_for`]).
+    /// Who serves the request queues: the vCPU that kicked (inline), one
+    /// thread per queue woken through an ioeventfd, or (the default) the
+    /// one that suits the number of queues the driver uses.
     pub requests: RequestServing,
 }
 
 /// Who serves a request queue when the driver kicks it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RequestServing {
+    /// Decided when the driver starts the device: inline if it uses one
+    /// request queue (the standard device, as Linux's in-tree driver
+    /// negotiates it), threads if it uses several.
+    ///
+    /// Why inline for one queue: a driver that spins on its request with
+    /// interrupts off (Linux's `viommu_sync_req`) keeps its CPU busy, and
+    /// the scheduler tends to wake the queue's thread on the kicking
+    /// vCPU's own CPU (the waker's), where it waits for that vCPU's time
+    /// slice to end. In the nested runner (2026-11-26) that cost about a
+    /// timer tick per request: with Linux's driver, strict, 1 vCPU,
+    /// map+unmap ran at 124/s served by a thread and at 831/s inline, TCP
+    /// into the guest at 0.6 and 6.6 Mbit/s (medians of two runs each, two
+    /// sessions). Why threads for several: they serve the queues in
+    /// parallel, while inline serving holds the transport's lock.
+    Auto,
     /// The kicking vCPU's thread, before it re-enters the guest: a strict
     /// guest that spins on its UNMAP with interrupts off finds the answer
     /// on its first look (no thread wake-up on the critical path). The
@@ -41,24 +56,22 @@ pub enum RequestServing {
 }
 
 impl RequestServing {
-    /// The serving `queues` request queues get unless `requests=` says.
-    ///
-    /// One queue (the standard device, Linux's in-tree driver): inline. A
-    /// driver that spins on its request with interrupts off (Linux's
-    /// `viommu_sync_req`) keeps its CPU busy, and the scheduler tends to
-    /// wake the queue's thread on the kicking vCPU's own CPU (the waker's),
-    /// where it waits for that vCPU's time slice to end. In the nested
-    /// runner (2026-11-26) that cost about a timer tick per request: with
-    /// Linux's driver, strict, 1 vCPU, map+unmap ran at 124/s served by a
-    /// thread and at 831/s inline, TCP into the guest at 0.6 and
-    /// 6.6 Mbit/s (medians of two runs each, two sessions). Several
-    /// queues: threads, which serve them in parallel (inline serving holds
-    /// the transport's lock).
-    pub fn default_for(queues: u16) -> Self {
-        if queues <= 1 {
-            RequestServing::Inline
-        } else {
-            RequestServing::Thread
+    /// Whether the driver's `queues_in_use` request queues are served
+    /// inline.
+    pub fn inline_for(self, queues_in_use: u16) -> bool {
+        match self {
+            RequestServing::Auto => queues_in_use <= 1,
+            RequestServing::Inline => true,
+            RequestServing::Thread => false,
+        }
+    }
+
+    /// The `requests=` word for this choice.
+    pub fn name(self) -> &'static str {
+        match self {
+            RequestServing::Auto => "auto",
+            RequestServing::Inline => "inline",
+            RequestServing::Thread => "thread",
         }
     }
 }
@@ -72,7 +85,7 @@ impl Default for IommuOptions {
             space_impl: SpaceImpl::Scalable,
             bypass: false,
             queues: 1,
-            requests: RequestServing::default_for(1),
+            requests: RequestServing::Auto,
         }
     }
 }
@@ -93,7 +106,7 @@ pub struct IommuSpec {
     /// Request queues.
     #[serde(default)]
     pub queues: Option<u64>,
-    /// `thread` or `inline`.
+    /// `auto`, `thread` or `inline`.
     #[serde(default)]
     pub requests: Option<String>,
 }
@@ -110,8 +123,8 @@ pub enum IommuSpecError {
         /// The number given.
         queues: u64,
     },
-    /// `requests` is neither `inline` nor `thread`.
-    #[error("requests must be inline or thread, not '{requests}'")]
+    /// `requests` is not `auto`, `inline` or `thread`.
+    #[error("requests must be auto, inline or thread, not '{requests}'")]
     Requests {
         /// The text given.
         requests: String,
@@ -161,9 +174,9 @@ impl IommuOptions {
                 .filter(|n| (1..=MAX_REQUEST_QUEUES).contains(n))
                 .ok_or(IommuSpecError::Queues { queues: q })?;
         }
-        o.requests = RequestServing::default_for(o.queues);
         if let Some(r) = &spec.requests {
             o.requests = match r.as_str() {
+                "auto" => RequestServing::Auto,
                 "inline" => RequestServing::Inline,
                 "thread" => RequestServing::Thread,
                 other => {
@@ -182,13 +195,7 @@ impl IommuOptions {
             space_impl: Some(self.space_impl.to_string()),
             bypass: self.bypass,
             queues: Some(self.queues.into()),
-            requests: Some(
-                match self.requests {
-                    RequestServing::Inline => "inline",
-                    RequestServing::Thread => "thread",
-                }
-                .into(),
-            ),
+            requests: Some(self.requests.name().into()),
         }
     }
 }
@@ -218,21 +225,18 @@ mod tests {
             RequestServing::Inline
         );
         assert_eq!(
-            IommuOptions::parse("").unwrap().requests,
-            RequestServing::Inline,
-            "one queue: served inline unless asked otherwise"
-        );
-        assert_eq!(
             IommuOptions::parse("queues=4").unwrap().requests,
-            RequestServing::Thread,
-            "several queues: one thread each"
+            RequestServing::Auto
         );
         assert_eq!(
-            IommuOptions::parse("queues=1,requests=thread")
-                .unwrap()
-                .requests,
+            IommuOptions::parse("requests=thread").unwrap().requests,
             RequestServing::Thread
         );
+        // auto: inline for a driver on one queue, threads for several
+        assert!(RequestServing::Auto.inline_for(1));
+        assert!(!RequestServing::Auto.inline_for(4));
+        assert!(RequestServing::Inline.inline_for(4));
+        assert!(!RequestServing::Thread.inline_for(1));
         assert!(IommuOptions::parse("requests=vcpu").is_err());
     }
 }

@@ -122,6 +122,7 @@ impl IommuPlatform {
             opts.space_impl,
             opts.queues,
             match opts.requests {
+                RequestServing::Auto => "inline if the driver uses one, else by threads",
                 RequestServing::Inline => "inline",
                 RequestServing::Thread => "by threads",
             },
