@@ -4,6 +4,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use log::{debug, warn};
 use thiserror::Error;
+use vm_allocator::{AddressAllocator, AllocPolicy, Error as AllocatorError, RangeInclusive};
 
 use super::config::{BarKind, BarReprogram};
 use super::host_bridge::HostBridge;
@@ -34,6 +35,16 @@ pub enum PciError {
         kind: BarKind,
         /// Size requested.
         size: u64,
+    },
+    /// The window allocator refused a BAR for another reason than space.
+    #[error("PCI {kind:?} window cannot allocate a BAR of {size:#x} bytes: {source}")]
+    BarAllocation {
+        /// Kind of BAR.
+        kind: BarKind,
+        /// Size requested.
+        size: u64,
+        /// Why.
+        source: AllocatorError,
     },
     /// No function at this address (or one that cannot be removed).
     #[error("no removable PCI function at {0}")]
@@ -71,29 +82,50 @@ pub struct PciWindows {
     pub mmio64: (u64, u64),
 }
 
-/// Bump allocator over one window with natural alignment.
+/// One window's allocator: `vm-allocator`'s interval tree, so the ranges
+/// of a removed function are handed out again (a bump allocator leaked
+/// them, and a guest that hotplugged and removed functions in a loop ran
+/// the window dry). `None` for a window of size 0 (or one that does not
+/// fit the address space): every BAR of its kind is then refused.
 #[derive(Debug)]
-struct WindowAllocator {
-    next: u64,
-    end: u64,
-}
+struct WindowAllocator(Option<AddressAllocator>);
 
 impl WindowAllocator {
     fn new((start, size): (u64, u64)) -> Self {
-        Self {
-            next: start,
-            end: start.saturating_add(size),
+        match AddressAllocator::new(start, size) {
+            Ok(a) => Self(Some(a)),
+            Err(e) => {
+                if size != 0 {
+                    warn!("PCI window {start:#x}+{size:#x} unusable: {e}");
+                }
+                Self(None)
+            }
         }
     }
 
-    fn allocate(&mut self, size: u64) -> Option<u64> {
-        let addr = self.next.checked_next_multiple_of(size)?;
-        let end = addr.checked_add(size)?;
-        if end > self.end {
-            return None;
+    /// A naturally aligned range of `size` bytes (PCI BARs decode only
+    /// naturally aligned addresses), the lowest that is free: while
+    /// nothing was freed this is where the old bump allocator put it, as
+    /// long as no BAR fits in the alignment gap an earlier, larger BAR
+    /// left behind (see [`PciRoot::add_device_in`]).
+    fn allocate(&mut self, kind: BarKind, size: u64) -> Result<RangeInclusive, PciError> {
+        let exhausted = PciError::WindowExhausted { kind, size };
+        let Some(a) = self.0.as_mut() else {
+            return Err(exhausted);
+        };
+        match a.allocate(size, size, AllocPolicy::FirstMatch) {
+            Ok(r) => Ok(r),
+            Err(AllocatorError::ResourceNotAvailable) => Err(exhausted),
+            Err(source) => Err(PciError::BarAllocation { kind, size, source }),
         }
-        self.next = end;
-        Some(addr)
+    }
+
+    /// Returns `range` (from [`Self::allocate`]) to the window.
+    fn free(&mut self, range: &RangeInclusive) -> Result<(), AllocatorError> {
+        match self.0.as_mut() {
+            Some(a) => a.free(range),
+            None => Err(AllocatorError::ResourceNotAvailable),
+        }
     }
 }
 
@@ -101,6 +133,33 @@ struct Allocators {
     io: WindowAllocator,
     mmio32: WindowAllocator,
     mmio64: WindowAllocator,
+    /// Per slot, the ranges its function's BARs were allocated (not where
+    /// the guest may have moved them since): what removal frees.
+    by_slot: Vec<Vec<(BarKind, RangeInclusive)>>,
+}
+
+impl Allocators {
+    fn window(&mut self, kind: BarKind) -> &mut WindowAllocator {
+        match kind {
+            BarKind::Io => &mut self.io,
+            BarKind::Mem32 => &mut self.mmio32,
+            BarKind::Mem64 { .. } => &mut self.mmio64,
+        }
+    }
+
+    /// Frees `ranges`; a range the window does not know is logged (it
+    /// would be a bookkeeping bug here, not something a guest can cause).
+    fn free_all(&mut self, slot: usize, ranges: Vec<(BarKind, RangeInclusive)>) {
+        for (kind, range) in ranges {
+            if let Err(e) = self.window(kind).free(&range) {
+                warn!(
+                    "PCI slot {slot}: freeing {kind:?} range {:#x}..={:#x}: {e}",
+                    range.start(),
+                    range.end()
+                );
+            }
+        }
+    }
 }
 
 /// Forwards bus accesses inside one BAR to its device.
@@ -148,6 +207,7 @@ impl PciRoot {
                 io: WindowAllocator::new(windows.io),
                 mmio32: WindowAllocator::new(windows.mmio32),
                 mmio64: WindowAllocator::new(windows.mmio64),
+                by_slot: vec![Vec::new(); NUM_SLOTS],
             }),
             mmio_bus,
             pio_bus,
@@ -177,21 +237,18 @@ impl PciRoot {
             let dev = device.lock().unwrap_or_else(|e| e.into_inner());
             dev.config().bars().collect()
         };
+        let mut allocated = Vec::new();
         let mut mapped = Vec::new();
         let result = (|| {
             for (index, bar) in bars {
-                let addr = {
-                    let mut alloc = self.allocators.lock().unwrap_or_else(|e| e.into_inner());
-                    let window = match bar.kind {
-                        BarKind::Io => &mut alloc.io,
-                        BarKind::Mem32 => &mut alloc.mmio32,
-                        BarKind::Mem64 { .. } => &mut alloc.mmio64,
-                    };
-                    window.allocate(bar.size).ok_or(PciError::WindowExhausted {
-                        kind: bar.kind,
-                        size: bar.size,
-                    })?
-                };
+                let range = self
+                    .allocators
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .window(bar.kind)
+                    .allocate(bar.kind, bar.size)?;
+                allocated.push((bar.kind, range));
+                let addr = range.start();
                 device
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -210,12 +267,18 @@ impl PciRoot {
             }
             Ok(())
         })();
+        let mut alloc = self.allocators.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(e) = result {
             for (kind, addr) in mapped {
                 let _ = self.bus_for(kind).remove(addr);
             }
+            alloc.free_all(slot, allocated);
             return Err(e);
         }
+        if let Some(entry) = alloc.by_slot.get_mut(slot) {
+            *entry = allocated;
+        }
+        drop(alloc);
         slots[slot] = Some(device);
         Ok(PciAddress {
             bus: 0,
@@ -227,7 +290,9 @@ impl PciRoot {
     /// Unplugs the function at `addr`: its BARs leave the buses and its
     /// slot reads as empty. Returns it, so the caller decides when it is
     /// dropped (a guest access already dispatched holds it until done).
-    /// Their address space is not handed out again (bump allocators).
+    /// The ranges its BARs were allocated go back to their windows, for
+    /// the next function plugged (a BAR the guest moved leaves the bus at
+    /// its current address; the window gets back what it handed out).
     pub fn remove_device(&self, addr: PciAddress) -> Result<SharedPciDevice, PciError> {
         if addr.bus != 0 || addr.function != 0 || addr.device == 0 {
             return Err(PciError::NoDevice(addr));
@@ -248,6 +313,12 @@ impl PciRoot {
                     bar.addr
                 );
             }
+        }
+        let slot = usize::from(addr.device);
+        let mut alloc = self.allocators.lock().unwrap_or_else(|e| e.into_inner());
+        let ranges = alloc.by_slot.get_mut(slot).map(std::mem::take);
+        if let Some(ranges) = ranges {
+            alloc.free_all(slot, ranges);
         }
         Ok(device)
     }
@@ -519,10 +590,14 @@ mod tests {
             Err(PciError::NoDevice(_))
         ));
         assert!(root.remove_device(at(0)).is_err(), "the host bridge stays");
-        // The slot is free again; new BARs come from fresh addresses.
+        // The slot is free again, and so are the ranges its BARs were
+        // allocated (BAR 0 was allocated at 0xc000_0000 before the move).
         let again = root.add_device(test_device()).unwrap();
         assert_eq!(again, addr);
-        assert_eq!(root.config_read(again, 4), 0xc000_1000);
+        assert_eq!(root.config_read(again, 4), 0xc000_0000);
+        assert_eq!(root.config_read(again, 6), 0x4);
+        assert_eq!(root.config_read(again, 7), 0x1);
+        assert_eq!(root.config_read(again, 8), 0x1001);
     }
 
     #[test]
@@ -541,11 +616,150 @@ mod tests {
         ));
     }
 
+    /// The old bump allocator, as the reference the boot-time layout
+    /// must still match.
+    fn bump(next: &mut u64, end: u64, size: u64) -> Option<u64> {
+        let addr = next.checked_next_multiple_of(size)?;
+        let stop = addr.checked_add(size)?;
+        (stop <= end).then(|| {
+            *next = stop;
+            addr
+        })
+    }
+
     #[test]
     fn window_allocator_aligns_naturally() {
         let mut a = WindowAllocator::new((0x1000, 0x10000));
-        assert_eq!(a.allocate(0x100), Some(0x1000));
-        assert_eq!(a.allocate(0x4000), Some(0x4000));
-        assert_eq!(a.allocate(0x10000), None);
+        let r = a.allocate(BarKind::Mem32, 0x100).unwrap();
+        assert_eq!((r.start(), r.end()), (0x1000, 0x10ff));
+        let r = a.allocate(BarKind::Mem32, 0x4000).unwrap();
+        assert_eq!(r.start(), 0x4000);
+        assert_eq!(r.start() % 0x4000, 0);
+        assert!(matches!(
+            a.allocate(BarKind::Mem32, 0x10000),
+            Err(PciError::WindowExhausted {
+                kind: BarKind::Mem32,
+                size: 0x10000
+            })
+        ));
+    }
+
+    #[test]
+    fn window_allocator_reuses_freed_ranges() {
+        let mut a = WindowAllocator::new((0x1000, 0x3000));
+        let first = a.allocate(BarKind::Io, 0x1000).unwrap();
+        let second = a.allocate(BarKind::Io, 0x1000).unwrap();
+        let third = a.allocate(BarKind::Io, 0x1000).unwrap();
+        assert_eq!(
+            [first.start(), second.start(), third.start()],
+            [0x1000, 0x2000, 0x3000]
+        );
+        // Full: an error, not a panic.
+        assert!(matches!(
+            a.allocate(BarKind::Io, 0x1000),
+            Err(PciError::WindowExhausted { .. })
+        ));
+        a.free(&second).unwrap();
+        assert_eq!(a.allocate(BarKind::Io, 0x1000).unwrap(), second);
+        // A range that was never handed out is refused, not a panic
+        // (`vm-allocator` does not refuse freeing a free range twice:
+        // `by_slot` is taken on removal, so each range is freed once).
+        let stray = RangeInclusive::new(0x1800, 0x18ff).unwrap();
+        assert!(a.free(&stray).is_err());
+    }
+
+    #[test]
+    fn empty_or_overflowing_window_refuses_bars() {
+        let mut a = WindowAllocator::new((0x1000, 0));
+        assert!(matches!(
+            a.allocate(BarKind::Io, 0x10),
+            Err(PciError::WindowExhausted { .. })
+        ));
+        let mut a = WindowAllocator::new((u64::MAX - 0xfff, 0x2000));
+        assert!(a
+            .allocate(BarKind::Mem64 { prefetchable: true }, 0x10)
+            .is_err());
+    }
+
+    #[test]
+    fn boot_layout_matches_the_old_bump_allocator() {
+        // Boot-time devices: virtio transports (one 64-bit BAR of
+        // 0x8000), the DMA test device (a 32-bit BAR of 1 MiB) and the
+        // test device's three kinds, interleaved as a boot might.
+        let w = windows();
+        let (mut io, mut m32, mut m64) = (w.io.0, w.mmio32.0, w.mmio64.0);
+        let mut a = WindowAllocator::new(w.io);
+        let mut b = WindowAllocator::new(w.mmio32);
+        let mut c = WindowAllocator::new(w.mmio64);
+        let seq: [(BarKind, u64); 9] = [
+            (BarKind::Mem32, 0x1000),
+            (
+                BarKind::Mem64 {
+                    prefetchable: false,
+                },
+                0x4000,
+            ),
+            (BarKind::Io, 0x40),
+            (
+                BarKind::Mem64 {
+                    prefetchable: false,
+                },
+                0x8000,
+            ),
+            (
+                BarKind::Mem64 {
+                    prefetchable: false,
+                },
+                0x8000,
+            ),
+            (BarKind::Mem32, 1 << 20),
+            (
+                BarKind::Mem64 {
+                    prefetchable: false,
+                },
+                0x8000,
+            ),
+            (BarKind::Io, 0x40),
+            (BarKind::Mem32, 1 << 20),
+        ];
+        for (kind, size) in seq {
+            let (window, next, end) = match kind {
+                BarKind::Io => (&mut a, &mut io, w.io.0 + w.io.1),
+                BarKind::Mem32 => (&mut b, &mut m32, w.mmio32.0 + w.mmio32.1),
+                BarKind::Mem64 { .. } => (&mut c, &mut m64, w.mmio64.0 + w.mmio64.1),
+            };
+            let got = window.allocate(kind, size).unwrap().start();
+            assert_eq!(Some(got), bump(next, end, size), "{kind:?} {size:#x}");
+        }
+    }
+
+    #[test]
+    fn failed_add_frees_what_it_allocated() {
+        let mmio = Arc::new(Bus::new());
+        let pio = Arc::new(Bus::new());
+        let mut w = windows();
+        w.io = (0x1000, 0x20);
+        let root = PciRoot::new(mmio, pio, w);
+        assert!(root.add_device(test_device()).is_err());
+        // The memory BARs allocated before the I/O BAR failed were freed:
+        // a device without an I/O BAR gets them.
+        let dev = test_device();
+        dev.lock().unwrap().config = {
+            let mut config = PciConfiguration::new(PciHeader {
+                vendor_id: 0x1af4,
+                device_id: 0x1041,
+                class: 2,
+                subclass: 0,
+                prog_if: 0,
+                revision: 1,
+                subsystem_vendor_id: 0,
+                subsystem_id: 0,
+                interrupt_pin: 0,
+            });
+            config.add_bar(0, 0x1000, BarKind::Mem32).unwrap();
+            config
+        };
+        let addr = root.add_device(dev).unwrap();
+        assert_eq!(root.config_read(addr, 4), 0xc000_0000);
     }
 }
