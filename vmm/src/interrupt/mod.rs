@@ -19,6 +19,7 @@ use kvm_bindings::{
 };
 use kvm_ioctls::VmFd;
 use thiserror::Error;
+use vm_allocator::IdAllocator;
 use vmm_sys_util::eventfd::EventFd;
 
 /// GSIs 0..24 are the IOAPIC pins; MSI routes are allocated above them.
@@ -26,6 +27,8 @@ pub const FIRST_MSI_GSI: u32 = 24;
 /// Upper bound on GSIs we hand out (KVM allows 4096 routes on x86).
 pub const MAX_GSI: u32 = 4095;
 const IOAPIC_PINS: u32 = 24;
+// The MSI GSI range is not empty (what `IdAllocator::new` checks).
+const _: () = assert!(FIRST_MSI_GSI <= MAX_GSI);
 const PIC_PINS: u32 = 16;
 
 /// Errors while setting up interrupts.
@@ -59,12 +62,41 @@ pub struct MsiMessage {
     pub data: u32,
 }
 
-#[derive(Default)]
 struct RouterState {
-    next_gsi: u32,
-    free: Vec<u32>,
+    /// The MSI GSIs (`FIRST_MSI_GSI..=MAX_GSI`): `vm-allocator` hands out
+    /// the lowest free one, so a GSI a dropped [`MsiVector`] released
+    /// (a removed or re-assigned device's) is used again. `None` only if
+    /// the range were empty, which the assertion above rules out.
+    gsis: Option<IdAllocator>,
     /// GSI -> its MSI message, for vectors that currently have a route.
     routes: BTreeMap<u32, MsiMessage>,
+}
+
+impl RouterState {
+    fn new(first: u32, last: u32) -> Self {
+        Self {
+            gsis: IdAllocator::new(first, last).ok(),
+            routes: BTreeMap::new(),
+        }
+    }
+
+    /// A free GSI, or [`InterruptError::NoGsi`] when all are in use.
+    fn allocate_gsi(&mut self) -> Result<u32, InterruptError> {
+        self.gsis
+            .as_mut()
+            .ok_or(InterruptError::NoGsi)?
+            .allocate_id()
+            .map_err(|_| InterruptError::NoGsi)
+    }
+
+    /// Returns `gsi` for reuse; one not handed out (a bookkeeping bug,
+    /// not guest-reachable) is logged.
+    fn free_gsi(&mut self, gsi: u32) {
+        let freed = self.gsis.as_mut().map(|a| a.free_id(gsi));
+        if let Some(Err(e)) = freed {
+            log::warn!("releasing GSI {gsi}: {e}");
+        }
+    }
 }
 
 /// The VM's GSI routing table (see the module doc).
@@ -120,24 +152,15 @@ impl GsiRouter {
     pub fn new(vm: Arc<VmFd>) -> Self {
         Self {
             vm,
-            state: Mutex::new(RouterState {
-                next_gsi: FIRST_MSI_GSI,
-                ..Default::default()
-            }),
+            state: Mutex::new(RouterState::new(FIRST_MSI_GSI, MAX_GSI)),
         }
     }
 
     fn allocate_gsi(&self) -> Result<u32, InterruptError> {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(gsi) = st.free.pop() {
-            return Ok(gsi);
-        }
-        if st.next_gsi > MAX_GSI {
-            return Err(InterruptError::NoGsi);
-        }
-        let gsi = st.next_gsi;
-        st.next_gsi += 1;
-        Ok(gsi)
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .allocate_gsi()
     }
 
     fn commit(&self, st: &RouterState) -> Result<(), InterruptError> {
@@ -173,7 +196,7 @@ impl GsiRouter {
                 log::warn!("removing MSI route of GSI {gsi}: {e}");
             }
         }
-        st.free.push(gsi);
+        st.free_gsi(gsi);
     }
 
     /// A new vector: a free GSI with an irqfd, not routed yet.
@@ -251,6 +274,34 @@ impl Drop for MsiVector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gsis_run_out_with_an_error_and_freed_ones_are_reused() {
+        let mut st = RouterState::new(FIRST_MSI_GSI, FIRST_MSI_GSI + 2);
+        let got: Vec<u32> = (0..3).map(|_| st.allocate_gsi().unwrap()).collect();
+        assert_eq!(got, [24, 25, 26]);
+        assert!(matches!(st.allocate_gsi(), Err(InterruptError::NoGsi)));
+        st.free_gsi(25);
+        st.free_gsi(24);
+        // The lowest freed first.
+        assert_eq!(st.allocate_gsi().unwrap(), 24);
+        assert_eq!(st.allocate_gsi().unwrap(), 25);
+        assert!(matches!(st.allocate_gsi(), Err(InterruptError::NoGsi)));
+        // Freeing one never handed out, or twice, is logged, not a panic.
+        st.free_gsi(3);
+        st.free_gsi(26);
+        st.free_gsi(26);
+        assert_eq!(st.allocate_gsi().unwrap(), 26);
+    }
+
+    #[test]
+    fn the_full_msi_range_is_handed_out_in_order() {
+        let mut st = RouterState::new(FIRST_MSI_GSI, MAX_GSI);
+        for want in FIRST_MSI_GSI..=MAX_GSI {
+            assert_eq!(st.allocate_gsi().unwrap(), want);
+        }
+        assert!(matches!(st.allocate_gsi(), Err(InterruptError::NoGsi)));
+    }
 
     #[test]
     fn table_keeps_irqchip_defaults_and_adds_msi() {
