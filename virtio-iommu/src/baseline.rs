@@ -115,7 +115,7 @@ impl DomainSpace for BaselineSpace {
         drop(g);
         if let Some((first, end)) = removed {
             // One consumer call per UNMAP request, never merged with others.
-            w.batch.record_single(self.domain, first, end);
+            w.batch_mut().record_single(self.domain, first, end);
         }
         Ok(())
     }
@@ -128,7 +128,7 @@ impl DomainSpace for BaselineSpace {
         g.mapped_bytes = 0;
         drop(g);
         if let (Some(first), Some(end)) = (first, end) {
-            w.batch.record_single(self.domain, first, end);
+            w.batch_mut().record_single(self.domain, first, end);
         }
     }
 

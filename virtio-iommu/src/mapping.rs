@@ -36,6 +36,6 @@ impl QueueContext {
     /// A worker drawing table nodes from `depot`. The same worker serves
     /// both implementations: the baseline ignores the table's state.
     pub fn new(depot: &Arc<Depot>) -> QueueContext {
-        QueueContext::with_state(Box::new(TableWorker::new(depot)))
+        QueueContext::with_state(TableWorker::new(depot))
     }
 }

@@ -275,20 +275,71 @@ pub(crate) fn check_map_args(iova: u64, last: u64, gpa: u64) -> Result<(), MapEr
 ///
 /// WHY a trait: the contract decides the order of a flush (retire, then
 /// invalidate, then recycle) without knowing what is retired or recycled.
-pub(crate) trait WorkerState: Any + Send {
+/// The hooks get the state together with the kick's batch ([`Parts`]).
+pub(crate) trait WorkerState: Sized + Send + 'static {
     /// Before the consumers are invalidated (unlink what the kick emptied).
-    fn before_invalidate(&mut self, batch: &mut Batch);
+    fn before_invalidate(w: &mut Parts<Self>);
     /// After the invalidation; `invalidated` tells whether any consumer was
     /// called (recycle what no consumer can reach any more).
-    fn after_invalidate(&mut self, batch: &mut Batch, invalidated: bool);
+    fn after_invalidate(w: &mut Parts<Self>, invalidated: bool);
     /// The worker is going away: give everything back.
-    fn release(&mut self, batch: &mut Batch);
+    fn release(w: &mut Parts<Self>);
     /// The worker's number within its node depot.
     fn id(&self) -> usize;
     /// Table nodes cached by this worker.
     fn cached_nodes(&self) -> u64;
-    /// For the implementation to find its own state again.
+}
+
+/// One worker's implementation state and the kick's invalidation batch,
+/// side by side in one allocation.
+///
+/// WHY together: a MAP or UNMAP reaches both through one pointer (what
+/// [`QueueContext::parts`] returns), so the table's operations need no
+/// per-request context of several references.
+pub(crate) struct Parts<S> {
+    /// The pending invalidation batch of the current kick.
+    pub(crate) batch: Batch,
+    /// The implementation's per-worker state.
+    pub(crate) state: S,
+}
+
+/// [`Parts`] with its state type erased, as [`QueueContext`] keeps it.
+trait ErasedParts: Any + Send {
+    fn batch(&self) -> &Batch;
+    fn batch_mut(&mut self) -> &mut Batch;
+    fn before_invalidate(&mut self);
+    fn after_invalidate(&mut self, invalidated: bool);
+    fn release(&mut self);
+    fn id(&self) -> usize;
+    fn cached_nodes(&self) -> u64;
     fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+impl<S: WorkerState> ErasedParts for Parts<S> {
+    fn batch(&self) -> &Batch {
+        &self.batch
+    }
+    fn batch_mut(&mut self) -> &mut Batch {
+        &mut self.batch
+    }
+    fn before_invalidate(&mut self) {
+        S::before_invalidate(self)
+    }
+    fn after_invalidate(&mut self, invalidated: bool) {
+        S::after_invalidate(self, invalidated)
+    }
+    fn release(&mut self) {
+        S::release(self)
+    }
+    fn id(&self) -> usize {
+        self.state.id()
+    }
+    fn cached_nodes(&self) -> u64 {
+        self.state.cached_nodes()
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
 }
 
 /// Per-request-queue worker context, owned by the thread serving that queue:
@@ -301,48 +352,55 @@ pub(crate) trait WorkerState: Any + Send {
 /// line on the hot path. The struct is cache-line aligned for the same reason.
 #[repr(align(128))]
 pub struct QueueContext {
-    pub(crate) batch: Batch,
     /// This worker's request counters (a device's workers share a
     /// registry; a bare worker keeps its own).
     pub(crate) counters: Arc<CounterBlock>,
-    state: Box<dyn WorkerState>,
-    /// The concrete type behind `state`, read once: [`QueueContext::parts`] runs
-    /// several times per MAP and UNMAP, and `downcast_mut`'s two virtual
-    /// calls there cost a third of a MAP+UNMAP pair (`make bench-host`).
-    state_type: TypeId,
+    parts: Box<dyn ErasedParts>,
+    /// The concrete type behind `parts`, read once: [`QueueContext::parts`] runs
+    /// once per MAP and UNMAP, and `downcast_mut`'s two virtual calls there
+    /// cost a third of a MAP+UNMAP pair (`make bench-host`).
+    parts_type: TypeId,
 }
 
 impl QueueContext {
     /// A worker around one implementation's per-worker state.
-    pub(crate) fn with_state(mut state: Box<dyn WorkerState>) -> QueueContext {
-        let state_type = <dyn Any as Any>::type_id(state.as_any_mut());
-        QueueContext {
-            state_type,
+    pub(crate) fn with_state<S: WorkerState>(state: S) -> QueueContext {
+        let mut parts: Box<dyn ErasedParts> = Box::new(Parts {
             batch: Batch::new(),
-            counters: Arc::default(),
             state,
+        });
+        let parts_type = <dyn Any as Any>::type_id(parts.as_any_mut());
+        QueueContext {
+            parts_type,
+            counters: Arc::default(),
+            parts,
         }
     }
 
-    /// The implementation's state (as type `T`) and the kick's batch.
+    /// The implementation's state (as type `T`) with the kick's batch.
     ///
     /// # Panics
     ///
     /// If this worker was built for another implementation: a programming
     /// error, every constructor in the crate builds the same state.
     #[inline]
-    pub(crate) fn parts<T: WorkerState>(&mut self) -> (&mut T, &mut Batch) {
+    pub(crate) fn parts<T: WorkerState>(&mut self) -> &mut Parts<T> {
         assert!(
-            self.state_type == TypeId::of::<T>(),
+            self.parts_type == TypeId::of::<Parts<T>>(),
             "worker state of another implementation"
         );
-        let raw: *mut dyn WorkerState = &mut *self.state;
-        // SAFETY: `state_type` is the TypeId of the value `state` points to
-        // (taken from it in `with_state`; `state` is never replaced), and it
-        // equals T's, so the pointee is a T: the same check and cast as
-        // `<dyn Any>::downcast_mut`. The borrow of `self` bounds the result.
-        let state = unsafe { &mut *raw.cast::<T>() };
-        (state, &mut self.batch)
+        let raw: *mut dyn ErasedParts = &mut *self.parts;
+        // SAFETY: `parts_type` is the TypeId of the value `parts` points to
+        // (taken from it in `with_state`; `parts` is never replaced), and it
+        // equals `Parts<T>`'s, so the pointee is a `Parts<T>`: the same check
+        // and cast as `<dyn Any>::downcast_mut`. The borrow of `self` bounds
+        // the result.
+        unsafe { &mut *raw.cast::<Parts<T>>() }
+    }
+
+    /// The kick's invalidation batch.
+    pub(crate) fn batch_mut(&mut self) -> &mut Batch {
+        self.parts.batch_mut()
     }
 
     /// Ends a kick: retires table nodes emptied by this kick's UNMAPs,
@@ -350,24 +408,24 @@ impl QueueContext {
     /// translation epoch, and only then returns the retired nodes to the
     /// magazines. Call it before publishing the kick's used-ring entries.
     pub fn flush(&mut self, consumers: &[Arc<dyn Invalidator>]) {
-        self.state.before_invalidate(&mut self.batch);
-        let had_work = self.batch.flush(consumers);
-        self.state.after_invalidate(&mut self.batch, had_work);
+        self.parts.before_invalidate();
+        let had_work = self.parts.batch_mut().flush(consumers);
+        self.parts.after_invalidate(had_work);
     }
 
     /// True if UNMAPs were recorded since the last flush.
     pub fn has_pending(&self) -> bool {
-        !self.batch.is_empty()
+        !self.parts.batch().is_empty()
     }
 
     /// Invalidator calls made by this worker's flushes so far (for benchmarks).
     pub fn invalidation_calls(&self) -> u64 {
-        self.batch.calls()
+        self.parts.batch().calls()
     }
 
     /// Table nodes cached in this worker's magazines.
     pub fn cached_nodes(&self) -> u64 {
-        self.state.cached_nodes()
+        self.parts.cached_nodes()
     }
 }
 
@@ -376,15 +434,15 @@ impl Drop for QueueContext {
         // Nothing to invalidate at this point that a flush would not have
         // covered; the device flushes before dropping. The state gives its
         // cached nodes and quota back so the depot's counts stay balanced.
-        self.state.release(&mut self.batch);
+        self.parts.release();
     }
 }
 
 impl fmt::Debug for QueueContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("QueueContext")
-            .field("id", &self.state.id())
-            .field("cached_nodes", &self.state.cached_nodes())
+            .field("id", &self.parts.id())
+            .field("cached_nodes", &self.parts.cached_nodes())
             .finish()
     }
 }

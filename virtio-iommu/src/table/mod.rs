@@ -30,14 +30,11 @@ mod retire;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use std::any::Any;
-
-use crate::invalidation::Batch;
 use crate::magazine::{Depot, NodeCache};
 use crate::node::{self, Node, NodePtr, NODE_BYTES};
 use crate::space::{
-    DomainSpace, Fault, Limits, MapError, Perm, QueueContext, SpaceStats, Translation, UnmapError,
-    WorkerState,
+    DomainSpace, Fault, Limits, MapError, Parts, Perm, QueueContext, SpaceStats, Translation,
+    UnmapError, WorkerState,
 };
 pub use audit::{Audit, AuditError};
 pub(crate) use quota::Padded;
@@ -154,16 +151,6 @@ impl TableWorker {
         }
     }
 
-    /// Borrows the parts the table's operations use, with `batch`.
-    fn ctx<'a>(&'a mut self, batch: &'a mut Batch) -> Ctx<'a> {
-        Ctx {
-            depot: &self.depot,
-            nodes: &mut self.nodes,
-            table: &mut self.table,
-            batch,
-        }
-    }
-
     /// Returns the nodes unlinked during the kick to the magazines.
     fn recycle_deferred(&mut self) {
         while let Some(node) = self.table.deferred.pop() {
@@ -173,26 +160,26 @@ impl TableWorker {
 }
 
 impl WorkerState for TableWorker {
-    fn before_invalidate(&mut self, batch: &mut Batch) {
-        retire_candidates(&mut self.ctx(batch));
+    fn before_invalidate(w: &mut Ctx) {
+        retire_candidates(w);
         // The cached leaf link is re-validated on use anyway; dropping it
         // each kick bounds how long a stale one can be kept.
-        self.table.leaf_cache = None;
+        w.state.table.leaf_cache = None;
     }
 
-    fn after_invalidate(&mut self, batch: &mut Batch, invalidated: bool) {
-        if invalidated || !self.table.deferred.is_empty() {
-            self.depot.advance_epoch();
+    fn after_invalidate(w: &mut Ctx, invalidated: bool) {
+        if invalidated || !w.state.table.deferred.is_empty() {
+            w.state.depot.advance_epoch();
         }
-        self.recycle_deferred();
-        trim_credits(&mut self.ctx(batch));
+        w.state.recycle_deferred();
+        trim_credits(w);
     }
 
-    fn release(&mut self, batch: &mut Batch) {
-        retire_candidates(&mut self.ctx(batch));
-        self.recycle_deferred();
-        release_credits(&mut self.ctx(batch));
-        self.nodes.drain_to(&self.depot);
+    fn release(w: &mut Ctx) {
+        retire_candidates(w);
+        w.state.recycle_deferred();
+        release_credits(w);
+        w.state.nodes.drain_to(&w.state.depot);
     }
 
     fn id(&self) -> usize {
@@ -202,26 +189,16 @@ impl WorkerState for TableWorker {
     fn cached_nodes(&self) -> u64 {
         self.nodes.cached()
     }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
 }
 
 /// One worker as the table's operations see it: its table state and the
-/// kick's invalidation batch, borrowed together for one request.
-pub(crate) struct Ctx<'a> {
-    pub(crate) depot: &'a Arc<Depot>,
-    pub(crate) nodes: &'a mut NodeCache,
-    pub(crate) table: &'a mut WorkerTableState,
-    pub(crate) batch: &'a mut Batch,
-}
+/// kick's invalidation batch, side by side behind one reference.
+pub(crate) type Ctx = Parts<TableWorker>;
 
 /// The table's view of a worker built by `QueueContext::new`.
 #[inline]
-fn ctx(w: &mut QueueContext) -> Ctx<'_> {
-    let (tw, batch) = w.parts::<TableWorker>();
-    tw.ctx(batch)
+fn ctx(w: &mut QueueContext) -> &mut Ctx {
+    w.parts::<TableWorker>()
 }
 
 /// The shared part of a scalable domain.
@@ -332,15 +309,15 @@ impl DomainSpace for ScalableSpace {
         gpa: u64,
         perm: Perm,
     ) -> Result<(), MapError> {
-        ops::map(&self.table, &mut ctx(w), iova, last, gpa, perm)
+        ops::map(&self.table, ctx(w), iova, last, gpa, perm)
     }
 
     fn unmap(&self, w: &mut QueueContext, iova: u64, last: u64) -> Result<(), UnmapError> {
-        ops::unmap(&self.table, &mut ctx(w), iova, last)
+        ops::unmap(&self.table, ctx(w), iova, last)
     }
 
     fn clear(&self, w: &mut QueueContext) {
-        ops::clear(&self.table, &mut ctx(w))
+        ops::clear(&self.table, ctx(w))
     }
 
     fn translate(&self, iova: u64, access: Perm) -> Result<Translation, Fault> {

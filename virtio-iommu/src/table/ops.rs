@@ -61,14 +61,7 @@ impl Table {
     /// Drops `k` from the live count of `n` (a node at `level` covering
     /// `iova`); queues it for retirement if that empties it.
     #[inline]
-    pub(crate) fn unpin(
-        self: &Arc<Self>,
-        w: &mut Ctx<'_>,
-        n: &Node,
-        iova: u64,
-        level: u32,
-        k: u64,
-    ) {
+    pub(crate) fn unpin(self: &Arc<Self>, w: &mut Ctx, n: &Node, iova: u64, level: u32, k: u64) {
         if level >= ROOT_LEVEL || k == 0 {
             return;
         }
@@ -81,14 +74,14 @@ impl Table {
     /// directory nodes are installed if `install`.
     pub(crate) fn find<'a>(
         self: &'a Arc<Self>,
-        w: &mut Ctx<'_>,
+        w: &mut Ctx,
         iova: u64,
         level: u32,
         install: bool,
     ) -> Result<Found<'a>, MapError> {
         let me = Arc::as_ptr(self) as usize;
         if level == 0 {
-            if let Some(c) = w.table.leaf_cache {
+            if let Some(c) = w.state.table.leaf_cache {
                 // The parent slot still holding this exact entry (address
                 // and generation) proves the leaf is linked here now: an
                 // incarnation is linked at most once, so a reused parent
@@ -112,7 +105,7 @@ impl Table {
                     return match link {
                         Some((p, i, e)) if self.pin(n, p, i, e, node_tag(iova, lvl)) => {
                             if level == 0 {
-                                w.table.leaf_cache = Some(super::LeafLink {
+                                w.state.table.leaf_cache = Some(super::LeafLink {
                                     table: me,
                                     region: iova >> 21,
                                     parent: p as *const Node as u64,
@@ -164,7 +157,7 @@ impl Table {
     /// `link`). Ok(false): `n` was unlinked meanwhile, walk again.
     fn install(
         self: &Arc<Self>,
-        w: &mut Ctx<'_>,
+        w: &mut Ctx,
         n: &Node,
         lvl: u32,
         iova: u64,
@@ -196,7 +189,7 @@ impl Table {
     /// in `n.live`.
     pub(crate) fn link_new_child(
         &self,
-        w: &mut Ctx<'_>,
+        w: &mut Ctx,
         n: &Node,
         i: usize,
         child_tag: u64,
@@ -207,10 +200,10 @@ impl Table {
             self.nodes.fetch_sub(1, AcqRel);
             return Err(MapError::NoMemory);
         }
-        let child = w.nodes.alloc(w.depot);
+        let child = w.state.nodes.alloc(&w.state.depot);
         if child.addr() & !entry::ADDR_MASK != 0 {
             // Not representable in an entry (above 2^48): keep it cached.
-            w.nodes.free(w.depot, child);
+            w.state.nodes.free(&w.state.depot, child);
             self.nodes.fetch_sub(1, AcqRel);
             return Err(MapError::NoMemory);
         }
@@ -224,7 +217,7 @@ impl Table {
                 Ok(true)
             }
             Err(_) => {
-                w.nodes.free(w.depot, child);
+                w.state.nodes.free(&w.state.depot, child);
                 self.nodes.fetch_sub(1, AcqRel);
                 Ok(false)
             }
@@ -239,19 +232,19 @@ pub(crate) fn node_tag(iova: u64, level: u32) -> u64 {
 }
 
 /// Queues the node of `level` covering `iova` for retirement at the flush.
-pub(crate) fn push_candidate(t: &Arc<Table>, w: &mut Ctx<'_>, iova: u64, level: u32) {
+pub(crate) fn push_candidate(t: &Arc<Table>, w: &mut Ctx, iova: u64, level: u32) {
     let base = iova & !(span(level + 1) - 1);
-    if let Some(c) = w.table.candidates.last() {
+    if let Some(c) = w.state.table.candidates.last() {
         if Arc::ptr_eq(&c.table, t) && c.iova == base && c.level == level {
             return;
         }
     }
-    w.table.candidates.push(Candidate {
+    w.state.table.candidates.push(Candidate {
         table: Arc::clone(t),
         iova: base,
         level,
     });
-    if w.table.candidates.len() >= 256 {
+    if w.state.table.candidates.len() >= 256 {
         // Bound the list: retiring early is safe (nodes still wait for the
         // flush in the deferred list).
         super::retire::retire_candidates(w);
@@ -267,7 +260,7 @@ enum Fast {
 /// MAP.
 pub(crate) fn map(
     t: &Arc<Table>,
-    w: &mut Ctx<'_>,
+    w: &mut Ctx,
     iova: u64,
     last: u64,
     gpa: u64,
@@ -297,7 +290,7 @@ pub(crate) fn map(
 }
 
 /// One-entry MAP: a single compare-and-swap from empty to the mapping.
-fn map_one(t: &Arc<Table>, w: &mut Ctx<'_>, iova: u64, level: u32, value: u64) -> Fast {
+fn map_one(t: &Arc<Table>, w: &mut Ctx, iova: u64, level: u32, value: u64) -> Fast {
     let n = match t.find(w, iova, level, true) {
         Ok(Found::Node(n)) => n,
         Ok(Found::Leaf) => return Fast::Done(Err(MapError::Overlap)),
@@ -324,12 +317,7 @@ fn map_one(t: &Arc<Table>, w: &mut Ctx<'_>, iova: u64, level: u32, value: u64) -
 }
 
 /// UNMAP.
-pub(crate) fn unmap(
-    t: &Arc<Table>,
-    w: &mut Ctx<'_>,
-    iova: u64,
-    last: u64,
-) -> Result<(), UnmapError> {
+pub(crate) fn unmap(t: &Arc<Table>, w: &mut Ctx, iova: u64, last: u64) -> Result<(), UnmapError> {
     if last < iova || iova > IOVA_MAX {
         return Ok(());
     }
@@ -344,7 +332,7 @@ pub(crate) fn unmap(
 
 /// One-page UNMAP of a one-page mapping: one compare-and-swap to empty.
 /// `None`: the page holds a claim of a range operation; use the range path.
-fn unmap_one(t: &Arc<Table>, w: &mut Ctx<'_>, iova: u64) -> Option<Result<(), UnmapError>> {
+fn unmap_one(t: &Arc<Table>, w: &mut Ctx, iova: u64) -> Option<Result<(), UnmapError>> {
     let n = match t.find(w, iova, 0, false) {
         Ok(Found::Node(n)) => n,
         Ok(Found::Absent) => return Some(Ok(())),
@@ -380,7 +368,7 @@ fn unmap_one(t: &Arc<Table>, w: &mut Ctx<'_>, iova: u64) -> Option<Result<(), Un
 }
 
 /// Removes every mapping.
-pub(crate) fn clear(t: &Arc<Table>, w: &mut Ctx<'_>) {
+pub(crate) fn clear(t: &Arc<Table>, w: &mut Ctx) {
     // A range covering the whole space cannot split anything.
     let _ = range::run_unmap(t, w, 0, IOVA_MAX);
 }

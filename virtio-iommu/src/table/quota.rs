@@ -71,17 +71,17 @@ pub(crate) fn totals(t: &Table) -> (u64, u64) {
 
 /// Adds to this worker's shard of `t`'s counters.
 #[inline]
-pub(crate) fn account(t: &Table, w: &Ctx<'_>, mappings: i64, bytes: i64) {
+pub(crate) fn account(t: &Table, w: &Ctx, mappings: i64, bytes: i64) {
     let delta =
         ((mappings as u64) << MAPPINGS_SHIFT).wrapping_add((bytes / PAGE_SIZE as i64) as u64);
-    t.shards[w.table.id % SHARDS]
+    t.shards[w.state.table.id % SHARDS]
         .packed
         .fetch_add(delta, Ordering::Relaxed);
 }
 
 /// Gives a worker's credits back to their domain.
-pub(crate) fn release(w: &mut Ctx<'_>) {
-    if let Some(c) = w.table.credits.take() {
+pub(crate) fn release(w: &mut Ctx) {
+    if let Some(c) = w.state.table.credits.take() {
         if c.count > 0 {
             c.table.reserved.fetch_sub(c.count, Ordering::AcqRel);
         }
@@ -92,8 +92,8 @@ pub(crate) fn release(w: &mut Ctx<'_>) {
 /// has finished its kick the limit is exact (a held credit would make
 /// another queue's MAP fail early). The reference to the domain is kept so
 /// the next kick does not touch the domain's reference count.
-pub(crate) fn trim(w: &mut Ctx<'_>) {
-    if let Some(c) = w.table.credits.as_mut() {
+pub(crate) fn trim(w: &mut Ctx) {
+    if let Some(c) = w.state.table.credits.as_mut() {
         if c.count > 0 {
             c.table.reserved.fetch_sub(c.count, Ordering::AcqRel);
             c.count = 0;
@@ -103,8 +103,8 @@ pub(crate) fn trim(w: &mut Ctx<'_>) {
 
 /// Takes quota for one new mapping of `t`.
 #[inline]
-pub(crate) fn take(t: &Arc<Table>, w: &mut Ctx<'_>) -> Result<(), MapError> {
-    if let Some(c) = w.table.credits.as_mut() {
+pub(crate) fn take(t: &Arc<Table>, w: &mut Ctx) -> Result<(), MapError> {
+    if let Some(c) = w.state.table.credits.as_mut() {
         if Arc::ptr_eq(&c.table, t) && c.count > 0 {
             c.count -= 1;
             return Ok(());
@@ -113,7 +113,7 @@ pub(crate) fn take(t: &Arc<Table>, w: &mut Ctx<'_>) -> Result<(), MapError> {
     take_slow(t, w)
 }
 
-fn take_slow(t: &Arc<Table>, w: &mut Ctx<'_>) -> Result<(), MapError> {
+fn take_slow(t: &Arc<Table>, w: &mut Ctx) -> Result<(), MapError> {
     let max = t.limits.max_mappings;
     let mut chunk = if t.reserved.load(Ordering::Relaxed).saturating_add(2 * CHUNK) <= max / 2 {
         CHUNK
@@ -131,15 +131,15 @@ fn take_slow(t: &Arc<Table>, w: &mut Ctx<'_>) -> Result<(), MapError> {
         }
         chunk = 1;
     }
-    let same = matches!(&w.table.credits, Some(c) if Arc::ptr_eq(&c.table, t));
+    let same = matches!(&w.state.table.credits, Some(c) if Arc::ptr_eq(&c.table, t));
     if !same {
         release(w);
-        w.table.credits = Some(Credits {
+        w.state.table.credits = Some(Credits {
             table: Arc::clone(t),
             count: 0,
         });
     }
-    if let Some(c) = w.table.credits.as_mut() {
+    if let Some(c) = w.state.table.credits.as_mut() {
         c.count += chunk - 1;
     }
     Ok(())
@@ -148,11 +148,11 @@ fn take_slow(t: &Arc<Table>, w: &mut Ctx<'_>) -> Result<(), MapError> {
 /// Returns quota for `n` mappings of `t` that no longer exist (or were
 /// never made).
 #[inline]
-pub(crate) fn give(t: &Arc<Table>, w: &mut Ctx<'_>, n: u64) {
+pub(crate) fn give(t: &Arc<Table>, w: &mut Ctx, n: u64) {
     if n == 0 {
         return;
     }
-    if let Some(c) = w.table.credits.as_mut() {
+    if let Some(c) = w.state.table.credits.as_mut() {
         if Arc::ptr_eq(&c.table, t) {
             c.count += n;
             if c.count > 2 * CHUNK {

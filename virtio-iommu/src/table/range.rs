@@ -69,7 +69,7 @@ impl Op<'_> {
     /// `lo..=hi`, descending into children.
     fn claim(
         &self,
-        w: &mut Ctx<'_>,
+        w: &mut Ctx,
         n: &Node,
         level: u32,
         base: u64,
@@ -98,7 +98,7 @@ impl Op<'_> {
                     if !t.pin(child, n, i, e, node::tag(s_base, level - 1)) {
                         continue;
                     }
-                    w.table.pins.push(Pin {
+                    w.state.table.pins.push(Pin {
                         node: entry::addr(e),
                         iova: s_base,
                         level: level - 1,
@@ -182,7 +182,7 @@ impl Op<'_> {
     #[allow(clippy::too_many_arguments)]
     fn finish(
         &self,
-        w: &mut Ctx<'_>,
+        w: &mut Ctx,
         n: &Node,
         level: u32,
         base: u64,
@@ -278,21 +278,21 @@ impl Op<'_> {
     }
 
     /// Unpins every node the claim walk pinned, deepest first.
-    fn unpin_all(&self, w: &mut Ctx<'_>) {
-        let pins = std::mem::take(&mut w.table.pins);
+    fn unpin_all(&self, w: &mut Ctx) {
+        let pins = std::mem::take(&mut w.state.table.pins);
         for p in pins.iter().rev() {
             let n = self.t.node(p.node);
             self.t.unpin(w, n, p.iova, p.level, 1);
         }
-        w.table.pins = pins;
-        w.table.pins.clear();
+        w.state.table.pins = pins;
+        w.state.table.pins.clear();
     }
 }
 
 /// MAP of `lo..=hi` (checked, page-aligned) to `gpa..`.
 pub(crate) fn run_map(
     t: &Arc<Table>,
-    w: &mut Ctx<'_>,
+    w: &mut Ctx,
     lo: u64,
     hi: u64,
     gpa: u64,
@@ -304,7 +304,7 @@ pub(crate) fn run_map(
         lo,
         hi,
     };
-    w.table.pins.clear();
+    w.state.table.pins.clear();
     let mut rm = Removed::default();
     let res = match op.claim(w, t.root(), ROOT_LEVEL, 0, lo, hi) {
         Ok(()) => {
@@ -336,19 +336,14 @@ pub(crate) fn run_map(
 }
 
 /// UNMAP of `lo..=hi` (any alignment, `hi` within the IOVA space).
-pub(crate) fn run_unmap(
-    t: &Arc<Table>,
-    w: &mut Ctx<'_>,
-    lo: u64,
-    hi: u64,
-) -> Result<(), UnmapError> {
+pub(crate) fn run_unmap(t: &Arc<Table>, w: &mut Ctx, lo: u64, hi: u64) -> Result<(), UnmapError> {
     let op = Op {
         t,
         kind: Kind::Unmap,
         lo,
         hi,
     };
-    w.table.pins.clear();
+    w.state.table.pins.clear();
     let mut rm = Removed::default();
     // An UNMAP never conflicts: it waits for the slots others hold.
     let _ = op.claim(w, t.root(), ROOT_LEVEL, 0, lo, hi);

@@ -18,27 +18,27 @@ use super::{index, quota, Ctx, Table, ROOT_LEVEL};
 use crate::node::{Node, NodePtr};
 
 /// Tries to unlink every node this worker saw become empty.
-pub(super) fn retire_candidates(w: &mut Ctx<'_>) {
-    let mut cands = std::mem::take(&mut w.table.candidates);
+pub(super) fn retire_candidates(w: &mut Ctx) {
+    let mut cands = std::mem::take(&mut w.state.table.candidates);
     for c in cands.drain(..) {
         try_retire(&c.table, w, c.iova, c.level);
     }
-    w.table.candidates = cands;
+    w.state.table.candidates = cands;
 }
 
 /// End of a kick: gives unused mapping quota back to its domain.
-pub(super) fn trim_credits(w: &mut Ctx<'_>) {
+pub(super) fn trim_credits(w: &mut Ctx) {
     quota::trim(w);
 }
 
 /// Gives all the worker's mapping quota back (worker going away).
-pub(super) fn release_credits(w: &mut Ctx<'_>) {
+pub(super) fn release_credits(w: &mut Ctx) {
     quota::release(w);
 }
 
 /// Unlinks the node of `level` covering `iova` if it is empty and unpinned,
 /// then its parent if that emptied it, and so on below the root.
-fn try_retire(t: &Arc<Table>, w: &mut Ctx<'_>, iova: u64, mut level: u32) {
+fn try_retire(t: &Arc<Table>, w: &mut Ctx, iova: u64, mut level: u32) {
     while level < ROOT_LEVEL {
         // Walk to the node, validating each step like a translator.
         let mut n = t.root();
@@ -82,7 +82,8 @@ fn try_retire(t: &Arc<Table>, w: &mut Ctx<'_>, iova: u64, mut level: u32) {
         t.nodes.fetch_sub(1, AcqRel);
         // SAFETY: the node was linked at this address and we just unlinked
         // it; no table or list owns it any more.
-        w.table
+        w.state
+            .table
             .deferred
             .push(unsafe { NodePtr::from_addr(entry::addr(e)) });
         level += 1;
