@@ -78,6 +78,8 @@ dma() {
 		echo "BENCH dma iommu=$1 run=$i ops_per_sec=$(kv $b ops_per_sec) errors=$(kv $b errors) cpus=$(kv $b cpus) maps=$((${m1:-0} - ${m0:-0})) requests=$((${r1:-0} - ${r0:-0}))"
 		i=$((i + 1))
 	done
+	# vviommu's endpoint of the DMA test device, while a driver owns it
+	[ -f "$st" ] && echo "BENCH-INFO iommu=$1 pgtable=$(kv "$st" pgtable)"
 	rmmod vvi_edu
 }
 
@@ -140,7 +142,6 @@ vvi)
 		fi
 		echo "BENCH-CONFIG-BEGIN iommu=$l"
 		if insmod $M/vviommu.ko policy="$pol" invalidation="$inv" pgtable=$pgt; then
-			[ -n "$EDU" ] && echo "BENCH-INFO iommu=$l pgtable=$(kv "$D/vviommu/$EDU/stats" pgtable)"
 			dma "$l"
 			insmod $M/virtio_net.ko
 			sleep 1
