@@ -414,8 +414,9 @@ mod tests {
         }
     }
 
-    fn test_device() -> Arc<Mutex<TestDevice>> {
-        let mut config = PciConfiguration::new(PciHeader {
+    /// The header of the tests' devices (a virtio-net function).
+    fn test_header() -> PciHeader {
+        PciHeader {
             vendor_id: 0x1af4,
             device_id: 0x1041,
             class: 2,
@@ -425,7 +426,11 @@ mod tests {
             subsystem_vendor_id: 0,
             subsystem_id: 0,
             interrupt_pin: 0,
-        });
+        }
+    }
+
+    fn test_device() -> Arc<Mutex<TestDevice>> {
+        let mut config = PciConfiguration::new(test_header());
         config.add_bar(0, 0x1000, BarKind::Mem32).unwrap();
         config
             .add_bar(
@@ -745,17 +750,7 @@ mod tests {
         // a device without an I/O BAR gets them.
         let dev = test_device();
         dev.lock().unwrap().config = {
-            let mut config = PciConfiguration::new(PciHeader {
-                vendor_id: 0x1af4,
-                device_id: 0x1041,
-                class: 2,
-                subclass: 0,
-                prog_if: 0,
-                revision: 1,
-                subsystem_vendor_id: 0,
-                subsystem_id: 0,
-                interrupt_pin: 0,
-            });
+            let mut config = PciConfiguration::new(test_header());
             config.add_bar(0, 0x1000, BarKind::Mem32).unwrap();
             config
         };
