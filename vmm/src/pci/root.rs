@@ -451,13 +451,21 @@ mod tests {
     }
 
     fn root() -> (PciRoot, Arc<Bus>, Arc<Bus>) {
+        root_with(windows())
+    }
+
+    fn root_with(w: PciWindows) -> (PciRoot, Arc<Bus>, Arc<Bus>) {
         let mmio = Arc::new(Bus::new());
         let pio = Arc::new(Bus::new());
-        (
-            PciRoot::new(mmio.clone(), pio.clone(), windows()),
-            mmio,
-            pio,
-        )
+        (PciRoot::new(mmio.clone(), pio.clone(), w), mmio, pio)
+    }
+
+    /// A root whose I/O window (32 bytes) cannot hold the test device's
+    /// I/O BAR, which comes after its memory BARs.
+    fn root_without_io_room() -> (PciRoot, Arc<Bus>, Arc<Bus>) {
+        let mut w = windows();
+        w.io = (0x1000, 0x20);
+        root_with(w)
     }
 
     fn at(device: u8) -> PciAddress {
@@ -562,11 +570,7 @@ mod tests {
 
     #[test]
     fn exhausted_window_is_an_error_and_unmaps() {
-        let mmio = Arc::new(Bus::new());
-        let pio = Arc::new(Bus::new());
-        let mut w = windows();
-        w.io = (0x1000, 0x20);
-        let root = PciRoot::new(mmio.clone(), pio, w);
+        let (root, mmio, _) = root_without_io_room();
         assert!(matches!(
             root.add_device(test_device()),
             Err(PciError::WindowExhausted { .. })
@@ -740,11 +744,7 @@ mod tests {
 
     #[test]
     fn failed_add_frees_what_it_allocated() {
-        let mmio = Arc::new(Bus::new());
-        let pio = Arc::new(Bus::new());
-        let mut w = windows();
-        w.io = (0x1000, 0x20);
-        let root = PciRoot::new(mmio, pio, w);
+        let (root, _, _) = root_without_io_room();
         assert!(root.add_device(test_device()).is_err());
         // The memory BARs allocated before the I/O BAR failed were freed:
         // a device without an I/O BAR gets them.

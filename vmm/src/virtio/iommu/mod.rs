@@ -158,7 +158,7 @@ impl VirtioDevice for VirtioIommu {
         let mut threads = Vec::new();
         let inline = self.serving.inline_for(nreq);
         for q in requests {
-            let rq = request::RequestQueue::new(
+            let mut rq = request::RequestQueue::new(
                 self.iommu.clone(),
                 q.index,
                 q.queue,
@@ -166,7 +166,6 @@ impl VirtioDevice for VirtioIommu {
                 ctx.interrupt.clone(),
             );
             if inline {
-                let mut rq = rq;
                 // Buffers may already be there when the driver set
                 // DRIVER_OK (this runs in that vCPU's thread).
                 rq.serve();
