@@ -230,6 +230,8 @@ struct vvi_ep {
 	struct dentry *dbg;
 	bool pt_fmt;		/* PROBE reported VVI_PT_FMT_X86_4L */
 	__le64 *pgt;		/* root of the I/O page table; NULL: MAP mode */
+	/* the device's dma_map_ops: a copy that leads back to this endpoint */
+	const struct dma_map_ops ops;
 };
 
 struct vvi_range {

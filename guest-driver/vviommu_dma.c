@@ -1232,18 +1232,14 @@ long vvi_live(struct vvi_ep *ep)
 /* dma_map_ops                                                         */
 /* ------------------------------------------------------------------ */
 
-/* endpoints owned right now, indexed by PCI segment/bus/devfn */
-static DEFINE_XARRAY(vvi_owned);
-
-static unsigned long vvi_pci_index(struct pci_dev *pdev)
-{
-	return ((unsigned long)pci_domain_nr(pdev->bus) << 16) |
-	       pci_dev_id(pdev);
-}
-
+/*
+ * The device's dma_map_ops are its endpoint's own copy of vvi_dma_ops, so
+ * the endpoint is one load away on every map and unmap: an xarray lookup
+ * by PCI id cost about as much as passthrough's whole map.
+ */
 static struct vvi_ep *vvi_dev_ep(struct device *dev)
 {
-	return xa_load(&vvi_owned, vvi_pci_index(to_pci_dev(dev)));
+	return container_of(get_dma_ops(dev), struct vvi_ep, ops);
 }
 
 static dma_addr_t vvi_op_map_page(struct device *dev, struct page *page,
@@ -1377,20 +1373,15 @@ static const struct dma_map_ops vvi_dma_ops = {
 /* the driver has not probed yet: route the device's DMA through @ep */
 int vvi_install_ops(struct vvi_ep *ep)
 {
-	int ret;
-
-	ret = xa_err(xa_store(&vvi_owned, vvi_pci_index(ep->pdev), ep,
-			      GFP_KERNEL));
-	if (ret)
-		return ret;
-	set_dma_ops(&ep->pdev->dev, &vvi_dma_ops);
+	/* written once, before any CPU can see it through the device */
+	memcpy((void *)&ep->ops, &vvi_dma_ops, sizeof(ep->ops));
+	set_dma_ops(&ep->pdev->dev, &ep->ops);
 	return 0;
 }
 
 void vvi_remove_ops(struct vvi_ep *ep)
 {
 	set_dma_ops(&ep->pdev->dev, NULL);
-	xa_erase(&vvi_owned, vvi_pci_index(ep->pdev));
 }
 
 /* ------------------------------------------------------------------ */

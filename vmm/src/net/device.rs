@@ -9,6 +9,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::config::NetConfig;
 use super::queue::WorkerQueue;
+use super::rx::{MAX_FRAME, MAX_PLAIN_FRAME};
 use super::tap::{Tap, TapError, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6};
 use super::worker::{run_worker, WorkerParts};
 use crate::virtio::{
@@ -160,6 +161,12 @@ impl VirtioDevice for Net {
                 offload |= TUN_F_TSO6;
             }
         }
+        // The TAP builds GSO frames only when the guest takes TSO.
+        let max_frame = if offload & (TUN_F_TSO4 | TUN_F_TSO6) != 0 {
+            MAX_FRAME
+        } else {
+            MAX_PLAIN_FRAME
+        };
         for tap in &self.taps {
             tap.set_offload(offload)
                 .map_err(|e| ActivateError::Device(Box::new(e)))?;
@@ -209,6 +216,7 @@ impl VirtioDevice for Net {
                 tx,
                 ctrl: ctrl.take(),
                 mrg_rxbuf: has(MRG_RXBUF),
+                max_frame,
                 all_taps: if i == 0 {
                     self.taps.clone()
                 } else {

@@ -6,6 +6,7 @@
 //! - [`device`]: the [`VirtioDevice`](crate::virtio::VirtioDevice) (features,
 //!   config space, one worker per queue pair).
 //! - [`worker`]: the receive/transmit loop of one queue pair.
+//! - [`rx`]: the receive buffers a pair holds, and how a frame reaches them.
 //! - [`queue`]: a queue as a thread owns it, and the ring steps they share.
 //! - [`ctrl`]: the control queue, served by the VMM for both kinds of device.
 
@@ -13,6 +14,7 @@ pub mod config;
 pub mod ctrl;
 pub mod device;
 pub mod queue;
+pub mod rx;
 pub mod tap;
 pub mod worker;
 

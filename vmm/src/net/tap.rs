@@ -294,6 +294,23 @@ impl Tap {
         }
     }
 
+    /// Reads one frame scattered over `iov`: the kernel copies it straight
+    /// into the buffers (guest memory on the receive path).
+    ///
+    /// # Safety
+    /// Every iovec must be valid for writes of its length.
+    pub unsafe fn read_iov(&self, iov: &[libc::iovec]) -> io::Result<usize> {
+        let count = libc::c_int::try_from(iov.len())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: the caller guarantees the iovecs are writable.
+        let n = unsafe { libc::readv(self.file.as_raw_fd(), iov.as_ptr(), count) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+
     /// Writes one frame gathered from `iov`.
     pub fn write_iov(&self, iov: &[libc::iovec]) -> io::Result<usize> {
         // SAFETY: every iovec points into live guest memory mappings (built

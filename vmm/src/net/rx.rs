@@ -1,0 +1,509 @@
+//! The receive side of a queue pair: the guest buffers the device holds,
+//! and how one frame from the TAP reaches them.
+//!
+//! WHY the device holds buffers between frames: a frame is read from the
+//! TAP straight into guest buffers (`readv`, the only copy is the
+//! kernel's), so the buffers must be in hand before the read and able to
+//! take the largest frame the TAP can produce, since the TAP tells a
+//! frame's length only by reading it. Taking the buffers for each frame
+//! and handing back the ones it did not fill would walk most chains
+//! several times; instead they stay here for the next frames.
+//! cloud-hypervisor reads into one chain per frame without mergeable
+//! buffers; QEMU reads into its own buffer and copies (twice the bytes
+//! moved through a TCG-emulated CPU in the nested runner).
+//!
+//! When the held buffers are too few for the largest frame (a small ring,
+//! or one the driver has not refilled yet), the frame is read into a host
+//! buffer first and copied if it fits: every frame the old one-copy path
+//! could place is still placed.
+//!
+//! Ring contents are hostile: a malformed chain, a ring index that jumps,
+//! or a buffer the IOMMU refuses is a [`RxError`]; the caller breaks the
+//! queue.
+
+use std::collections::VecDeque;
+use std::io;
+use std::num::Wrapping;
+use std::sync::atomic::{fence, Ordering};
+
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
+
+use super::queue::pop_head;
+use super::tap::{Tap, VNET_HDR_LEN};
+use crate::dma::DmaSpace;
+use crate::virtio::chain::{walk_into, Chain, ChainError};
+
+/// Largest frame the TAP hands over: a 64 KiB GSO frame plus headers.
+pub const MAX_FRAME: usize = 65536 + 256;
+
+/// Largest frame without GSO offloads: the virtio-net header, an Ethernet
+/// header with a VLAN tag and a jumbo payload, so that raising the TAP's
+/// MTU up to 9216 needs no change here.
+pub const MAX_PLAIN_FRAME: usize = VNET_HDR_LEN + 18 + 9216;
+
+/// Offset of `num_buffers` in `virtio_net_hdr_v1`.
+const NUM_BUFFERS_OFFSET: u64 = 10;
+
+/// Where frames come from: the TAP, or a scripted source in tests.
+pub trait FrameSource {
+    /// Reads one frame into `buf`; its length.
+    fn read_frame(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// Reads one frame scattered over `iov`; its length.
+    ///
+    /// # Safety
+    /// Every iovec must be valid for writes of its length.
+    unsafe fn read_frame_iov(&self, iov: &[libc::iovec]) -> io::Result<usize>;
+}
+
+impl FrameSource for Tap {
+    fn read_frame(&self, buf: &mut [u8]) -> io::Result<usize> {
+        Tap::read_frame(self, buf)
+    }
+
+    unsafe fn read_frame_iov(&self, iov: &[libc::iovec]) -> io::Result<usize> {
+        // SAFETY: forwarded from the caller.
+        unsafe { Tap::read_iov(self, iov) }
+    }
+}
+
+/// What became of one attempt to receive a frame.
+pub enum RxStep {
+    /// A frame was placed and its buffers marked used.
+    Delivered,
+    /// The frame was dropped; `true` if a buffer was returned used.
+    Dropped(bool),
+    /// The TAP has no frame now.
+    TapEmpty,
+    /// The TAP cannot be read (e.g. EBADFD: a detached queue).
+    TapError(io::Error),
+    /// A frame waits for buffers; the driver's avail index that was looked
+    /// at (every buffer before it is held, none after it was seen).
+    NoBuffers(Wrapping<u16>),
+    /// The receive queue cannot be used any more.
+    Broken(RxError),
+}
+
+/// Why receiving broke the receive queue.
+#[derive(Debug, thiserror::Error)]
+pub enum RxError {
+    /// The avail ring cannot be read.
+    #[error("avail ring: {0}")]
+    AvailRing(#[source] virtio_queue::Error),
+    /// The driver's chain is malformed.
+    #[error("receive chain {head}: {source}")]
+    Chain {
+        /// Its head index.
+        head: u16,
+        /// What is wrong with it.
+        source: ChainError,
+    },
+    /// A receive chain the device cannot write into.
+    #[error("receive chain {head} has no writable buffer")]
+    NoWritableBuffer {
+        /// Its head index.
+        head: u16,
+    },
+    /// The used ring cannot be written.
+    #[error("used ring: {0}")]
+    UsedRing(#[source] virtio_queue::Error),
+    /// A receive buffer cannot be written (the vIOMMU refuses it, or it is
+    /// not guest RAM).
+    #[error("receive buffer {addr:#x}: {source}")]
+    Buffer {
+        /// The buffer's address.
+        addr: u64,
+        /// The access error.
+        source: vm_memory::GuestMemoryError,
+    },
+    /// More iovecs than `readv` takes for one frame.
+    #[error("receive buffers of {buffers} pieces exceed the iovec limit")]
+    TooManyPieces {
+        /// How many pieces the frame's buffers were in.
+        buffers: usize,
+    },
+}
+
+/// A chain taken from the avail ring and not yet returned.
+#[derive(Default)]
+struct HeldChain {
+    chain: Chain,
+    /// Its writable bytes.
+    capacity: u64,
+    /// Its buffers as host iovecs, when the DMA space is untranslated (the
+    /// mapping of guest RAM never changes under it); empty otherwise, and
+    /// translated per frame so that an UNMAP is honoured.
+    iov: Vec<libc::iovec>,
+}
+
+/// The receive buffers the device holds, and a host buffer for frames that
+/// must be copied.
+pub struct RxBuffers {
+    held: VecDeque<HeldChain>,
+    spare: Vec<HeldChain>,
+    iov: Vec<libc::iovec>,
+    bounce: Vec<u8>,
+    /// Length of a frame read into `bounce` and not yet placed.
+    pending: Option<usize>,
+    /// Largest frame the TAP can hand over with the negotiated offloads.
+    max_frame: usize,
+    /// Several chains per frame (VIRTIO_NET_F_MRG_RXBUF).
+    mergeable: bool,
+}
+
+impl RxBuffers {
+    /// Buffers for a queue whose driver negotiated mergeable buffers or
+    /// not, and whose largest frame is `max_frame` bytes (header included).
+    pub fn new(mergeable: bool, max_frame: usize) -> Self {
+        let max_frame = max_frame.clamp(VNET_HDR_LEN, MAX_FRAME);
+        Self {
+            held: VecDeque::new(),
+            spare: Vec::new(),
+            iov: Vec::new(),
+            bounce: vec![0u8; max_frame],
+            pending: None,
+            max_frame,
+            mergeable,
+        }
+    }
+
+    /// Chains one frame may use.
+    fn chains_per_frame(&self) -> usize {
+        if self.mergeable {
+            usize::MAX
+        } else {
+            1
+        }
+    }
+
+    /// Bytes the chains one frame may use can take.
+    fn capacity(&self) -> u64 {
+        self.held
+            .iter()
+            .take(self.chains_per_frame())
+            .map(|h| h.capacity)
+            .sum()
+    }
+
+    /// Forgets every held chain (the queue broke, or the device resets:
+    /// the driver gets them back only by resetting).
+    pub fn clear(&mut self) {
+        while let Some(h) = self.held.pop_front() {
+            self.spare.push(h);
+        }
+        self.pending = None;
+    }
+
+    /// Takes chains from the avail ring until one frame's chains can take
+    /// `want` bytes, or the ring has no more.
+    fn fill(&mut self, q: &mut Queue, mem: &DmaSpace, want: u64) -> Result<(), RxError> {
+        let mut have = self.capacity();
+        while have < want && self.held.len() < self.chains_per_frame() {
+            let head = match pop_head(q, mem) {
+                Ok(Some(h)) => h,
+                Ok(None) => break,
+                Err(e) => return Err(RxError::AvailRing(e)),
+            };
+            let mut h = self.spare.pop().unwrap_or_default();
+            if let Err(source) = walk_into(mem, q.desc_table(), q.size(), head, &mut h.chain) {
+                self.spare.push(h);
+                return Err(RxError::Chain { head, source });
+            }
+            h.capacity = h.chain.writable_len();
+            if h.capacity == 0 {
+                self.spare.push(h);
+                return Err(RxError::NoWritableBuffer { head });
+            }
+            h.iov.clear();
+            if !mem.is_translated() {
+                translate(mem, &h.chain, u64::MAX, &mut h.iov)?;
+            }
+            have += h.capacity;
+            self.held.push_back(h);
+        }
+        Ok(())
+    }
+
+    /// Host iovecs for the first `want` bytes of the held chains.
+    fn build_iov(&mut self, mem: &DmaSpace, want: u64) -> Result<(), RxError> {
+        self.iov.clear();
+        let mut covered = 0u64;
+        for h in self.held.iter().take(self.chains_per_frame()) {
+            if covered >= want {
+                break;
+            }
+            if mem.is_translated() {
+                translate(mem, &h.chain, want - covered, &mut self.iov)?;
+            } else {
+                self.iov.extend_from_slice(&h.iov);
+            }
+            covered += h.capacity;
+        }
+        let limit = usize::try_from(libc::UIO_MAXIOV).unwrap_or(1024);
+        if self.iov.len() > limit {
+            return Err(RxError::TooManyPieces {
+                buffers: self.iov.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Returns the chains that hold a `len`-byte frame as used, after
+    /// writing their count into the frame's header.
+    fn complete(&mut self, q: &mut Queue, mem: &DmaSpace, len: usize) -> Result<(), RxError> {
+        let mut left = len as u64;
+        let mut n = 0u16;
+        for h in self.held.iter() {
+            if left == 0 {
+                break;
+            }
+            left = left.saturating_sub(h.capacity);
+            n += 1;
+        }
+        if let Some(first) = self.held.front() {
+            write_at(mem, &first.chain, NUM_BUFFERS_OFFSET, &n.to_le_bytes())?;
+        }
+        let mut left = len as u64;
+        for _ in 0..n {
+            let Some(h) = self.held.pop_front() else {
+                break;
+            };
+            let used = left.min(h.capacity);
+            left -= used;
+            let head = h.chain.head;
+            self.spare.push(h);
+            // `used` <= a chain's capacity, which is a sum of u32 lengths
+            // walk_into bounds to fit.
+            let used = u32::try_from(used).unwrap_or(u32::MAX);
+            q.add_used(mem, head, used).map_err(RxError::UsedRing)?;
+        }
+        Ok(())
+    }
+
+    /// Copies the pending frame into the held chains and returns them used.
+    fn place_bounced(&mut self, q: &mut Queue, mem: &DmaSpace, len: usize) -> RxStep {
+        let chains = self.chains_per_frame();
+        let Some(frame) = self.bounce.get(..len) else {
+            return RxStep::Dropped(false);
+        };
+        let mut rest = frame;
+        'chains: for h in self.held.iter().take(chains) {
+            for b in &h.chain.writable {
+                if rest.is_empty() {
+                    break 'chains;
+                }
+                let (piece, after) = rest.split_at((b.len as usize).min(rest.len()));
+                rest = after;
+                if let Err(source) = mem.write_slice(piece, GuestAddress(b.addr)) {
+                    return RxStep::Broken(RxError::Buffer {
+                        addr: b.addr,
+                        source,
+                    });
+                }
+            }
+        }
+        match self.complete(q, mem, len) {
+            Ok(()) => RxStep::Delivered,
+            Err(e) => RxStep::Broken(e),
+        }
+    }
+
+    /// Receives at most one frame from `tap` into the queue.
+    pub fn receive_one(&mut self, q: &mut Queue, mem: &DmaSpace, tap: &dyn FrameSource) -> RxStep {
+        let step = self.receive_one_inner(q, mem, tap);
+        if matches!(step, RxStep::Broken(_)) {
+            self.clear();
+        }
+        step
+    }
+
+    fn receive_one_inner(
+        &mut self,
+        q: &mut Queue,
+        mem: &DmaSpace,
+        tap: &dyn FrameSource,
+    ) -> RxStep {
+        let max = self.max_frame as u64;
+        if self.pending.is_none() {
+            if let Err(e) = self.fill(q, mem, max) {
+                return RxStep::Broken(e);
+            }
+            if self.capacity() >= max {
+                return self.read_in_place(q, mem, tap);
+            }
+            match tap.read_frame(&mut self.bounce) {
+                Ok(n) => self.pending = Some(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return RxStep::TapEmpty,
+                Err(e) => return RxStep::TapError(e),
+            }
+        }
+        let Some(len) = self.pending else {
+            return RxStep::TapEmpty;
+        };
+        if len < VNET_HDR_LEN {
+            self.pending = None;
+            return RxStep::Dropped(false);
+        }
+        if let Err(e) = self.fill(q, mem, len as u64) {
+            return RxStep::Broken(e);
+        }
+        if self.capacity() >= len as u64 {
+            self.pending = None;
+            return self.place_bounced(q, mem, len);
+        }
+        if !self.mergeable {
+            if let Some(h) = self.held.pop_front() {
+                // Too big for the one buffer the driver gave: drop the
+                // frame and hand the buffer back empty.
+                self.pending = None;
+                let head = h.chain.head;
+                self.spare.push(h);
+                return match q.add_used(mem, head, 0) {
+                    Ok(()) => RxStep::Dropped(true),
+                    Err(e) => RxStep::Broken(RxError::UsedRing(e)),
+                };
+            }
+        }
+        RxStep::NoBuffers(Wrapping(q.next_avail()))
+    }
+
+    /// Reads a frame straight into the held chains (they can take the
+    /// largest one).
+    fn read_in_place(&mut self, q: &mut Queue, mem: &DmaSpace, tap: &dyn FrameSource) -> RxStep {
+        if let Err(e) = self.build_iov(mem, self.max_frame as u64) {
+            return RxStep::Broken(e);
+        }
+        if !mem.bus_master() {
+            // Cached iovecs bypass the bus-master check of every access.
+            return RxStep::TapEmpty;
+        }
+        // SAFETY: every iovec was built from a VolatileSlice of the
+        // device's DMA space (guest RAM mappings that live as long as
+        // `mem`), for writes, within the buffer's bounds.
+        match unsafe { tap.read_frame_iov(&self.iov) } {
+            Ok(n) if n < VNET_HDR_LEN => RxStep::Dropped(false),
+            Ok(n) => match self.complete(q, mem, n) {
+                Ok(()) => RxStep::Delivered,
+                Err(e) => RxStep::Broken(e),
+            },
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => RxStep::TapEmpty,
+            Err(e) => RxStep::TapError(e),
+        }
+    }
+}
+
+/// Appends host iovecs for the first `want` writable bytes of `chain`.
+fn translate(
+    mem: &DmaSpace,
+    chain: &Chain,
+    want: u64,
+    iov: &mut Vec<libc::iovec>,
+) -> Result<(), RxError> {
+    let mut left = want;
+    for b in &chain.writable {
+        if left == 0 {
+            break;
+        }
+        let len = u64::from(b.len).min(left);
+        left -= len;
+        let slices = mem
+            .get_slices(GuestAddress(b.addr), len as usize, Permissions::Write)
+            .map_err(|source| RxError::Buffer {
+                addr: b.addr,
+                source,
+            })?;
+        for s in slices {
+            let s = s.map_err(|source| RxError::Buffer {
+                addr: b.addr,
+                source,
+            })?;
+            if s.is_empty() {
+                continue;
+            }
+            iov.push(libc::iovec {
+                iov_base: s.ptr_guard_mut().as_ptr().cast(),
+                iov_len: s.len(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Writes `bytes` at offset `off` of the chain's writable buffers taken as
+/// one (the header may be split over descriptors).
+fn write_at(mem: &DmaSpace, chain: &Chain, off: u64, bytes: &[u8]) -> Result<(), RxError> {
+    let mut pos = 0u64;
+    let mut rest = bytes;
+    for b in &chain.writable {
+        let end = pos + u64::from(b.len);
+        if rest.is_empty() {
+            break;
+        }
+        let at = off + (bytes.len() - rest.len()) as u64;
+        if at < end {
+            let inner = at - pos;
+            let n = ((end - at) as usize).min(rest.len());
+            let addr = b.addr.wrapping_add(inner);
+            let (piece, after) = rest.split_at(n);
+            mem.write_slice(piece, GuestAddress(addr))
+                .map_err(|source| RxError::Buffer { addr, source })?;
+            rest = after;
+        }
+        pos = end;
+    }
+    Ok(())
+}
+
+/// Why the receive queue's kick could not be armed (the queue stops).
+#[derive(Debug, thiserror::Error)]
+pub enum ArmKickError {
+    /// The rings cannot be read or notifications enabled.
+    #[error(transparent)]
+    Ring(#[from] virtio_queue::Error),
+    /// `avail_event` cannot be written.
+    #[error(transparent)]
+    Memory(#[from] vm_memory::GuestMemoryError),
+    /// The used ring ends past the top of the address space.
+    #[error("used ring address overflows")]
+    UsedRingOverflow,
+}
+
+/// After a receive ran out of buffers: asks the driver to kick on the next
+/// buffer it adds, and says whether buffers arrived after `looked_at`, the
+/// avail index [`RxStep::NoBuffers`] reported.
+///
+/// WHY not `Queue::enable_notification`: with EVENT_IDX it sets
+/// `avail_event` to `next_avail`, and buffers published before the
+/// driver's current index would not make it kick; here `avail_event` is
+/// the driver's current index, so its next buffer triggers the kick.
+///
+/// WHY compare with `looked_at` and not with the index read here: buffers
+/// the driver published between the last look and this function were
+/// never offered to the pending frame, and the driver did not kick for
+/// them (its `avail_event` was older). Reporting "nothing new" then would
+/// stop TAP polling while a full ring waits for a kick that never comes:
+/// receive stalls for good.
+pub fn arm_rx_kick(
+    q: &mut Queue,
+    mem: &DmaSpace,
+    looked_at: Wrapping<u16>,
+) -> Result<bool, ArmKickError> {
+    let seen = q.avail_idx(mem, Ordering::Acquire)?;
+    if q.event_idx_enabled() {
+        // used ring: flags, idx, ring[size], then avail_event.
+        let at = q
+            .used_ring()
+            .checked_add(4 + 8 * u64::from(q.size()))
+            .ok_or(ArmKickError::UsedRingOverflow)?;
+        mem.store(u16::to_le(seen.0), GuestAddress(at), Ordering::Release)?;
+    } else {
+        q.enable_notification(mem)?;
+    }
+    fence(Ordering::SeqCst);
+    let now = q.avail_idx(mem, Ordering::Acquire)?;
+    Ok(now != looked_at)
+}
+
+#[cfg(test)]
+#[path = "rx_tests.rs"]
+mod tests;
