@@ -158,7 +158,17 @@ def plan_boots(args):
             kind = next(iter(keep.values())) if b["mode"] == "linux" else b["mode"]
             b["name"] = f"{b['vmm']}-{b['cpus']}cpu-{b['suite']}-{kind}"
             out.append(b)
-    return out
+    return interleave_rounds(out, args.rounds)
+
+
+def interleave_rounds(boots, rounds):
+    """The plan `rounds` times over, one whole pass after the other, so that
+    a slow spell of the shared machine falls on every VMM rather than on
+    the one whose boots it met; figures of every round are pooled."""
+    if rounds <= 1:
+        return boots
+    return [{**b, "name": f"{b['name']}-r{k}", "round": k}
+            for k in range(1, rounds + 1) for b in boots]
 
 
 def matches(cid, pat):
@@ -169,8 +179,12 @@ def matches(cid, pat):
 
 def configurations(boots):
     """(id, vmm, cpus, iommu, suite) of every configuration, in plan order."""
-    return [(config_id(b["vmm"], b["cpus"], it), b["vmm"], b["cpus"], it, b["suite"])
-            for b in boots for it in b["configs"].values()]
+    seen = {}
+    for b in boots:
+        for it in b["configs"].values():
+            cid = config_id(b["vmm"], b["cpus"], it)
+            seen.setdefault(cid, (cid, b["vmm"], b["cpus"], it, b["suite"]))
+    return list(seen.values())
 
 
 def predict_secs(b, args):
@@ -179,7 +193,7 @@ def predict_secs(b, args):
     boot = {"dmavisor": 30, "qemu": 45, "ch": 35}[b["vmm"]] * max(1.0, args.mem / 256)
     per = args.runs * 3 * (args.secs + 3) + 6
     if b.get("dma"):
-        per += args.runs * (2 + args.iters / 100)
+        per += args.runs * (2 + (args.dma_ms / 1000 if args.dma_ms else args.iters / 100))
     return boot + per * len(b["configs"])
 
 
@@ -267,7 +281,8 @@ def prepare(boots, args):
 
 def boot_cmdline(b, args):
     parts = ["console=ttyS0", "quiet", "panic=-1", f"bench_mode={b['mode']}",
-             f"bench_runs={args.runs}", f"bench_iters={args.iters}", f"bench_secs={args.secs}"]
+             f"bench_runs={args.runs}", f"bench_iters={args.iters}", f"bench_secs={args.secs}",
+             f"bench_dma_ms={args.dma_ms}"]
     if b["mode"] == "vvi":
         # vvi-P-I -> P:I, pgt-P-I -> P:I:pgt (bench-guest.sh)
         parts.append("bench_configs=" + ",".join(
@@ -416,8 +431,10 @@ def parse(lines, boots):
             if case:
                 for it in case["configs"].values():
                     r = recs[config_id(case["vmm"], case["cpus"], it)]
-                    r["case"] = {"name": case["name"], "exit": int(f.get("rc", -1)),
-                                 "secs": round(int(f.get("ns", 0)) / 1e9, 1)}
+                    # with several rounds, a failed boot's case is the one kept
+                    if r["case"] is None or r["case"]["exit"] == 0:
+                        r["case"] = {"name": case["name"], "exit": int(f.get("rc", -1)),
+                                     "secs": round(int(f.get("ns", 0)) / 1e9, 1)}
             case = None
             continue
         if not case:
@@ -444,6 +461,8 @@ def parse(lines, boots):
                 r["failed_runs"].append(f"dma run {f.get('run')}: errors={f.get('errors')}")
                 continue
             entry = {"run": int(f.get("run", 0)), "value": val}
+            if case.get("round"):
+                entry["round"] = case["round"]
             if w == "dma":
                 entry.update(maps=int(f.get("maps", 0)), requests=int(f.get("requests", 0)),
                              cpus=int(f.get("cpus", 0) or 0))
@@ -579,12 +598,19 @@ def headline_text(records):
     return "\n".join(lines)
 
 
+def dma_amount(meta):
+    """How long each DMA microbenchmark run was, as the report says it."""
+    if meta.get("dma_ms"):
+        return f"{meta['dma_ms']} ms"
+    return f"{meta['iters']} iterations"
+
+
 def report(outdir, records, meta):
     recs = {r["id"]: r for r in records}
     md = [f"# Guest benchmark {meta['started']}", "",
           f"Command: `{meta['command']}`  ",
           (f"Runner: {meta['runner']}; {meta['runs']} run(s) per workload; iperf3/sockperf "
-           f"{meta['secs']} s per run; DMA microbenchmark {meta['iters']} iterations per vCPU; "
+           f"{meta['secs']} s per run; DMA microbenchmark {dma_amount(meta)} per vCPU; "
            f"session {fmt_secs(meta['session_secs'])}.  "),
           f"Guests: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}.", "",
           ("In the nested runner (TCG) absolute figures mean little: read the ratios. "
@@ -651,6 +677,7 @@ def plots(outdir, records):
             rows = [r for r in records if r["vmm"] == vmm and r["vcpus"] == cpus
                     and (pick is None or pick(r))]
             width = 0.8 / len(series)
+            positive = False
             for k, (w, lbl) in enumerate(series):
                 xs, ys, lo, hi = [], [], [], []
                 for i, r in enumerate(rows):
@@ -665,12 +692,14 @@ def plots(outdir, records):
                     ys.append(s["median"])
                     lo.append(s["median"] - s["min"])
                     hi.append(s["max"] - s["median"])
+                positive |= any(y > 0 for y in ys)
                 ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=lbl)
             ax.set_xticks(range(len(rows)))
             ax.set_xticklabels([r["iommu"] for r in rows], rotation=35, ha="right", fontsize=8)
             ax.set_ylabel(ylabel)
-            if log_scale:
+            if log_scale and positive:
                 # configurations differ by orders of magnitude under TCG
+                # (a run without figures, e.g. --iters 0, keeps a linear axis)
                 ax.set_yscale("log")
             ax.set_title(f"{title}: {vmm}, {cpus} vCPU", fontsize=10)
             if len(series) > 1:
@@ -711,6 +740,9 @@ def main():
                          "lazy-percpu and strict, Linux lazy; 1 run, 1 s transfers, 200 DMA "
                          "iterations (three boots per VMM)")
     ap.add_argument("--runs", type=int, help="repetitions of every workload (default 3, quick 1)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="boot the whole plan N times over, interleaved, and pool the "
+                         "figures (ratios between VMMs then resist slow spells of the host)")
     ap.add_argument("--only", default="", help="comma-separated configuration patterns: "
                     "globs (dmavisor/2cpu/vvi-*) or substrings (linux)")
     ap.add_argument("--ch", metavar="PATH", help="also run cloud-hypervisor (its binary)")
@@ -718,6 +750,9 @@ def main():
     ap.add_argument("--secs", type=int, help="seconds per iperf3/sockperf run (default 3, quick 1)")
     ap.add_argument("--iters", type=int,
                     help="DMA microbenchmark iterations per vCPU (default 2000, quick 200)")
+    ap.add_argument("--dma-ms", type=int, default=0, metavar="MS",
+                    help="run the DMA microbenchmark for MS ms per vCPU instead of --iters "
+                         "iterations (long runs average out timer ticks and runner jitter)")
     ap.add_argument("--mem", type=int, default=256,
                     help="guest memory in MiB (default 256: in the nested runner a guest's "
                          "boot time grows with its memory)")
@@ -759,6 +794,10 @@ def main():
     args.cpus = args.cpus or ("1" if args.quick else "1,2")
     if args.runs < 1 or args.secs < 1 or not re.fullmatch(r"\d+(,\d+)*", args.cpus):
         ap.error("--runs and --secs must be positive, --cpus a list like 1,2")
+    if args.rounds < 1:
+        ap.error("--rounds must be positive")
+    if not 0 <= args.dma_ms <= 60000:
+        ap.error("--dma-ms must be 0..60000 (vvi_edu's limit)")
     if args.ch and not os.access(args.ch, os.X_OK):
         ap.error(f"--ch {args.ch}: not an executable")
     boots = plan_boots(args)
@@ -790,6 +829,7 @@ def main():
     runner = "direct (hardware KVM)" if runner_is_direct() else "nested runner (TCG)"
     meta = {"started": started, "command": " ".join(map(shlex.quote, sys.argv)),
             "runner": runner, "runs": args.runs, "secs": args.secs, "iters": args.iters,
+            "dma_ms": args.dma_ms,
             "session_secs": round(secs), "versions": {
                 f"debian-{s}": v for s, v in prep["version"].items()},
             "configurations": [c[0] for c in confs]}

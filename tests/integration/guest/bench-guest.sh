@@ -11,6 +11,9 @@
 #   bench_runs=N               repetitions of every workload
 #   bench_iters=N              DMA microbenchmark iterations per vCPU
 #                              (0: no DMA microbenchmark)
+#   bench_dma_ms=T             instead, run it for T ms per vCPU (long
+#                              runs average out timer ticks and the
+#                              runner's jitter; 0: by iterations)
 #   bench_secs=S               seconds of each iperf3 and sockperf run
 #   bench_host=IP bench_me=IP  the peer (iperf3 -s, sockperf server) and us
 # Prints, per configuration, "BENCH-CONFIG-BEGIN iommu=...", one
@@ -27,6 +30,7 @@ label=off
 configs=
 runs=1
 iters=1000
+dma_ms=0
 secs=2
 host=192.168.249.1
 me=192.168.249.2
@@ -37,6 +41,7 @@ for arg in $(cat /proc/cmdline); do
 	bench_configs=*) configs=$(echo "${arg#*=}" | tr , ' ') ;;
 	bench_runs=*) runs=${arg#*=} ;;
 	bench_iters=*) iters=${arg#*=} ;;
+	bench_dma_ms=*) dma_ms=${arg#*=} ;;
 	bench_secs=*) secs=${arg#*=} ;;
 	bench_host=*) host=${arg#*=} ;;
 	bench_me=*) me=${arg#*=} ;;
@@ -71,7 +76,12 @@ dma() {
 	while [ $i -le "$runs" ]; do
 		r0=$(kv "$st" requests)
 		m0=$(kv "$st" maps)
-		echo "size=4096 iters=$iters bufs=1 dir=to" > $D/vvi_edu/bench
+		if [ "$dma_ms" -gt 0 ]; then
+			amount="ms=$dma_ms"
+		else
+			amount="iters=$iters"
+		fi
+		echo "size=4096 $amount bufs=1 dir=to" > $D/vvi_edu/bench
 		b=$D/vvi_edu/bench
 		r1=$(kv "$st" requests)
 		m1=$(kv "$st" maps)

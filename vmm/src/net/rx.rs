@@ -124,6 +124,19 @@ pub enum RxError {
     },
 }
 
+/// What the receive side did so far (logged when the worker stops).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RxCounts {
+    /// Frames read straight into guest buffers.
+    pub in_place: u64,
+    /// Frames read into the host buffer and copied.
+    pub copied: u64,
+    /// Frames dropped (runts, or too big for a buffer without MRG_RXBUF).
+    pub dropped: u64,
+    /// Times a frame waited for the driver to add buffers.
+    pub waits: u64,
+}
+
 /// A chain taken from the avail ring and not yet returned.
 #[derive(Default)]
 struct HeldChain {
@@ -140,6 +153,8 @@ struct HeldChain {
 /// must be copied.
 pub struct RxBuffers {
     held: VecDeque<HeldChain>,
+    /// Writable bytes of all held chains.
+    held_bytes: u64,
     spare: Vec<HeldChain>,
     iov: Vec<libc::iovec>,
     bounce: Vec<u8>,
@@ -149,6 +164,7 @@ pub struct RxBuffers {
     max_frame: usize,
     /// Several chains per frame (VIRTIO_NET_F_MRG_RXBUF).
     mergeable: bool,
+    counts: RxCounts,
 }
 
 impl RxBuffers {
@@ -158,13 +174,21 @@ impl RxBuffers {
         let max_frame = max_frame.clamp(VNET_HDR_LEN, MAX_FRAME);
         Self {
             held: VecDeque::new(),
+            held_bytes: 0,
             spare: Vec::new(),
             iov: Vec::new(),
-            bounce: vec![0u8; max_frame],
+            // Any frame the TAP can hand over, whatever its MTU.
+            bounce: vec![0u8; MAX_FRAME],
             pending: None,
             max_frame,
             mergeable,
+            counts: RxCounts::default(),
         }
+    }
+
+    /// What the receive side did so far.
+    pub fn counts(&self) -> RxCounts {
+        self.counts
     }
 
     /// Chains one frame may use.
@@ -178,11 +202,11 @@ impl RxBuffers {
 
     /// Bytes the chains one frame may use can take.
     fn capacity(&self) -> u64 {
-        self.held
-            .iter()
-            .take(self.chains_per_frame())
-            .map(|h| h.capacity)
-            .sum()
+        if self.mergeable {
+            self.held_bytes
+        } else {
+            self.held.front().map_or(0, |h| h.capacity)
+        }
     }
 
     /// Forgets every held chain (the queue broke, or the device resets:
@@ -191,6 +215,7 @@ impl RxBuffers {
         while let Some(h) = self.held.pop_front() {
             self.spare.push(h);
         }
+        self.held_bytes = 0;
         self.pending = None;
     }
 
@@ -219,6 +244,7 @@ impl RxBuffers {
                 translate(mem, &h.chain, u64::MAX, &mut h.iov)?;
             }
             have += h.capacity;
+            self.held_bytes += h.capacity;
             self.held.push_back(h);
         }
         Ok(())
@@ -270,6 +296,7 @@ impl RxBuffers {
             };
             let used = left.min(h.capacity);
             left -= used;
+            self.held_bytes = self.held_bytes.saturating_sub(h.capacity);
             let head = h.chain.head;
             self.spare.push(h);
             // `used` <= a chain's capacity, which is a sum of u32 lengths
@@ -311,8 +338,11 @@ impl RxBuffers {
     /// Receives at most one frame from `tap` into the queue.
     pub fn receive_one(&mut self, q: &mut Queue, mem: &DmaSpace, tap: &dyn FrameSource) -> RxStep {
         let step = self.receive_one_inner(q, mem, tap);
-        if matches!(step, RxStep::Broken(_)) {
-            self.clear();
+        match step {
+            RxStep::Broken(_) => self.clear(),
+            RxStep::Dropped(_) => self.counts.dropped += 1,
+            RxStep::NoBuffers(_) => self.counts.waits += 1,
+            _ => {}
         }
         step
     }
@@ -349,6 +379,7 @@ impl RxBuffers {
         }
         if self.capacity() >= len as u64 {
             self.pending = None;
+            self.counts.copied += 1;
             return self.place_bounced(q, mem, len);
         }
         if !self.mergeable {
@@ -357,6 +388,7 @@ impl RxBuffers {
                 // frame and hand the buffer back empty.
                 self.pending = None;
                 let head = h.chain.head;
+                self.held_bytes = self.held_bytes.saturating_sub(h.capacity);
                 self.spare.push(h);
                 return match q.add_used(mem, head, 0) {
                     Ok(()) => RxStep::Dropped(true),
@@ -383,7 +415,10 @@ impl RxBuffers {
         match unsafe { tap.read_frame_iov(&self.iov) } {
             Ok(n) if n < VNET_HDR_LEN => RxStep::Dropped(false),
             Ok(n) => match self.complete(q, mem, n) {
-                Ok(()) => RxStep::Delivered,
+                Ok(()) => {
+                    self.counts.in_place += 1;
+                    RxStep::Delivered
+                }
                 Err(e) => RxStep::Broken(e),
             },
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => RxStep::TapEmpty,

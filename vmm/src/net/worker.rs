@@ -156,9 +156,11 @@ impl QueuePairWorker {
                 let token = ev.data();
                 match token {
                     TOKEN_STOP => {
+                        let rx = self.rx_buffers.counts();
                         debug!(
-                            "virtio-net worker stops ({} transmit frames dropped)",
-                            self.tx_dropped
+                            "virtio-net worker stops: {} transmit frames dropped; received \
+                             {} in place, {} copied, {} dropped, {} waits for buffers",
+                            self.tx_dropped, rx.in_place, rx.copied, rx.dropped, rx.waits
                         );
                         return;
                     }
