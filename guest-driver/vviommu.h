@@ -173,7 +173,8 @@ struct vvi_mag_cpu {
 struct vvi_depot {
 	spinlock_t lock;	/* the full magazines */
 	unsigned int n;
-	struct vvi_mag *mags;	/* VVI_DEPOT_MAX of them */
+	unsigned int cap;	/* vvi_depot_cap() */
+	struct vvi_mag *mags;	/* cap of them */
 };
 
 struct vvi_pm {

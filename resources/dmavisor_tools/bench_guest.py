@@ -445,6 +445,13 @@ def parse(lines, boots):
         body = line[i:]
         words = body.split()
         f = kv_fields(body)
+        if words[0] == "BENCH-INFO" and f.get("dma_direct"):
+            # the boot's DMA rate before vviommu was loaded, for every
+            # configuration of that boot
+            for it in case["configs"].values():
+                recs[config_id(case["vmm"], case["cpus"], it)].setdefault(
+                    "dma_direct_same_boot", []).append(float(f["dma_direct"]))
+            continue
         lbl = f.get("iommu")
         if lbl not in case["configs"]:
             continue
@@ -465,7 +472,8 @@ def parse(lines, boots):
                 entry["round"] = case["round"]
             if w == "dma":
                 entry.update(maps=int(f.get("maps", 0)), requests=int(f.get("requests", 0)),
-                             cpus=int(f.get("cpus", 0) or 0))
+                             cpus=int(f.get("cpus", 0) or 0),
+                             alloc_slow=int(f.get("alloc_slow", 0) or 0))
             r["workloads"][w].append(entry)
         elif words[0] == "BENCH-ERROR":
             r["errors"].append(f"guest: {f.get('what')}")
@@ -635,7 +643,7 @@ def report(outdir, records, meta):
         hdr = ["configuration", "VMM", "vCPUs", "IOMMU", f"median {unit}", "min–max", "runs",
                "ratio to no IOMMU", "vs QEMU (same config)"]
         if w == "dma":
-            hdr.append("requests per DMA")
+            hdr += ["requests per DMA", "ratio to the same boot without vviommu"]
         md += ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
         for r in records:
             if w not in r["expected_workloads"]:
@@ -651,7 +659,10 @@ def report(outdir, records, meta):
                    rnum(ratio(med(r, w), med(base, w))),
                    rnum(vs)]
             if w == "dma":
-                row.append(num(r.get("requests_per_dma")))
+                direct = r.get("dma_direct_same_boot") or []
+                same = (ratio(med(r, w), statistics.median(direct))
+                        if direct and med(r, w) else None)
+                row += [num(r.get("requests_per_dma")), rnum(same)]
             md.append("| " + " | ".join(row) + " |")
         md.append("")
     md += ["## Plots", "", "![throughput](throughput.png)", "", "![latency](latency.png)", "",

@@ -76,6 +76,7 @@ dma() {
 	while [ $i -le "$runs" ]; do
 		r0=$(kv "$st" requests)
 		m0=$(kv "$st" maps)
+		s0=$(kv "$st" alloc_slow)
 		if [ "$dma_ms" -gt 0 ]; then
 			amount="ms=$dma_ms"
 		else
@@ -85,7 +86,8 @@ dma() {
 		b=$D/vvi_edu/bench
 		r1=$(kv "$st" requests)
 		m1=$(kv "$st" maps)
-		echo "BENCH dma iommu=$1 run=$i ops_per_sec=$(kv $b ops_per_sec) errors=$(kv $b errors) cpus=$(kv $b cpus) maps=$((${m1:-0} - ${m0:-0})) requests=$((${r1:-0} - ${r0:-0}))"
+		s1=$(kv "$st" alloc_slow)
+		echo "BENCH dma iommu=$1 run=$i ops_per_sec=$(kv $b ops_per_sec) errors=$(kv $b errors) cpus=$(kv $b cpus) maps=$((${m1:-0} - ${m0:-0})) requests=$((${r1:-0} - ${r0:-0})) alloc_slow=$((${s1:-0} - ${s0:-0}))"
 		i=$((i + 1))
 	done
 	# vviommu's endpoint of the DMA test device, while a driver owns it
@@ -140,6 +142,21 @@ off | linux)
 	echo "BENCH-CONFIG-END iommu=$label"
 	;;
 vvi)
+	# The same boot's DMA rate without vviommu (dma-direct): the baseline
+	# that differs from the configurations below only by the driver.
+	if [ "$iters" -gt 0 ] && [ -n "$EDU" ] && insmod $M/vvi_edu.ko; then
+		i=1
+		while [ $i -le "$runs" ]; do
+			if [ "$dma_ms" -gt 0 ]; then
+				echo "size=4096 ms=$dma_ms bufs=1 dir=to" > $D/vvi_edu/bench
+			else
+				echo "size=4096 iters=$iters bufs=1 dir=to" > $D/vvi_edu/bench
+			fi
+			echo "BENCH-INFO dma_direct=$(kv $D/vvi_edu/bench ops_per_sec) run=$i"
+			i=$((i + 1))
+		done
+		rmmod vvi_edu
+	fi
 	for c in $configs; do
 		pol=${c%%:*}
 		rest=${c#*:}
