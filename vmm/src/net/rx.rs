@@ -422,6 +422,11 @@ impl RxBuffers {
                 Err(e) => RxStep::Broken(e),
             },
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => RxStep::TapEmpty,
+            // The frame did not fit (a TAP MTU above what `max_frame`
+            // allows): the TAP dropped it; the queue goes on. Stopping
+            // TAP polling here would wait for a kick a full ring never
+            // sends.
+            Err(e) if e.raw_os_error() == Some(libc::EFAULT) => RxStep::Dropped(false),
             Err(e) => RxStep::TapError(e),
         }
     }

@@ -366,3 +366,20 @@ fn malformed_rings_break_the_queue_without_panic() {
     r.driver.set_avail_idx(100);
     assert!(broken(&mut r));
 }
+
+#[test]
+fn a_frame_larger_than_max_frame_is_dropped_and_receive_goes_on() {
+    let mut r = Ring::new();
+    r.post(0, 0x8000, 4096);
+    r.post(1, 0x9000, 4096);
+    // The read offers max_frame (IN_PLACE) bytes, the first chain; a
+    // larger frame makes the TAP fail with EFAULT and drop it.
+    let (big, small) = (frame(IN_PLACE + 100), frame(300));
+    let src = Frames::with(&[&big, &small]);
+    let mut rx = RxBuffers::new(true, IN_PLACE);
+    assert!(matches!(r.receive(&mut rx, &src), RxStep::Dropped(false)));
+    assert_eq!(r.driver.used_idx(), 0, "no buffer used for the lost frame");
+    assert!(matches!(r.receive(&mut rx, &src), RxStep::Delivered));
+    assert_eq!((r.driver.used_idx(), r.driver.used(0)), (1, (0, 300)));
+    assert_eq!(rx.counts().dropped, 1);
+}
