@@ -323,7 +323,7 @@ u64 vvi_map(struct vvi_ep *ep, phys_addr_t phys, size_t size,
 	    enum dma_data_direction dir, u64 mask);
 void vvi_unmap(struct vvi_ep *ep, u64 dma, size_t size, bool strict);
 long vvi_live(struct vvi_ep *ep);
-int vvi_install_ops(struct vvi_ep *ep);
+void vvi_install_ops(struct vvi_ep *ep);
 void vvi_remove_ops(struct vvi_ep *ep);
 int vvi_policy_setup(struct vvi_ep *ep);
 void vvi_policy_teardown(struct vvi_ep *ep);

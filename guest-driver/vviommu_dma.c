@@ -1379,12 +1379,11 @@ static const struct dma_map_ops vvi_dma_ops = {
 };
 
 /* the driver has not probed yet: route the device's DMA through @ep */
-int vvi_install_ops(struct vvi_ep *ep)
+void vvi_install_ops(struct vvi_ep *ep)
 {
 	/* written once, before any CPU can see it through the device */
 	memcpy((void *)&ep->ops, &vvi_dma_ops, sizeof(ep->ops));
 	set_dma_ops(&ep->pdev->dev, &ep->ops);
-	return 0;
 }
 
 void vvi_remove_ops(struct vvi_ep *ep)

@@ -374,9 +374,7 @@ static void vvi_claim(struct vvi_ep *ep, enum vvi_owner how,
 	if (ret)
 		goto err_policy;
 
-	ret = vvi_install_ops(ep);
-	if (ret)
-		goto err_policy;
+	vvi_install_ops(ep);
 	ep->owner = how;
 	ep->refused = false;
 	dev_info(&ep->pdev->dev,

@@ -47,6 +47,12 @@ for arg in $(cat /proc/cmdline); do
 	bench_me=*) me=${arg#*=} ;;
 	esac
 done
+# how much of the DMA microbenchmark one run does
+if [ "$dma_ms" -gt 0 ]; then
+	amount="ms=$dma_ms"
+else
+	amount="iters=$iters"
+fi
 mount -t debugfs debugfs $D 2>/dev/null
 ip link set lo up
 echo "BENCH-INFO kernel=$(uname -r) cpus=$(grep -c ^processor /proc/cpuinfo) mode=$mode"
@@ -77,11 +83,6 @@ dma() {
 		r0=$(kv "$st" requests)
 		m0=$(kv "$st" maps)
 		s0=$(kv "$st" alloc_slow)
-		if [ "$dma_ms" -gt 0 ]; then
-			amount="ms=$dma_ms"
-		else
-			amount="iters=$iters"
-		fi
 		echo "size=4096 $amount bufs=1 dir=to" > $D/vvi_edu/bench
 		b=$D/vvi_edu/bench
 		r1=$(kv "$st" requests)
@@ -147,11 +148,7 @@ vvi)
 	if [ "$iters" -gt 0 ] && [ -n "$EDU" ] && insmod $M/vvi_edu.ko; then
 		i=1
 		while [ $i -le "$runs" ]; do
-			if [ "$dma_ms" -gt 0 ]; then
-				echo "size=4096 ms=$dma_ms bufs=1 dir=to" > $D/vvi_edu/bench
-			else
-				echo "size=4096 iters=$iters bufs=1 dir=to" > $D/vvi_edu/bench
-			fi
+			echo "size=4096 $amount bufs=1 dir=to" > $D/vvi_edu/bench
 			echo "BENCH-INFO dma_direct=$(kv $D/vvi_edu/bench ops_per_sec) run=$i"
 			i=$((i + 1))
 		done

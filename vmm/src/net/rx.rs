@@ -27,8 +27,9 @@ use std::num::Wrapping;
 use std::sync::atomic::{fence, Ordering};
 
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
+use vm_memory::{Bytes, GuestAddress, Permissions};
 
+use super::iov::{append_iovecs, BufferAccessError};
 use super::queue::pop_head;
 use super::tap::{Tap, VNET_HDR_LEN};
 use crate::dma::DmaSpace;
@@ -109,13 +110,8 @@ pub enum RxError {
     UsedRing(#[source] virtio_queue::Error),
     /// A receive buffer cannot be written (the vIOMMU refuses it, or it is
     /// not guest RAM).
-    #[error("receive buffer {addr:#x}: {source}")]
-    Buffer {
-        /// The buffer's address.
-        addr: u64,
-        /// The access error.
-        source: vm_memory::GuestMemoryError,
-    },
+    #[error("receive {0}")]
+    Buffer(#[from] BufferAccessError),
     /// More iovecs than `readv` takes for one frame.
     #[error("receive buffers of {buffers} pieces exceed the iovec limit")]
     TooManyPieces {
@@ -222,8 +218,7 @@ impl RxBuffers {
     /// Takes chains from the avail ring until one frame's chains can take
     /// `want` bytes, or the ring has no more.
     fn fill(&mut self, q: &mut Queue, mem: &DmaSpace, want: u64) -> Result<(), RxError> {
-        let mut have = self.capacity();
-        while have < want && self.held.len() < self.chains_per_frame() {
+        while self.capacity() < want && self.held.len() < self.chains_per_frame() {
             let head = match pop_head(q, mem) {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
@@ -241,9 +236,14 @@ impl RxBuffers {
             }
             h.iov.clear();
             if !mem.is_translated() {
-                translate(mem, &h.chain, u64::MAX, &mut h.iov)?;
+                append_iovecs(
+                    mem,
+                    &h.chain.writable,
+                    u64::MAX,
+                    Permissions::Write,
+                    &mut h.iov,
+                )?;
             }
-            have += h.capacity;
             self.held_bytes += h.capacity;
             self.held.push_back(h);
         }
@@ -259,7 +259,13 @@ impl RxBuffers {
                 break;
             }
             if mem.is_translated() {
-                translate(mem, &h.chain, want - covered, &mut self.iov)?;
+                append_iovecs(
+                    mem,
+                    &h.chain.writable,
+                    want - covered,
+                    Permissions::Write,
+                    &mut self.iov,
+                )?;
             } else {
                 self.iov.extend_from_slice(&h.iov);
             }
@@ -314,20 +320,16 @@ impl RxBuffers {
             return RxStep::Dropped(false);
         };
         let mut rest = frame;
-        'chains: for h in self.held.iter().take(chains) {
-            for b in &h.chain.writable {
-                if rest.is_empty() {
-                    break 'chains;
-                }
-                let (piece, after) = rest.split_at((b.len as usize).min(rest.len()));
-                rest = after;
-                if let Err(source) = mem.write_slice(piece, GuestAddress(b.addr)) {
-                    return RxStep::Broken(RxError::Buffer {
-                        addr: b.addr,
-                        source,
-                    });
-                }
+        for h in self.held.iter().take(chains) {
+            if rest.is_empty() {
+                break;
             }
+            let take = usize::try_from(h.capacity).map_or(rest.len(), |c| c.min(rest.len()));
+            let (piece, after) = rest.split_at(take);
+            if let Err(e) = write_at(mem, &h.chain, 0, piece) {
+                return RxStep::Broken(e);
+            }
+            rest = after;
         }
         match self.complete(q, mem, len) {
             Ok(()) => RxStep::Delivered,
@@ -432,43 +434,6 @@ impl RxBuffers {
     }
 }
 
-/// Appends host iovecs for the first `want` writable bytes of `chain`.
-fn translate(
-    mem: &DmaSpace,
-    chain: &Chain,
-    want: u64,
-    iov: &mut Vec<libc::iovec>,
-) -> Result<(), RxError> {
-    let mut left = want;
-    for b in &chain.writable {
-        if left == 0 {
-            break;
-        }
-        let len = u64::from(b.len).min(left);
-        left -= len;
-        let slices = mem
-            .get_slices(GuestAddress(b.addr), len as usize, Permissions::Write)
-            .map_err(|source| RxError::Buffer {
-                addr: b.addr,
-                source,
-            })?;
-        for s in slices {
-            let s = s.map_err(|source| RxError::Buffer {
-                addr: b.addr,
-                source,
-            })?;
-            if s.is_empty() {
-                continue;
-            }
-            iov.push(libc::iovec {
-                iov_base: s.ptr_guard_mut().as_ptr().cast(),
-                iov_len: s.len(),
-            });
-        }
-    }
-    Ok(())
-}
-
 /// Writes `bytes` at offset `off` of the chain's writable buffers taken as
 /// one (the header may be split over descriptors).
 fn write_at(mem: &DmaSpace, chain: &Chain, off: u64, bytes: &[u8]) -> Result<(), RxError> {
@@ -486,7 +451,7 @@ fn write_at(mem: &DmaSpace, chain: &Chain, off: u64, bytes: &[u8]) -> Result<(),
             let addr = b.addr.wrapping_add(inner);
             let (piece, after) = rest.split_at(n);
             mem.write_slice(piece, GuestAddress(addr))
-                .map_err(|source| RxError::Buffer { addr, source })?;
+                .map_err(|source| BufferAccessError { addr, source })?;
             rest = after;
         }
         pos = end;

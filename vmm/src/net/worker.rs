@@ -18,11 +18,12 @@ use std::sync::Arc;
 use log::{debug, warn};
 use virtio_iommu::quiesce::ReaderSlot;
 use virtio_queue::QueueT;
-use vm_memory::{GuestAddress, GuestMemory, Permissions};
+use vm_memory::Permissions;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::ctrl::{serve_ctrl_queue, CtrlCommand};
+use super::iov::append_iovecs;
 use super::queue::{break_queue, pop_head, signal_used, WorkerQueue};
 use super::rx::{arm_rx_kick, RxBuffers, RxStep};
 use super::tap::{Tap, VNET_HDR_LEN};
@@ -203,30 +204,11 @@ impl QueuePairWorker {
     fn send_chain(&mut self) -> bool {
         let iov = &mut self.tx_iov;
         iov.clear();
-        let mut total = 0usize;
-        for b in &self.chain.readable {
-            let slices = match self.pair.mem.get_slices(
-                GuestAddress(b.addr),
-                b.len as usize,
-                Permissions::Read,
-            ) {
-                Ok(s) => s,
-                Err(_) => return false,
-            };
-            for s in slices {
-                let Ok(s) = s else {
-                    return false;
-                };
-                if s.is_empty() {
-                    continue;
-                }
-                total += s.len();
-                iov.push(libc::iovec {
-                    iov_base: s.ptr_guard().as_ptr() as *mut libc::c_void,
-                    iov_len: s.len(),
-                });
-            }
+        let readable = &self.chain.readable;
+        if append_iovecs(&self.pair.mem, readable, u64::MAX, Permissions::Read, iov).is_err() {
+            return false;
         }
+        let total: usize = iov.iter().map(|v| v.iov_len).sum();
         if total < VNET_HDR_LEN || iov.len() > MAX_CHAIN_DESCRIPTORS {
             self.tx_dropped += 1;
             return true;
