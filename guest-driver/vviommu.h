@@ -76,6 +76,8 @@ enum vvi_stat {
 	VVI_ST_ERRORS,
 	VVI_ST_INV_REQS,
 	VVI_ST_PT_TABLES,
+	VVI_ST_FLUSH_NS,	/* time spent in deferred flushes */
+	VVI_ST_INV_NS,		/* of which waiting for INVALIDATE/UNMAP */
 	VVI_NR_STATS,
 };
 
@@ -231,6 +233,7 @@ struct vvi_ep {
 	struct dentry *dbg;
 	bool pt_fmt;		/* PROBE reported VVI_PT_FMT_X86_4L */
 	__le64 *pgt;		/* root of the I/O page table; NULL: MAP mode */
+	u64 saved_dma_limit;	/* passthrough: bus_dma_limit before attach */
 	/* the device's dma_map_ops: a copy that leads back to this endpoint */
 	const struct dma_map_ops ops;
 };

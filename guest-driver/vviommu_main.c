@@ -245,6 +245,10 @@ static int vvi_stats_show(struct seq_file *s, void *unused)
 	seq_printf(s, "live=%lld\n", sum[VVI_ST_MAPS] - sum[VVI_ST_UNMAPS]);
 	seq_printf(s, "faults=%lld\n", atomic64_read(&ep->faults));
 	seq_printf(s, "pgtable=%s\n", ep->pgt ? "yes" : "no");
+	/* whose map calls the device's driver makes (passthrough: dma-direct) */
+	seq_printf(s, "dma_ops=%s\n",
+		   get_dma_ops(&ep->pdev->dev) == &ep->ops ? "vviommu" :
+		   get_dma_ops(&ep->pdev->dev) ? "other" : "direct");
 	reqs = sum[VVI_ST_MAP_REQS] + sum[VVI_ST_UNMAP_REQS] +
 	       sum[VVI_ST_INV_REQS];
 	kicks = sum[VVI_ST_KICKS];

@@ -238,6 +238,7 @@ one_config() {
 	netreqs=$(kv $netst requests)
 	netstate=$(kv $netst state)
 	ptmode=$(kv $netst pgtable)
+	netops=$(kv $netst dma_ops)
 	# rmmod must be refused while an endpoint is owned
 	if rmmod vviommu 2>/dev/null; then busy=no; else busy=yes; fi
 
@@ -285,7 +286,14 @@ one_config() {
 	[ "$busy" = yes ] || { st=FAIL; why="$why,rmmod-not-refused"; }
 	[ "$unload" = ok ] || { st=FAIL; why="$why,unload"; }
 	[ "$kwarn" = 0 ] || { st=FAIL; why="$why,kernel-warnings"; }
-	[ "${netmaps:-0}" -gt 0 ] || { st=FAIL; why="$why,no-maps"; }
+	# passthrough leaves the device on dma-direct (its domain maps all
+	# RAM at IOVA = GPA); every other policy maps each DMA through vviommu
+	if [ "$pol" = passthrough ]; then
+		[ "$netops" = direct ] || { st=FAIL; why="$why,ops-not-direct"; }
+	else
+		[ "$netops" = vviommu ] || { st=FAIL; why="$why,ops-not-vviommu"; }
+		[ "${netmaps:-0}" -gt 0 ] || { st=FAIL; why="$why,no-maps"; }
+	fi
 	# race: iterations/corrupted/not faulted/missed/error
 	if [ "$race" != skipped ] && [ "$race" != "$n/0/0/0/none" ]; then
 		st=FAIL
@@ -301,7 +309,7 @@ one_config() {
 		[ "$faultlog" -gt 0 ] || { st=FAIL; why="$why,no-fault-log"; }
 	fi
 	[ "$f0" = "$f1" ] || { st=FAIL; why="$why,faults-during-net"; }
-	echo "VVI-RESULT policy=$pol inval=$inv status=$st net=$net net_ms=$netms edu_dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok ro_write_blocked=$roblk after_unmap_blocked=$blocked expect_blocked=$expect_block edu_faults=$edufaults fault_log=$faultlog net_maps=$netmaps net_requests=$netreqs unmapped_iova=$uiova race=$race rmmod_busy=$busy unload=$unload kwarn=$kwarn pgtable=$ptmode why=${why#,}"
+	echo "VVI-RESULT policy=$pol inval=$inv status=$st net=$net net_ms=$netms edu_dma_ok=$dmaok sg_ok=$sgok coherent_ok=$cohok ro_write_blocked=$roblk after_unmap_blocked=$blocked expect_blocked=$expect_block edu_faults=$edufaults fault_log=$faultlog net_maps=$netmaps net_requests=$netreqs net_dma_ops=$netops unmapped_iova=$uiova race=$race rmmod_busy=$busy unload=$unload kwarn=$kwarn pgtable=$ptmode why=${why#,}"
 }
 
 # one benchmark configuration: $reps runs, median ops/s, request deltas
@@ -339,7 +347,7 @@ bench_one() {
 	maps=$((m1 - m0))
 	rpd_x1000=0
 	[ "$maps" -gt 0 ] && rpd_x1000=$((reqs * 1000 / maps))
-	echo "VVI-BENCH $label bufs=$nbufs cpus=$(kv $b cpus) ops_last_run=$(kv $b ops) errors=$errs median_ops_per_sec=$med runs_ops_per_sec=$(echo $all | tr ' ' ,) maps=$maps requests=$reqs req_per_dma_x1000=$rpd_x1000 fallbacks=$(kv "$stats" fallbacks) alloc_fast=$(kv "$stats" alloc_fast) alloc_depot=$(kv "$stats" alloc_depot) alloc_slow=$(kv "$stats" alloc_slow) kicks=$(kv "$stats" kicks) flushes=$(kv "$stats" flushes) mean_flush_x100=$(kv "$stats" mean_flush_x100)"
+	echo "VVI-BENCH $label bufs=$nbufs cpus=$(kv $b cpus) ops_last_run=$(kv $b ops) errors=$errs median_ops_per_sec=$med runs_ops_per_sec=$(echo $all | tr ' ' ,) maps=$maps requests=$reqs req_per_dma_x1000=$rpd_x1000 dma_ops=$(kv "$stats" dma_ops) fallbacks=$(kv "$stats" fallbacks) alloc_fast=$(kv "$stats" alloc_fast) alloc_depot=$(kv "$stats" alloc_depot) alloc_slow=$(kv "$stats" alloc_slow) kicks=$(kv "$stats" kicks) flushes=$(kv "$stats" flushes) mean_flush_x100=$(kv "$stats" mean_flush_x100)"
 }
 
 bench() {

@@ -284,6 +284,8 @@ def boot_cmdline(b, args):
              f"bench_runs={args.runs}", f"bench_iters={args.iters}", f"bench_secs={args.secs}",
              f"bench_dma_ms={args.dma_ms}"]
     if b["mode"] == "vvi":
+        if args.vvi_params:
+            parts.append("bench_vvi_params=" + ",".join(args.vvi_params.split()))
         # vvi-P-I -> P:I, pgt-P-I -> P:I:pgt (bench-guest.sh)
         parts.append("bench_configs=" + ",".join(
             lbl[4:].replace("-", ":", 1) + (":pgt" if lbl.startswith("pgt-") else "")
@@ -473,7 +475,10 @@ def parse(lines, boots):
             if w == "dma":
                 entry.update(maps=int(f.get("maps", 0)), requests=int(f.get("requests", 0)),
                              cpus=int(f.get("cpus", 0) or 0),
-                             alloc_slow=int(f.get("alloc_slow", 0) or 0))
+                             alloc_slow=int(f.get("alloc_slow", 0) or 0),
+                             flushes=int(f.get("flushes", 0) or 0),
+                             flush_ns=int(f.get("flush_ns", 0) or 0),
+                             flush_wait_ns=int(f.get("flush_wait_ns", 0) or 0))
             r["workloads"][w].append(entry)
         elif words[0] == "BENCH-ERROR":
             r["errors"].append(f"guest: {f.get('what')}")
@@ -764,6 +769,9 @@ def main():
     ap.add_argument("--dma-ms", type=int, default=0, metavar="MS",
                     help="run the DMA microbenchmark for MS ms per vCPU instead of --iters "
                          "iterations (long runs average out timer ticks and runner jitter)")
+    ap.add_argument("--vvi-params", default="", metavar="'NAME=VALUE ...'",
+                    help="more vviommu module parameters for every vviommu configuration, "
+                         "e.g. 'pgt_fq_size=8192' (A/B of a driver tunable in one run)")
     ap.add_argument("--mem", type=int, default=256,
                     help="guest memory in MiB (default 256: in the nested runner a guest's "
                          "boot time grows with its memory)")
@@ -807,6 +815,8 @@ def main():
         ap.error("--runs and --secs must be positive, --cpus a list like 1,2")
     if args.rounds < 1:
         ap.error("--rounds must be positive")
+    if not re.fullmatch(r"(\s*[a-z_]+=[A-Za-z0-9_.-]+)*\s*", args.vvi_params):
+        ap.error("--vvi-params takes NAME=VALUE words")
     if not 0 <= args.dma_ms <= 60000:
         ap.error("--dma-ms must be 0..60000 (vvi_edu's limit)")
     if args.ch and not os.access(args.ch, os.X_OK):
@@ -840,7 +850,7 @@ def main():
     runner = "direct (hardware KVM)" if runner_is_direct() else "nested runner (TCG)"
     meta = {"started": started, "command": " ".join(map(shlex.quote, sys.argv)),
             "runner": runner, "runs": args.runs, "secs": args.secs, "iters": args.iters,
-            "dma_ms": args.dma_ms,
+            "dma_ms": args.dma_ms, "vvi_params": args.vvi_params,
             "session_secs": round(secs), "versions": {
                 f"debian-{s}": v for s, v in prep["version"].items()},
             "configurations": [c[0] for c in confs]}

@@ -14,6 +14,7 @@
 #   bench_dma_ms=T             instead, run it for T ms per vCPU (long
 #                              runs average out timer ticks and the
 #                              runner's jitter; 0: by iterations)
+#   bench_vvi_params=A=x,B=y   more vviommu module parameters
 #   bench_secs=S               seconds of each iperf3 and sockperf run
 #   bench_host=IP bench_me=IP  the peer (iperf3 -s, sockperf server) and us
 # Prints, per configuration, "BENCH-CONFIG-BEGIN iommu=...", one
@@ -28,6 +29,7 @@ D=/sys/kernel/debug
 mode=off
 label=off
 configs=
+vvi_params=
 runs=1
 iters=1000
 dma_ms=0
@@ -43,6 +45,7 @@ for arg in $(cat /proc/cmdline); do
 	bench_iters=*) iters=${arg#*=} ;;
 	bench_dma_ms=*) dma_ms=${arg#*=} ;;
 	bench_secs=*) secs=${arg#*=} ;;
+	bench_vvi_params=*) vvi_params=$(echo "${arg#*=}" | tr , ' ') ;;
 	bench_host=*) host=${arg#*=} ;;
 	bench_me=*) me=${arg#*=} ;;
 	esac
@@ -72,6 +75,16 @@ pcislot() {
 EDU=$(pcislot 0x1234 0x11e8)
 NET=$(pcislot 0x1af4 0x1041)
 
+# " name=delta" for vviommu's counters of one DMA run ($before, $after:
+# its stats file before and after; 0 without vviommu)
+stat_deltas() {
+	for n in maps requests alloc_slow flushes flush_ns flush_wait_ns; do
+		a=$(echo "$after" | sed -n "s/^$n=//p")
+		b0=$(echo "$before" | sed -n "s/^$n=//p")
+		printf ' %s=%s' $n $((${a:-0} - ${b0:-0}))
+	done
+}
+
 # dma IOMMU: the microbenchmark $runs times; request counts from the
 # vviommu statistics of the DMA test device when vviommu drives it
 dma() {
@@ -80,15 +93,11 @@ dma() {
 	st=$D/vviommu/$EDU/stats
 	i=1
 	while [ $i -le "$runs" ]; do
-		r0=$(kv "$st" requests)
-		m0=$(kv "$st" maps)
-		s0=$(kv "$st" alloc_slow)
+		before=$(cat "$st" 2>/dev/null)
 		echo "size=4096 $amount bufs=1 dir=to" > $D/vvi_edu/bench
 		b=$D/vvi_edu/bench
-		r1=$(kv "$st" requests)
-		m1=$(kv "$st" maps)
-		s1=$(kv "$st" alloc_slow)
-		echo "BENCH dma iommu=$1 run=$i ops_per_sec=$(kv $b ops_per_sec) errors=$(kv $b errors) cpus=$(kv $b cpus) maps=$((${m1:-0} - ${m0:-0})) requests=$((${r1:-0} - ${r0:-0})) alloc_slow=$((${s1:-0} - ${s0:-0}))"
+		after=$(cat "$st" 2>/dev/null)
+		echo "BENCH dma iommu=$1 run=$i ops_per_sec=$(kv $b ops_per_sec) errors=$(kv $b errors) cpus=$(kv $b cpus)$(stat_deltas)"
 		i=$((i + 1))
 	done
 	# vviommu's endpoint of the DMA test device, while a driver owns it
@@ -165,7 +174,7 @@ vvi)
 			l=pgt-$pol-$inv
 		fi
 		echo "BENCH-CONFIG-BEGIN iommu=$l"
-		if insmod $M/vviommu.ko policy="$pol" invalidation="$inv" pgtable=$pgt; then
+		if insmod $M/vviommu.ko policy="$pol" invalidation="$inv" pgtable=$pgt $vvi_params; then
 			dma "$l"
 			insmod $M/virtio_net.ko
 			sleep 1
