@@ -77,7 +77,7 @@ enum vvi_stat {
 	VVI_ST_INV_REQS,
 	VVI_ST_PT_TABLES,
 	VVI_ST_FLUSH_NS,	/* time spent in deferred flushes */
-	VVI_ST_INV_NS,		/* of which waiting for INVALIDATE/UNMAP */
+	VVI_ST_INV_NS,		/* of which sending requests and waiting */
 	VVI_NR_STATS,
 };
 
@@ -145,7 +145,20 @@ struct vvi_fq_ent {
 /* per-CPU scratch, only used with interrupts disabled on its CPU */
 struct vvi_pcpu {
 	struct vvi_req reqs[VVI_FQ_MAX];
-	struct vvi_fq_ent ents[];	/* vvi_fq_cap entries */
+	/*
+	 * Page-table mode: the flushed batch whose INVALIDATE is in flight
+	 * (nflight entries of inv_ep in flight[]). Its IOVAs are freed once
+	 * the device has completed it: at this CPU's next flush, or in
+	 * vvi_flush_sync().
+	 */
+	struct vvi_req inv;
+	struct vvi_rq *inv_rq;	/* to wait on; NULL: inv_ret is the result */
+	int inv_ret;
+	struct vvi_ep *inv_ep;
+	unsigned int nflight;
+	struct vvi_fq_ent *ents;	/* a flush's entries (vvi_fq_cap) */
+	struct vvi_fq_ent *flight;	/* NULL without page-table mode */
+	struct vvi_fq_ent buf[];	/* ents, then flight */
 };
 
 /*
@@ -306,6 +319,7 @@ extern unsigned int vvi_fq_size;
 extern unsigned int vvi_fq_timeout_ms;
 extern unsigned int vvi_pgt_fq_size;
 extern unsigned int vvi_pgt_fq_timeout_ms;
+extern bool vvi_pgt_flush_async;
 extern unsigned int vvi_persistent_cap;
 extern bool vvi_pgtable;
 extern const char * const vvi_policy_names[VVI_NR_POLICIES];
@@ -330,6 +344,7 @@ void vvi_install_ops(struct vvi_ep *ep);
 void vvi_remove_ops(struct vvi_ep *ep);
 int vvi_policy_setup(struct vvi_ep *ep);
 void vvi_policy_teardown(struct vvi_ep *ep);
+void vvi_cost_probe(struct vvi_ep *ep, struct seq_file *s);
 void vvi_flush_all(void);
 void vvi_flush_sync(void);
 int vvi_dma_init(void);

@@ -18,6 +18,9 @@
 #include <linux/vmalloc.h>
 #include <linux/sort.h>
 #include <linux/ktime.h>
+#include <linux/cpu.h>
+#include <linux/smp.h>
+#include <linux/seq_file.h>
 #include <linux/log2.h>
 #include <linux/percpu.h>
 #include <linux/workqueue.h>
@@ -32,6 +35,7 @@ unsigned int vvi_fq_size = 250;
 unsigned int vvi_fq_timeout_ms = 10;
 unsigned int vvi_pgt_fq_size = 4096;
 unsigned int vvi_pgt_fq_timeout_ms = 100;
+bool vvi_pgt_flush_async = true;
 unsigned int vvi_persistent_cap = 1024;
 bool vvi_pgtable;
 
@@ -99,6 +103,37 @@ static void *vvi_req_buf(struct vvi_req *r)
 	return r->buf ? r->buf : (void *)&r->u;
 }
 
+/* rq->lock held: mark every request the device has completed done */
+static void vvi_harvest(struct vvi_rq *rq)
+{
+	struct vvi_req *r;
+	unsigned int len;
+
+	while ((r = virtqueue_get_buf(rq->vq, &len))) {
+		/* a reply without its tail carries no status */
+		if (len < sizeof(struct virtio_iommu_req_tail))
+			r->err = -EIO;
+		/* status visible before done; pairs with the waiters' acquire */
+		smp_store_release(&r->done, 1);
+	}
+}
+
+/* the result of a completed request */
+static int vvi_req_status(struct vvi_req *r)
+{
+	struct virtio_iommu_req_tail *t;
+
+	if (r->err)
+		return r->err;
+	t = vvi_req_buf(r) + r->len - sizeof(*t);
+	if (!t->status)
+		return 0;
+	pr_debug("request type %u failed: status %u\n",
+		 ((struct virtio_iommu_req_head *)vvi_req_buf(r))->type,
+		 t->status);
+	return vvi_status_errno(t->status);
+}
+
 /*
  * Send @n requests with one kick (more only if the ring is full) and poll
  * until the device has completed all of them. The request lock is taken
@@ -111,7 +146,6 @@ int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
 	struct scatterlist out, in, *sgs[2] = { &out, &in };
 	int next = 0, checked = 0, i, ret = 0;
 	unsigned long flags;
-	unsigned int len;
 
 	for (i = 0; i < n; i++) {
 		reqs[i].done = 0;
@@ -146,13 +180,7 @@ int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
 		}
 		if (kick)
 			kick = virtqueue_kick_prepare(rq->vq);
-		while ((r = virtqueue_get_buf(rq->vq, &len))) {
-			/* a reply without its tail carries no status */
-			if (len < sizeof(struct virtio_iommu_req_tail))
-				r->err = -EIO;
-			/* status visible before done; pairs with acquire below */
-			smp_store_release(&r->done, 1);
-		}
+		vvi_harvest(rq);
 		spin_unlock_irqrestore(&rq->lock, flags);
 
 		if (kick) {
@@ -173,22 +201,72 @@ int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
 	atomic64_add(n, &vd->reqs);
 
 	for (i = 0; i < n; i++) {
-		struct vvi_req *r = &reqs[i];
-		struct virtio_iommu_req_tail *t;
+		int err = vvi_req_status(&reqs[i]);
 
-		if (r->err) {
-			ret = r->err;
-			continue;
-		}
-		t = vvi_req_buf(r) + r->len - sizeof(*t);
-		if (t->status) {
-			ret = vvi_status_errno(t->status);
-			pr_debug("request type %u failed: status %u\n",
-				 ((struct virtio_iommu_req_head *)
-				  vvi_req_buf(r))->type, t->status);
-		}
+		if (err)
+			ret = err;
 	}
 	return ret;
+}
+
+/*
+ * Send one request and return without waiting for it. Returns the queue
+ * to vvi_wait() on; or NULL when the request could not be queued (a full
+ * ring) and went through vvi_submit() instead, its result in *@ret.
+ */
+static struct vvi_rq *vvi_submit_nowait(struct vvi_dev *vd,
+					struct vvi_req *r, struct vvi_ep *ep,
+					int *ret)
+{
+	struct vvi_rq *rq = &vd->rqs[raw_smp_processor_id() % vd->nrq];
+	struct scatterlist out, in, *sgs[2] = { &out, &in };
+	void *b = vvi_req_buf(r);
+	unsigned long flags;
+	bool kick = false;
+	int rc;
+
+	r->done = 0;
+	r->err = 0;
+	sg_init_one(&out, b, r->len - r->in_len);
+	sg_init_one(&in, b + r->len - r->in_len, r->in_len);
+	spin_lock_irqsave(&rq->lock, flags);
+	rc = virtqueue_add_sgs(rq->vq, sgs, 1, 1, r, GFP_ATOMIC);
+	if (!rc) {
+		rq->nreqs++;
+		kick = virtqueue_kick_prepare(rq->vq);
+	}
+	spin_unlock_irqrestore(&rq->lock, flags);
+	if (rc) {
+		*ret = vvi_submit(vd, r, 1, ep);
+		return NULL;
+	}
+	if (kick) {
+		virtqueue_notify(rq->vq);
+		atomic64_inc(&vd->kicks);
+		vvi_inc(ep, VVI_ST_KICKS);
+	}
+	atomic64_inc(&vd->reqs);
+	return rq;
+}
+
+/* poll @rq until the device has completed @r; its result */
+static int vvi_wait(struct vvi_rq *rq, struct vvi_req *r)
+{
+	unsigned long flags;
+
+	/* pairs with the release in vvi_harvest() */
+	while (!smp_load_acquire(&r->done)) {
+		spin_lock_irqsave(&rq->lock, flags);
+		vvi_harvest(rq);
+		spin_unlock_irqrestore(&rq->lock, flags);
+		/* pairs with the release in vvi_harvest() */
+		if (smp_load_acquire(&r->done))
+			break;
+		if (virtqueue_is_broken(rq->vq))
+			return -EIO;
+		cpu_relax();
+	}
+	return vvi_req_status(r);
 }
 
 static void vvi_fill(struct vvi_req *r, u8 type, u32 len)
@@ -465,20 +543,19 @@ static unsigned long vvi_mag_alloc(struct vvi_ep *ep, unsigned long n,
 	return vvi_global_alloc(ep, 1UL << o, mask);
 }
 
-static void vvi_mag_free(struct vvi_ep *ep, unsigned long pfn,
-			 unsigned long n)
+/* interrupts off: give @pfn (@n pages) to this CPU's magazines */
+static void vvi_mag_put(struct vvi_ep *ep, unsigned long pfn,
+			unsigned long n)
 {
 	unsigned int o = order_base_2(n), i;
 	struct vvi_mag_cpu *mc;
 	struct vvi_mag *ld, *pv;
 	struct vvi_depot *d;
-	unsigned long flags;
 
 	if (o >= VVI_MAG_ORDERS) {
 		vvi_global_free(ep, pfn);
 		return;
 	}
-	local_irq_save(flags);
 	mc = this_cpu_ptr(ep->mags);
 	ld = &mc->m[o][mc->cur[o]];
 	pv = &mc->m[o][!mc->cur[o]];
@@ -499,6 +576,15 @@ static void vvi_mag_free(struct vvi_ep *ep, unsigned long pfn,
 		ld = pv;
 	}
 	ld->pfn[ld->n++] = pfn;
+}
+
+static void vvi_mag_free(struct vvi_ep *ep, unsigned long pfn,
+			 unsigned long n)
+{
+	unsigned long flags;
+
+	local_irq_save(flags);
+	vvi_mag_put(ep, pfn, n);
 	local_irq_restore(flags);
 }
 
@@ -564,6 +650,25 @@ static void vvi_release_iova(struct vvi_ep *ep, u64 iova, unsigned long n)
 	default:
 		break;
 	}
+}
+
+/* give back the IOVAs of @n flushed entries of @ep (none identity) */
+static void vvi_release_batch(struct vvi_ep *ep, struct vvi_fq_ent *e,
+			      unsigned int n)
+{
+	unsigned long flags;
+	unsigned int i;
+
+	if (vvi_policy_sel != VVI_POL_MAGAZINE) {
+		for (i = 0; i < n; i++)
+			vvi_release_iova(ep, e[i].iova, e[i].npages);
+		return;
+	}
+	/* one interrupt-off section for the batch, not one per IOVA */
+	local_irq_save(flags);
+	for (i = 0; i < n; i++)
+		vvi_mag_put(ep, e[i].iova >> PAGE_SHIFT, e[i].npages);
+	local_irq_restore(flags);
 }
 
 /* ------------------------------------------------------------------ */
@@ -722,6 +827,66 @@ static void vvi_flush_ep(struct vvi_ep *ep, struct vvi_pcpu *pc,
 }
 
 /*
+ * Interrupts off: the batch in flight on @pc, if any: wait for its
+ * INVALIDATE (normally long completed), then free its IOVAs.
+ */
+static void vvi_flight_reap(struct vvi_pcpu *pc)
+{
+	struct vvi_ep *ep = pc->inv_ep;
+	int ret = pc->inv_ret;
+	u64 t0;
+
+	if (!pc->nflight)
+		return;
+	t0 = ktime_get_ns();
+	if (pc->inv_rq)
+		ret = vvi_wait(pc->inv_rq, &pc->inv);
+	if (ret)
+		vvi_inc(ep, VVI_ST_ERRORS);
+	vvi_add(ep, VVI_ST_INV_NS, ktime_get_ns() - t0);
+	vvi_release_batch(ep, pc->flight, pc->nflight);
+	vvi_add(ep, VVI_ST_FLUSH_NS, ktime_get_ns() - t0);
+	pc->nflight = 0;
+	pc->inv_ep = NULL;
+}
+
+/*
+ * Interrupts off; pc->ents holds a flush of @n entries, all of page-table
+ * endpoint @ep and none an identity page (whose entries may be dropped).
+ * Their leaves are clear; send the INVALIDATE over their span and do not
+ * wait: the batch stays in flight, its IOVAs unusable, until this CPU's
+ * next flush, which frees it after the device has completed it (by then
+ * long since). The device starts invalidating as soon as it is kicked,
+ * so the CPU only stops waiting, the window of stale walks does not grow.
+ */
+static void vvi_flush_pt_async(struct vvi_pcpu *pc, struct vvi_ep *ep,
+			       unsigned int n)
+{
+	u64 t0 = ktime_get_ns(), start = U64_MAX, end = 0, t_send;
+	struct vvi_fq_ent *e;
+	unsigned int i;
+
+	vvi_flight_reap(pc);
+	/* the entries become the flight; the reaped array takes the next */
+	swap(pc->ents, pc->flight);
+	e = pc->flight;
+	for (i = 0; i < n; i++) {
+		start = min(start, e[i].iova);
+		end = max(end, e[i].iova + ((u64)e[i].npages << PAGE_SHIFT));
+	}
+	vvi_fill_invalidate(&pc->inv, ep->domain, start, end - 1);
+	pc->inv_ep = ep;
+	pc->nflight = n;
+	t_send = ktime_get_ns();
+	pc->inv_rq = vvi_submit_nowait(ep->vd, &pc->inv, ep, &pc->inv_ret);
+	vvi_add(ep, VVI_ST_INV_NS, ktime_get_ns() - t_send);
+	vvi_inc(ep, VVI_ST_INV_REQS);
+	vvi_inc(ep, VVI_ST_FLUSHES);
+	vvi_add(ep, VVI_ST_FLUSH_ENTS, n);
+	vvi_add(ep, VVI_ST_FLUSH_NS, ktime_get_ns() - t0);
+}
+
+/*
  * Interrupts off; entries are in pc->ents. Sorted to group them by
  * endpoint and to merge neighbouring UNMAPs, except when all belong to
  * one page-table endpoint: its flush is one INVALIDATE over their span,
@@ -729,11 +894,17 @@ static void vvi_flush_ep(struct vvi_ep *ep, struct vvi_pcpu *pc,
  */
 static void vvi_fq_process(struct vvi_pcpu *pc, unsigned int n)
 {
+	struct vvi_ep *ep0 = pc->ents[0].ep;
 	unsigned int i = 0, j;
 
-	for (j = 1; j < n && pc->ents[j].ep == pc->ents[0].ep; j++)
+	for (j = 1; j < n && pc->ents[j].ep == ep0; j++)
 		;
-	if (j < n || !pc->ents[0].ep->pgt)
+	if (j == n && ep0->pgt && pc->flight && vvi_pgt_flush_async &&
+	    vvi_policy_sel != VVI_POL_IDENTITY) {
+		vvi_flush_pt_async(pc, ep0, n);
+		return;
+	}
+	if (j < n || !ep0->pgt)
 		sort(pc->ents, n, sizeof(pc->ents[0]), vvi_ent_cmp, NULL);
 	while (i < n) {
 		for (j = i + 1; j < n && pc->ents[j].ep == pc->ents[i].ep; j++)
@@ -1248,6 +1419,110 @@ long vvi_live(struct vvi_ep *ep)
 }
 
 /* ------------------------------------------------------------------ */
+/* cost probe                                                          */
+/* ------------------------------------------------------------------ */
+
+#define VVI_PROBE_ITERS	20000
+
+static u64 vvi_probe_ns(u64 t0)
+{
+	return div_u64(ktime_get_ns() - t0, VVI_PROBE_ITERS);
+}
+
+/*
+ * debugfs <endpoint>/costs: the pieces of this endpoint's map + unmap,
+ * each timed VVI_PROBE_ITERS times on the reading CPU, in ns per
+ * iteration (loop included). The nested runner's guests have no PMU to
+ * profile with; this splits the DMA microbenchmark's figure instead.
+ * Caller holds vd->lock and owns @ep (its policy state exists).
+ */
+void vvi_cost_probe(struct vvi_ep *ep, struct seq_file *s)
+{
+	u32 prot = VIRTIO_IOMMU_MAP_F_READ;
+	unsigned long flags, pfn;
+	spinlock_t lock;
+	unsigned int i;
+	void *buf;
+	u64 t0, dma;
+
+	spin_lock_init(&lock);
+	t0 = ktime_get_ns();
+	for (i = 0; i < VVI_PROBE_ITERS; i++)
+		barrier();
+	seq_printf(s, "loop_ns=%llu\n", vvi_probe_ns(t0));
+
+	t0 = ktime_get_ns();
+	for (i = 0; i < VVI_PROBE_ITERS; i++) {
+		local_irq_save(flags);
+		local_irq_restore(flags);
+	}
+	seq_printf(s, "irq_save_restore_ns=%llu\n", vvi_probe_ns(t0));
+
+	t0 = ktime_get_ns();
+	for (i = 0; i < VVI_PROBE_ITERS; i++) {
+		spin_lock_irqsave(&lock, flags);
+		spin_unlock_irqrestore(&lock, flags);
+	}
+	seq_printf(s, "spin_lock_irqsave_ns=%llu\n", vvi_probe_ns(t0));
+
+	t0 = ktime_get_ns();
+	for (i = 0; i < VVI_PROBE_ITERS; i++)
+		vvi_add(ep, VVI_ST_ERRORS, 0);
+	seq_printf(s, "percpu_add_ns=%llu\n", vvi_probe_ns(t0));
+
+	if (vvi_policy_sel == VVI_POL_MAGAZINE) {
+		t0 = ktime_get_ns();
+		for (i = 0; i < VVI_PROBE_ITERS; i++) {
+			pfn = vvi_mag_alloc(ep, 1, ep->limit);
+			if (pfn)
+				vvi_mag_free(ep, pfn, 1);
+		}
+		seq_printf(s, "magazine_alloc_free_ns=%llu\n",
+			   vvi_probe_ns(t0));
+	}
+
+	buf = kmalloc(PAGE_SIZE, GFP_KERNEL);
+	if (!buf)
+		return;
+	if (ep->pgt) {
+		pfn = vvi_global_alloc(ep, 1, ep->limit);
+		if (pfn) {
+			t0 = ktime_get_ns();
+			for (i = 0; i < VVI_PROBE_ITERS; i++) {
+				if (vvi_pt_map(ep, PFN_PHYS(pfn), PAGE_SIZE,
+					       virt_to_phys(buf), prot))
+					break;
+				vvi_pt_clear(ep, PFN_PHYS(pfn), PAGE_SIZE);
+			}
+			seq_printf(s, "pt_write_clear_ns=%llu\n",
+				   vvi_probe_ns(t0));
+			/* the device never walked it, but make sure */
+			vvi_pt_unmap_sync(ep, PFN_PHYS(pfn), PAGE_SIZE);
+			vvi_global_free(ep, pfn);
+		}
+	}
+
+	/*
+	 * The whole pair, as the DMA microbenchmark does it, flushes
+	 * included; only where it sends no request per DMA (a request is
+	 * what the benchmark already shows).
+	 */
+	if (!ep->pgt || vvi_inval_sel == VVI_INV_STRICT) {
+		kfree(buf);
+		return;
+	}
+	t0 = ktime_get_ns();
+	for (i = 0; i < VVI_PROBE_ITERS; i++) {
+		dma = vvi_map(ep, virt_to_phys(buf), PAGE_SIZE, DMA_TO_DEVICE,
+			      DMA_BIT_MASK(64));
+		vvi_unmap(ep, dma, PAGE_SIZE, false);
+	}
+	seq_printf(s, "map_unmap_ns=%llu\n", vvi_probe_ns(t0));
+	vvi_flush_sync();
+	kfree(buf);
+}
+
+/* ------------------------------------------------------------------ */
 /* dma_map_ops                                                         */
 /* ------------------------------------------------------------------ */
 
@@ -1445,14 +1720,16 @@ static int vvi_pt_map_res(struct resource *res, void *arg)
  * CPUs hand back at once. IOVAs past it go back to the rbtree, and so do
  * the allocations that then miss; with the page-table mode's 4096-entry
  * queues that was half of all IOVAs, and each rbtree allocation walks the
- * thousands of IOVAs the magazines hold.
+ * thousands of IOVAs the magazines hold. With flushes in flight a CPU
+ * holds two batches (queued and in flight), and a timer flush of a part
+ * batch can hand both back close together: room for two.
  */
 static unsigned int vvi_depot_cap(void)
 {
 	unsigned int fq = vvi_fq_size;
 
 	if (vvi_pgtable)
-		fq = max(fq, vvi_pgt_fq_size);
+		fq = max(fq, vvi_pgt_fq_size * (vvi_pgt_flush_async ? 2 : 1));
 	return max_t(unsigned int, VVI_DEPOT_MAX,
 		     DIV_ROUND_UP(fq * num_possible_cpus(), VVI_MAG_SIZE));
 }
@@ -1565,11 +1842,18 @@ int vvi_dma_init(void)
 	if (!vvi_pcpu || !vvi_cpu_fq || !vvi_global_fq)
 		goto err;
 	for_each_possible_cpu(cpu) {
-		vvi_pcpu[cpu] = kvzalloc(struct_size(vvi_pcpu[cpu], ents,
-						     vvi_fq_cap), GFP_KERNEL);
+		/* page-table mode: a second array for the batch in flight */
+		unsigned int nbuf = vvi_fq_cap * (vvi_pgtable ? 2 : 1);
+		struct vvi_pcpu *pc;
+
+		pc = kvzalloc(struct_size(pc, buf, nbuf), GFP_KERNEL);
+		vvi_pcpu[cpu] = pc;
 		vvi_cpu_fq[cpu] = vvi_fq_alloc();
-		if (!vvi_pcpu[cpu] || !vvi_cpu_fq[cpu])
+		if (!pc || !vvi_cpu_fq[cpu])
 			goto err;
+		pc->ents = pc->buf;
+		if (vvi_pgtable)
+			pc->flight = pc->buf + vvi_fq_cap;
 	}
 	return 0;
 err:
@@ -1600,9 +1884,36 @@ void vvi_dma_exit(void)
 	iova_cache_put();
 }
 
+static void vvi_flight_reap_here(void *unused)
+{
+	vvi_flight_reap(vvi_pcpu[smp_processor_id()]);
+}
+
+/*
+ * Every deferred unmap invalidated and its IOVA freed, on every CPU (an
+ * endpoint is about to go). A CPU's batch in flight is reaped on that CPU
+ * (its scratch is only touched there), an offline CPU's from here.
+ */
 void vvi_flush_sync(void)
 {
+	unsigned long flags;
+	int cpu;
+
 	cancel_delayed_work_sync(&vvi_flush_work);
 	cancel_delayed_work_sync(&vvi_pgt_flush_work);
 	vvi_flush_all();
+	if (!vvi_pcpu)
+		return;
+	cpus_read_lock();
+	for_each_possible_cpu(cpu) {
+		if (cpu_online(cpu)) {
+			smp_call_function_single(cpu, vvi_flight_reap_here,
+						 NULL, 1);
+		} else {
+			local_irq_save(flags);
+			vvi_flight_reap(vvi_pcpu[cpu]);
+			local_irq_restore(flags);
+		}
+	}
+	cpus_read_unlock();
 }

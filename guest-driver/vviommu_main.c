@@ -41,6 +41,8 @@ module_param_named(pgt_fq_size, vvi_pgt_fq_size, uint, 0444);
 MODULE_PARM_DESC(pgt_fq_size, "page-table mode: entries per flush queue before a flush (max 8192)");
 module_param_named(pgt_fq_timeout_ms, vvi_pgt_fq_timeout_ms, uint, 0444);
 MODULE_PARM_DESC(pgt_fq_timeout_ms, "page-table mode: flush deferred unmaps after this many ms");
+module_param_named(pgt_flush_async, vvi_pgt_flush_async, bool, 0444);
+MODULE_PARM_DESC(pgt_flush_async, "page-table mode: a flush does not wait for its INVALIDATE; its IOVAs are freed at the next flush (default on)");
 module_param_named(persistent_cap, vvi_persistent_cap, uint, 0444);
 MODULE_PARM_DESC(persistent_cap, "idle mappings kept per endpoint by policy=persistent");
 module_param_named(pgtable, vvi_pgtable, bool, 0444);
@@ -265,6 +267,21 @@ static int vvi_stats_show(struct seq_file *s, void *unused)
 }
 DEFINE_SHOW_ATTRIBUTE(vvi_stats);
 
+/* reading runs the endpoint's cost probe (vvi_cost_probe) */
+static int vvi_costs_show(struct seq_file *s, void *unused)
+{
+	struct vvi_ep *ep = s->private;
+
+	mutex_lock(&ep->vd->lock);
+	if (ep->owner != VVI_OWN_NONE && vvi_policy_sel != VVI_POL_PASSTHROUGH)
+		vvi_cost_probe(ep, s);
+	else
+		seq_puts(s, "idle\n");
+	mutex_unlock(&ep->vd->lock);
+	return 0;
+}
+DEFINE_SHOW_ATTRIBUTE(vvi_costs);
+
 static struct vvi_ep *vvi_find_ep(struct vvi_dev *vd, struct pci_dev *pdev)
 {
 	struct vvi_ep *ep;
@@ -326,6 +343,7 @@ static struct vvi_ep *vvi_add_ep(struct vvi_dev *vd, struct pci_dev *pdev)
 	}
 	ep->dbg = debugfs_create_dir(pci_name(pdev), vd->dbg);
 	debugfs_create_file("stats", 0444, ep->dbg, ep, &vvi_stats_fops);
+	debugfs_create_file("costs", 0400, ep->dbg, ep, &vvi_costs_fops);
 	return ep;
 }
 

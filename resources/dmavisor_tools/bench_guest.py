@@ -479,9 +479,15 @@ def parse(lines, boots):
                              flushes=int(f.get("flushes", 0) or 0),
                              flush_ns=int(f.get("flush_ns", 0) or 0),
                              flush_wait_ns=int(f.get("flush_wait_ns", 0) or 0))
+            if w in ("tcp_tx", "tcp_rx") and f.get("irq_in", "").isdigit():
+                # the NIC's interrupts during the run (bench-guest.sh with_irqs)
+                entry.update(irq_in=int(f["irq_in"]), irq_out=int(f.get("irq_out", "0") or 0))
             r["workloads"][w].append(entry)
         elif words[0] == "BENCH-ERROR":
             r["errors"].append(f"guest: {f.get('what')}")
+        elif words[0] == "BENCH-COSTS":
+            # vviommu's cost probe: ns per piece of a map + unmap
+            r["costs"] = {k: int(v) for k, v in f.items() if k.endswith("_ns") and v.isdigit()}
         elif words[0] == "BENCH-NETSTATS":
             r["net_dma"] = {"maps": int(f.get("maps", 0) or 0),
                             "requests": int(f.get("requests", 0) or 0)}

@@ -523,15 +523,20 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
         if let Some(p) = &iommu_device {
             let c = p.request_counts();
             info!(
-                "virtio-iommu: {} MAP, {} UNMAP, {} ATTACH, {} DETACH, {} PROBE requests \
-                 ({} failed); {} invalidation batches, {} consumer calls",
+                "virtio-iommu: {} MAP, {} UNMAP, {} ATTACH, {} DETACH, {} PROBE, {} \
+                 ATTACH_TABLE, {} INVALIDATE requests ({} failed, INVALIDATEs took {} us); \
+                 {} invalidation batches ({} us), {} consumer calls",
                 c.map,
                 c.unmap,
                 c.attach,
                 c.detach,
                 c.probe,
+                c.attach_table,
+                c.invalidate,
                 c.failed,
+                c.invalidate_ns / 1000,
                 c.invalidation_batches,
+                c.invalidation_ns / 1000,
                 c.invalidator_calls
             );
         }

@@ -59,6 +59,12 @@ fi
 mount -t debugfs debugfs $D 2>/dev/null
 ip link set lo up
 echo "BENCH-INFO kernel=$(uname -r) cpus=$(grep -c ^processor /proc/cpuinfo) mode=$mode"
+# what the guest made of the VMM's platform: VMMs that differ here (CPUID,
+# timers) make the same kernel idle, wake and tick differently
+c=/sys/devices/system
+echo "BENCH-INFO clocksource=$(cat $c/clocksource/clocksource0/current_clocksource 2>/dev/null) clockevent=$(cat $c/clockevents/clockevent0/current_device 2>/dev/null) cpuidle=$(cat $c/cpu/cpuidle/current_driver 2>/dev/null) governor=$(cat $c/cpu/cpuidle/current_governor_ro $c/cpu/cpuidle/current_governor 2>/dev/null | head -n1)"
+echo "BENCH-INFO cpuflags=$(sed -n 's/^flags[^:]*: //p' /proc/cpuinfo | head -n1 | tr ' ' ,)"
+dmesg | grep -iE "kvm|clocksource|tsc|x2apic|apic|hpet|idle" | head -n 30 | sed 's/^/BENCH-DMESG /'
 
 kv() {
 	sed -n "s/^$2=//p" "$1" 2>/dev/null | head -n1
@@ -100,8 +106,12 @@ dma() {
 		echo "BENCH dma iommu=$1 run=$i ops_per_sec=$(kv $b ops_per_sec) errors=$(kv $b errors) cpus=$(kv $b cpus)$(stat_deltas)"
 		i=$((i + 1))
 	done
-	# vviommu's endpoint of the DMA test device, while a driver owns it
-	[ -f "$st" ] && echo "BENCH-INFO iommu=$1 pgtable=$(kv "$st" pgtable)"
+	# vviommu's endpoint of the DMA test device, while a driver owns it:
+	# its mode, and its map + unmap split into pieces (costs)
+	if [ -f "$st" ]; then
+		echo "BENCH-INFO iommu=$1 pgtable=$(kv "$st" pgtable)"
+		echo "BENCH-COSTS iommu=$1 $(tr '\n' ' ' < "$D/vviommu/$EDU/costs")"
+	fi
 	rmmod vvi_edu
 }
 
@@ -117,6 +127,23 @@ iperf_kbps() {
 	fi
 }
 
+# interrupts of /proc/interrupts lines naming $1 (e.g. virtio1-input),
+# summed over CPUs
+irq_sum() {
+	awk -v pat="$1" 'index($0, pat) { for (i = 2; i <= NF && $i ~ /^[0-9]+$/; i++) s += $i } END { print s + 0 }' /proc/interrupts
+}
+
+# " irq_in=N irq_out=M": the NIC's receive and transmit interrupts during
+# the command "$@" (whose output comes first); what the VMM's
+# notification policy costs the guest, comparable between VMMs
+with_irqs() {
+	vn=$(basename "$(ls -d /sys/bus/pci/devices/"$NET"/virtio* 2>/dev/null | head -n1)")
+	i0=$(irq_sum "$vn-input")
+	o0=$(irq_sum "$vn-output")
+	out=$("$@")
+	echo "$out irq_in=$(($(irq_sum "$vn-input") - i0)) irq_out=$(($(irq_sum "$vn-output") - o0))"
+}
+
 net() {
 	ip link set eth0 up || { echo "BENCH-ERROR iommu=$1 what=link"; return 0; }
 	ip addr add "$me/24" dev eth0 2>/dev/null
@@ -125,8 +152,8 @@ net() {
 	while ! ping -c 1 -W 2 "$host" >/dev/null 2>&1 && [ $i -lt 15 ]; do i=$((i + 1)); done
 	i=1
 	while [ $i -le "$runs" ]; do
-		echo "BENCH tcp_tx iommu=$1 run=$i $(iperf_kbps)"
-		echo "BENCH tcp_rx iommu=$1 run=$i $(iperf_kbps -R)"
+		echo "BENCH tcp_tx iommu=$1 run=$i $(with_irqs iperf_kbps)"
+		echo "BENCH tcp_rx iommu=$1 run=$i $(with_irqs iperf_kbps -R)"
 		lat=$(timeout $((secs + 60)) sockperf ping-pong -i "$host" -p 11111 --tcp -t "$secs" 2>&1 |
 			sed -n 's/.*Latency is \([0-9.]*\) usec.*/\1/p' | tail -n 1)
 		echo "BENCH rr iommu=$1 run=$i lat_us=$lat"

@@ -38,7 +38,9 @@ dmavisor)
     else
         set -- --dma-test
     fi
-    "$bin" --kernel "$kernel" --initramfs "$initrd" --cmdline "$cmdline" \
+    # -v: the exit report (vIOMMU request counts and the device's time
+    # on INVALIDATEs) lands in the session log
+    "$bin" -v --kernel "$kernel" --initramfs "$initrd" --cmdline "$cmdline" \
         --cpus "boot=$cpus" --memory "size=${mem}M" --serial tty \
         --net "tap=$tap,mac=$mac,ip=$host_ip,mask=255.255.255.0,iommu=$iommu" "$@"
     rc=$?

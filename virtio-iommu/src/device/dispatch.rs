@@ -106,7 +106,12 @@ impl IommuDevice {
             Request::Map(m) => (Counted::Map, self.map(w, &m)),
             Request::Unmap(u) => (Counted::Unmap, self.unmap(w, &u)),
             Request::AttachTable(a) => (Counted::AttachTable, self.attach_table(w, &a)),
-            Request::Invalidate(i) => (Counted::Invalidate, self.invalidate(w, &i)),
+            Request::Invalidate(i) => {
+                let t0 = std::time::Instant::now();
+                let status = self.invalidate(w, &i);
+                w.counters.invalidate_time(t0.elapsed());
+                (Counted::Invalidate, status)
+            }
             Request::Probe(p) => {
                 let (used, status) = self.probe(&p, writable);
                 w.counters.request(Counted::Probe, status == Status::Ok);

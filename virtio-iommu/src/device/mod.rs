@@ -308,10 +308,14 @@ impl IommuDevice {
         let consumers = read(&self.invalidators).clone();
         let pending = w.has_pending();
         let calls_before = w.invalidation_calls();
-        w.flush(&consumers);
         if pending {
+            let t0 = std::time::Instant::now();
+            w.flush(&consumers);
+            w.counters.invalidation_time(t0.elapsed());
             let calls = w.invalidation_calls().wrapping_sub(calls_before);
             w.counters.batch(calls);
+        } else {
+            w.flush(&consumers);
         }
     }
 

@@ -156,6 +156,10 @@ impl VmApi for VmState {
                     "failed_requests": c.failed,
                     "invalidation_batches": c.invalidation_batches,
                     "invalidator_calls": c.invalidator_calls,
+                    "invalidate_requests": c.invalidate,
+                    "attach_table_requests": c.attach_table,
+                    "invalidate_ns": c.invalidate_ns,
+                    "invalidation_ns": c.invalidation_ns,
                 }),
             );
         }
