@@ -75,4 +75,12 @@ pub trait PciDevice: Send {
 
     /// Guest write of `data` at `offset` inside BAR `bar`.
     fn write_bar(&mut self, bar: usize, offset: u64, data: &[u8]);
+
+    /// The function is leaving the root complex (hot-unplug): give up
+    /// every guest-physical range it decodes outside the buses, such as
+    /// BARs mapped straight into the guest as KVM memory slots. Called
+    /// before its BAR ranges go back to the windows, so the next function
+    /// plugged cannot be handed a range a stale slot still covers (the
+    /// device itself may live on a little while an access holds it).
+    fn unplugged(&mut self) {}
 }

@@ -303,7 +303,8 @@ impl PciRoot {
             .and_then(Option::take)
             .ok_or(PciError::NoDevice(addr))?;
         let bars: Vec<_> = {
-            let dev = device.lock().unwrap_or_else(|e| e.into_inner());
+            let mut dev = device.lock().unwrap_or_else(|e| e.into_inner());
+            dev.unplugged();
             dev.config().bars().collect()
         };
         for (index, bar) in bars {
@@ -389,6 +390,7 @@ mod tests {
     struct TestDevice {
         config: PciConfiguration,
         last_write: Option<(usize, u64, Vec<u8>)>,
+        unplugged: usize,
     }
 
     impl PciDevice for TestDevice {
@@ -403,6 +405,9 @@ mod tests {
         }
         fn write_bar(&mut self, bar: usize, offset: u64, data: &[u8]) {
             self.last_write = Some((bar, offset, data.to_vec()));
+        }
+        fn unplugged(&mut self) {
+            self.unplugged += 1;
         }
     }
 
@@ -447,6 +452,7 @@ mod tests {
         Arc::new(Mutex::new(TestDevice {
             config,
             last_write: None,
+            unplugged: 0,
         }))
     }
 
@@ -588,6 +594,11 @@ mod tests {
         // The guest moved BAR 0 before the unplug: the current range goes.
         root.config_write(addr, 4, 0, &0xd000_0000u32.to_le_bytes());
         let removed = root.remove_device(addr).unwrap();
+        assert_eq!(
+            dev.lock().unwrap().unplugged,
+            1,
+            "told before its ranges go"
+        );
         assert!(Arc::ptr_eq(&removed, &(dev as SharedPciDevice)));
         let mut b = [0u8; 1];
         assert!(!mmio.read(0xd000_0000, &mut b));

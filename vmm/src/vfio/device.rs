@@ -413,6 +413,16 @@ impl PciDevice for VfioPciDevice {
         &self.config
     }
 
+    /// The BARs mapped straight into the guest leave it now, while their
+    /// ranges are still allocated (their mmaps stay until the drop).
+    fn unplugged(&mut self) {
+        for d in &mut self.direct {
+            if let Err(e) = d.place(&self.vm, None) {
+                warn!("vfio: removing the slot of BAR {}: {e}", d.bar());
+            }
+        }
+    }
+
     fn config_mut(&mut self) -> &mut PciConfiguration {
         &mut self.config
     }
