@@ -61,8 +61,8 @@ ip link set lo up
 echo "BENCH-INFO kernel=$(uname -r) cpus=$(grep -c ^processor /proc/cpuinfo) mode=$mode"
 # what the guest made of the VMM's platform: VMMs that differ here (CPUID,
 # timers) make the same kernel idle, wake and tick differently
-c=/sys/devices/system
-echo "BENCH-INFO clocksource=$(cat $c/clocksource/clocksource0/current_clocksource 2>/dev/null) clockevent=$(cat $c/clockevents/clockevent0/current_device 2>/dev/null) cpuidle=$(cat $c/cpu/cpuidle/current_driver 2>/dev/null) governor=$(cat $c/cpu/cpuidle/current_governor_ro $c/cpu/cpuidle/current_governor 2>/dev/null | head -n1)"
+sysd=/sys/devices/system
+echo "BENCH-INFO clocksource=$(cat $sysd/clocksource/clocksource0/current_clocksource 2>/dev/null) clockevent=$(cat $sysd/clockevents/clockevent0/current_device 2>/dev/null) cpuidle=$(cat $sysd/cpu/cpuidle/current_driver 2>/dev/null) governor=$(cat $sysd/cpu/cpuidle/current_governor_ro $sysd/cpu/cpuidle/current_governor 2>/dev/null | head -n1)"
 echo "BENCH-INFO cpuflags=$(sed -n 's/^flags[^:]*: //p' /proc/cpuinfo | head -n1 | tr ' ' ,)"
 dmesg | grep -iE "kvm|clocksource|tsc|x2apic|apic|hpet|idle" | head -n 30 | sed 's/^/BENCH-DMESG /'
 
