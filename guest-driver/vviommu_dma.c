@@ -134,6 +134,31 @@ static int vvi_req_status(struct vvi_req *r)
 	return vvi_status_errno(t->status);
 }
 
+/* rq->lock held: make @r available to the device; 0 or add_sgs' error */
+static int vvi_add_req(struct vvi_rq *rq, struct vvi_req *r)
+{
+	struct scatterlist out, in, *sgs[2] = { &out, &in };
+	void *b = vvi_req_buf(r);
+	int rc;
+
+	sg_init_one(&out, b, r->len - r->in_len);
+	sg_init_one(&in, b + r->len - r->in_len, r->in_len);
+	rc = virtqueue_add_sgs(rq->vq, sgs, 1, 1, r, GFP_ATOMIC);
+	if (!rc)
+		rq->nreqs++;
+	return rc;
+}
+
+/* kick @rq (its lock released), counted for the device and @ep */
+static void vvi_notify(struct vvi_dev *vd, struct vvi_rq *rq,
+		       struct vvi_ep *ep)
+{
+	virtqueue_notify(rq->vq);
+	atomic64_inc(&vd->kicks);
+	if (ep)
+		vvi_inc(ep, VVI_ST_KICKS);
+}
+
 /*
  * Send @n requests with one kick (more only if the ring is full) and poll
  * until the device has completed all of them. The request lock is taken
@@ -143,7 +168,6 @@ int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
 	       struct vvi_ep *ep)
 {
 	struct vvi_rq *rq = &vd->rqs[raw_smp_processor_id() % vd->nrq];
-	struct scatterlist out, in, *sgs[2] = { &out, &in };
 	int next = 0, checked = 0, i, ret = 0;
 	unsigned long flags;
 
@@ -158,15 +182,10 @@ int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
 
 		spin_lock_irqsave(&rq->lock, flags);
 		while (next < n) {
-			void *b;
 			int rc;
 
 			r = &reqs[next];
-			b = vvi_req_buf(r);
-			sg_init_one(&out, b, r->len - r->in_len);
-			sg_init_one(&in, b + r->len - r->in_len, r->in_len);
-			rc = virtqueue_add_sgs(rq->vq, sgs, 1, 1, r,
-					       GFP_ATOMIC);
+			rc = vvi_add_req(rq, r);
 			if (rc == -ENOSPC)
 				break;	/* ring full: wait for completions */
 			if (rc) {
@@ -174,7 +193,6 @@ int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
 				WRITE_ONCE(r->done, 1);
 			} else {
 				kick = true;
-				rq->nreqs++;
 			}
 			next++;
 		}
@@ -183,13 +201,9 @@ int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
 		vvi_harvest(rq);
 		spin_unlock_irqrestore(&rq->lock, flags);
 
-		if (kick) {
-			virtqueue_notify(rq->vq);
-			atomic64_inc(&vd->kicks);
-			if (ep)
-				vvi_inc(ep, VVI_ST_KICKS);
-		}
-		/* pairs with the release above */
+		if (kick)
+			vvi_notify(vd, rq, ep);
+		/* pairs with the release in vvi_harvest() */
 		while (checked < n && smp_load_acquire(&reqs[checked].done))
 			checked++;
 		if (checked < n) {
@@ -219,32 +233,23 @@ static struct vvi_rq *vvi_submit_nowait(struct vvi_dev *vd,
 					int *ret)
 {
 	struct vvi_rq *rq = &vd->rqs[raw_smp_processor_id() % vd->nrq];
-	struct scatterlist out, in, *sgs[2] = { &out, &in };
-	void *b = vvi_req_buf(r);
 	unsigned long flags;
 	bool kick = false;
 	int rc;
 
 	r->done = 0;
 	r->err = 0;
-	sg_init_one(&out, b, r->len - r->in_len);
-	sg_init_one(&in, b + r->len - r->in_len, r->in_len);
 	spin_lock_irqsave(&rq->lock, flags);
-	rc = virtqueue_add_sgs(rq->vq, sgs, 1, 1, r, GFP_ATOMIC);
-	if (!rc) {
-		rq->nreqs++;
+	rc = vvi_add_req(rq, r);
+	if (!rc)
 		kick = virtqueue_kick_prepare(rq->vq);
-	}
 	spin_unlock_irqrestore(&rq->lock, flags);
 	if (rc) {
 		*ret = vvi_submit(vd, r, 1, ep);
 		return NULL;
 	}
-	if (kick) {
-		virtqueue_notify(rq->vq);
-		atomic64_inc(&vd->kicks);
-		vvi_inc(ep, VVI_ST_KICKS);
-	}
+	if (kick)
+		vvi_notify(vd, rq, ep);
 	atomic64_inc(&vd->reqs);
 	return rq;
 }
@@ -652,7 +657,7 @@ static void vvi_release_iova(struct vvi_ep *ep, u64 iova, unsigned long n)
 	}
 }
 
-/* give back the IOVAs of @n flushed entries of @ep (none identity) */
+/* give back the IOVAs of @n flushed entries of @ep (not identity pages) */
 static void vvi_release_batch(struct vvi_ep *ep, struct vvi_fq_ent *e,
 			      unsigned int n)
 {
@@ -742,28 +747,55 @@ static void vvi_identity_done(struct vvi_ep *ep, u64 iova)
 			   0);
 }
 
+/* a flush's entries under the identity policy: pages and fallback IOVAs */
+static void vvi_identity_release(struct vvi_ep *ep, struct vvi_fq_ent *e,
+				 int n)
+{
+	int i;
+
+	for (i = 0; i < n; i++) {
+		if (e[i].skip)
+			continue;
+		if (vvi_is_identity_iova(ep, e[i].iova))
+			vvi_identity_done(ep, e[i].iova);
+		else
+			vvi_release_iova(ep, e[i].iova, e[i].npages);
+	}
+}
+
 /*
  * Page-table mode: the entries' leaves are clear (identity pages are
  * cleared here, once the flush owns them), and one INVALIDATE over the
  * span of the batch removes whatever the device cached: live mappings in
  * between are only walked again, at no request.
  */
+/* [*@start, *@end) spans the entries not skipped; empty if none */
+static void vvi_fq_span(struct vvi_fq_ent *e, unsigned int n, u64 *start,
+			u64 *end)
+{
+	unsigned int i;
+
+	*start = U64_MAX;
+	*end = 0;
+	for (i = 0; i < n; i++) {
+		if (e[i].skip)
+			continue;
+		*start = min(*start, e[i].iova);
+		*end = max(*end, e[i].iova + ((u64)e[i].npages << PAGE_SHIFT));
+	}
+}
+
 static int vvi_flush_ep_pt(struct vvi_ep *ep, struct vvi_pcpu *pc,
 			   struct vvi_fq_ent *e, int n)
 {
-	u64 start = U64_MAX, end = 0;	/* end is exclusive */
+	u64 start, end;	/* end is exclusive */
 	int i;
 
-	for (i = 0; i < n; i++) {
-		u64 size = (u64)e[i].npages << PAGE_SHIFT;
-
-		if (e[i].skip)
-			continue;
-		if (vvi_is_identity_iova(ep, e[i].iova))
-			vvi_pt_clear(ep, e[i].iova, size);
-		start = min(start, e[i].iova);
-		end = max(end, e[i].iova + size);
-	}
+	for (i = 0; i < n; i++)
+		if (!e[i].skip && vvi_is_identity_iova(ep, e[i].iova))
+			vvi_pt_clear(ep, e[i].iova,
+				     (u64)e[i].npages << PAGE_SHIFT);
+	vvi_fq_span(e, n, &start, &end);
 	if (end <= start)
 		return 0;
 	vvi_fill_invalidate(&pc->reqs[0], ep->domain, start, end - 1);
@@ -815,14 +847,10 @@ static void vvi_flush_ep(struct vvi_ep *ep, struct vvi_pcpu *pc,
 	}
 	t_done = ktime_get_ns();
 	vvi_add(ep, VVI_ST_INV_NS, t_done - t_wait);
-	for (i = 0; i < n; i++) {
-		if (e[i].skip)
-			continue;
-		if (vvi_is_identity_iova(ep, e[i].iova))
-			vvi_identity_done(ep, e[i].iova);
-		else
-			vvi_release_iova(ep, e[i].iova, e[i].npages);
-	}
+	if (vvi_policy_sel == VVI_POL_IDENTITY)
+		vvi_identity_release(ep, e, n);
+	else	/* only identity pages are ever skipped */
+		vvi_release_batch(ep, e, n);
 	vvi_add(ep, VVI_ST_FLUSH_NS, ktime_get_ns() - t_start);
 }
 
@@ -862,19 +890,13 @@ static void vvi_flight_reap(struct vvi_pcpu *pc)
 static void vvi_flush_pt_async(struct vvi_pcpu *pc, struct vvi_ep *ep,
 			       unsigned int n)
 {
-	u64 t0, start = U64_MAX, end = 0, t_send;
-	struct vvi_fq_ent *e;
-	unsigned int i;
+	u64 t0, start, end, t_send;
 
 	vvi_flight_reap(pc);	/* counts its own time */
 	t0 = ktime_get_ns();
 	/* the entries become the flight; the reaped array takes the next */
 	swap(pc->ents, pc->flight);
-	e = pc->flight;
-	for (i = 0; i < n; i++) {
-		start = min(start, e[i].iova);
-		end = max(end, e[i].iova + ((u64)e[i].npages << PAGE_SHIFT));
-	}
+	vvi_fq_span(pc->flight, n, &start, &end);
 	vvi_fill_invalidate(&pc->inv, ep->domain, start, end - 1);
 	pc->inv_ep = ep;
 	pc->nflight = n;
