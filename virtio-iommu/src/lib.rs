@@ -12,6 +12,7 @@ pub mod invalidation;
 mod locks;
 pub mod magazine;
 pub mod mapping;
+pub mod mutation;
 pub mod node;
 pub mod pgtable;
 pub mod quiesce;
