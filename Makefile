@@ -12,12 +12,18 @@ BENCH_ARGS ?=
 SOAK_CASES ?= dmavisor-strict,dmavisor-lazy,qemu-strict,qemu-lazy,dmavisor-matrix
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all build deps lint unit loom guest-driver fuzz integration test demo bench-host bench-guest soak clean
+.PHONY: all build deps check-fresh lint unit loom guest-driver fuzz integration references test demo bench-host bench-guest soak clean
 
 all: build
 
 deps:
 	resources/install-deps
+
+# install-deps proven on a pristine bookworm tree (mmdebstrap minbase),
+# then every fetched tool's own check there (resources/check-fresh): a
+# used machine can hide a missing install step.
+check-fresh:
+	resources/check-fresh
 
 build:
 	$(CARGO) build --release --workspace
@@ -67,7 +73,13 @@ fuzz:
 integration: build
 	CARGO=$(CARGO) resources/test-lanes
 
-test: deps lint unit loom guest-driver fuzz integration
+# The long reference runs of QEMU beside dmavisor's own cases (vhost-user
+# on testpmd, vfio-pci, virtio-blk behind a vIOMMU): comparisons, not tests
+# of dmavisor, so not part of `make test` (integration_tests::references_enabled).
+references: build
+	DMAVISOR_REFERENCES=1 CARGO=$(CARGO) resources/test-lanes --only vhost_user,vfio,virtio_blk
+
+test: deps check-fresh lint unit loom guest-driver fuzz integration
 
 demo: deps build
 	resources/demo
@@ -78,12 +90,12 @@ bench-host:
 # The guest benchmark matrix (resources/bench-guest --help), e.g.
 # make bench-guest BENCH_ARGS="--quick" or BENCH_ARGS="--only dmavisor/2cpu".
 bench-guest: deps build
-	resources/bench-guest $(BENCH_ARGS)
+	DMAVISOR_REFERENCES=1 resources/bench-guest $(BENCH_ARGS)
 
 # Not part of `make test`: N rounds of the guest cases that used to crash
 # or stall, counting runs, crashes and stalls per case (QEMU as control).
 soak: deps build
-	resources/soak --runs $(N) --cases $(SOAK_CASES)
+	DMAVISOR_REFERENCES=1 resources/soak --runs $(N) --cases $(SOAK_CASES)
 
 clean:
 	$(CARGO) clean

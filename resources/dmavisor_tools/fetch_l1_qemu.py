@@ -58,21 +58,24 @@ def write_wrapper(root):
 
 
 def fix_vmrun_injection(root):
-    """Patch the double delivery out of the emulator (l1_qemu_patch.py).
+    """Patch the double delivery out of the emulator (l1_qemu_patch.py)
+    and prove the result (l1_qemu_patch.verify).
 
-    A binary whose instructions do not have the known shapes (a build
-    with the bug fixed, or another compiler's output) is left as it is,
-    with a warning: the runner still works, with the old failure rate.
+    WHY an error and not a warning: single-threaded TCG on an unfixed
+    emulator stalls every boot, so a build whose instructions do not have
+    the known shapes (a new QEMU, another compiler's output) would show up
+    as a mass of watchdog stops instead of this one line.
     """
     binary = os.path.join(root, "usr", "bin", "qemu-system-x86_64")
     try:
         done = l1_qemu_patch.patch(binary)
-    except (LookupError, OSError, subprocess.CalledProcessError) as e:
-        log(f"warning: VMRUN interrupt-injection fix not applied ({e}); "
-            "guests in the runner may crash or stall (docs/runner.md)")
-        return
+        proof = l1_qemu_patch.verify(binary)
+    except (LookupError, OSError, subprocess.CalledProcessError, l1_qemu_patch.NotFixed) as e:
+        raise Error(f"the VMRUN interrupt-injection fix cannot be applied to {binary} ({e}); "
+                    "the runner would stall (docs/runner.md, \"The L1 emulator\")") from None
     if not done.startswith("already"):
         log(f"VMRUN interrupt-injection fix: {done}")
+    return proof
 
 
 def fetch(force):

@@ -12,11 +12,18 @@ libraries testpmd links that are not installed, at exactly the installed
 DPDK version, unpacks them under build/testpmd/root/ (nothing is installed,
 nothing on the machine changes) and writes a wrapper that adds those
 libraries to the library path. The installed runtime provides the rest,
-including the vhost and TAP PMDs, which EAL loads from its plugin
-directory by itself (no `-d` needed). Packages come from this machine's apt
-configuration, or from a private bookworm apt state
+including the plug-ins EAL loads from its plugin directory by itself (no
+`-d` needed): the vhost and TAP PMDs and the ring mempool driver, which
+every mbuf pool needs and which `dpdk` only recommends. Packages come from
+this machine's apt configuration, or from a private bookworm apt state
 (resources/dmavisor_tools/debian_apt.py) when the machine's lists no longer
 have the installed version.
+
+What the downloaded packages need beyond DPDK itself (libpcap, the
+rdma-core providers behind libmlx5, ...) is read from their own Depends
+fields, never guessed from what a machine happens to have: missing ones are
+installed with apt-get when this runs as root (resources/install-deps runs
+it so), else the error names them.
 
 Running (as root: the TAP PMD needs CAP_NET_ADMIN), e.g.:
 
@@ -45,8 +52,15 @@ WRAPPER = os.path.join(HOME, "dpdk-testpmd")
 PACKAGE = "dpdk-dev"
 # The installed package whose version the downloaded ones must match.
 RUNTIME = "librte-eal23"
-# The PMD plugins the tests use; they come from the installed runtime.
-PMD_PACKAGES = ["librte-net-vhost23", "librte-net-tap23"]
+# The plug-ins EAL loads at run time that the tests need; they come from the
+# installed runtime: the vhost and TAP PMDs, and the ring mempool driver
+# (the default mbuf pool ops "ring_mp_mc": without it every pool creation
+# fails with "Invalid argument").
+PMD_PACKAGES = ["librte-net-vhost23", "librte-net-tap23", "librte-mempool-ring23"]
+# Depends of the downloaded packages that are DPDK's own (downloaded and
+# unpacked here, or the installed runtime) or headers testpmd does not run
+# with (libdpdk-dev pulls ~170 packages).
+DPDK_OWN = ("librte-", "libdpdk-", "dpdk")
 SUITES = ["bookworm", "bookworm-updates"]
 SECURITY = ["bookworm-security"]
 SYSTEM_PMD_DIR = "/usr/lib/x86_64-linux-gnu/dpdk"
@@ -111,6 +125,46 @@ def library_path(root):
     return [libdir] + sorted(glob.glob(os.path.join(libdir, "dpdk", "pmds-*")))
 
 
+def depends_of(deb):
+    """Package names of a .deb's Depends (first alternative, no versions)."""
+    field = run(["dpkg-deb", "-f", deb, "Depends"]).strip()
+    names = []
+    for clause in filter(None, (c.strip() for c in field.split(","))):
+        first = clause.split("|")[0].strip()
+        names.append(re.split(r"[\s(:]", first, maxsplit=1)[0])
+    return names
+
+
+def system_depends(debs):
+    """What the .debs in DEBS depend on beyond DPDK: the closure of
+    dpdk-testpmd outside DPDK, from package metadata."""
+    need = set()
+    for deb in debian_apt.debs_in(debs):
+        need.update(n for n in depends_of(os.path.join(debs, deb))
+                    if not n.startswith(DPDK_OWN))
+    return sorted(need)
+
+
+def install_system(pkgs):
+    """Install the packages of PKGS that are not installed (as root or with
+    sudo); otherwise fail naming them."""
+    missing = [p for p in pkgs if installed_version(p) is None]
+    if not missing:
+        return
+    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends"] + missing
+    if os.geteuid() != 0:
+        if shutil.which("sudo") is None:
+            raise Error(f"dpdk-testpmd needs packages that are not installed: {' '.join(missing)}; "
+                        f"install them: {' '.join(cmd)}")
+        cmd = ["sudo"] + cmd
+    log(f"installing what dpdk-testpmd's packages depend on: {' '.join(missing)}")
+    res = subprocess.run(cmd, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        raise Error(f"cannot install {' '.join(missing)} (needed by dpdk-testpmd): "
+                    f"{res.stderr.strip()[-1500:]}")
+
+
 def missing_libraries(root):
     env = dict(os.environ, LD_LIBRARY_PATH=":".join(library_path(root)))
     out = run(["ldd", os.path.join(root, "usr/bin/dpdk-testpmd")], env=env)
@@ -136,8 +190,12 @@ def smoke_test():
            "--", "--total-num-mbufs=2048", "--disable-link-check"]
     res = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
     if res.returncode != 0 or "Bye..." not in res.stdout:
+        hint = ""
+        if "mbuf pool" in res.stdout + res.stderr:
+            hint = ("\n(no mbuf pool: is the ring mempool plug-in installed? "
+                    "apt-get install librte-mempool-ring23)")
         raise Error(f"testpmd does not run: {' '.join(cmd)}\n"
-                    f"{res.stdout[-2000:]}{res.stderr[-2000:]}")
+                    f"{res.stdout[-2000:]}{res.stderr[-2000:]}{hint}")
 
 
 def fetch(force):
@@ -160,6 +218,7 @@ def fetch(force):
     want, seen = [PACKAGE], set()
     for _ in range(10):
         dl.download([f"{p}={ver}" for p in want])
+        install_system(system_depends(debs))
         debian_apt.unpack_debs(debs, root)
         seen.update(want)
         missing = missing_libraries(root)
@@ -169,7 +228,9 @@ def fetch(force):
         for soname in missing:
             pkg = package_of(soname)
             if pkg is None:
-                raise Error(f"dpdk-testpmd needs {soname}, which is not a DPDK library; install it")
+                raise Error(f"dpdk-testpmd needs {soname}, which is not a DPDK library and "
+                            "which no Depends of its packages provided; find its package with "
+                            f"`apt-file search {soname}` and install it")
             if pkg in seen:
                 raise Error(f"{pkg} did not provide {soname}")
             want.append(pkg)

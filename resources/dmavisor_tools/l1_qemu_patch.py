@@ -36,10 +36,19 @@ of `exception_index` is learnt from the NMI case of the same function
 shapes; when the shapes are not found exactly once the tool refuses and
 changes nothing.
 
-usage: l1_qemu_patch.py BINARY [--check]
-  --check  only report whether BINARY is unpatched, patched or unknown
+A binary counts as fixed only when the tool's own record proves it
+(`verify`): the sidecar BINARY.vmrun-fix.json names the file offset and
+the bytes it replaced, the NOP is there, and putting the recorded bytes
+back yields exactly one store of the known shape at that very offset. An
+instruction shape alone (a NOP before a store) is not proof: an unpatched
+build can contain it too.
+
+usage: l1_qemu_patch.py BINARY [--check | --verify]
+  --check   only report whether BINARY is unpatched, patched or unknown
+  --verify  exit 0 only when BINARY is provably fixed (see above)
 The replaced bytes are kept in BINARY.vmrun-fix.json.
-exit status: 0 patched (or already patched), 1 shapes not found, 2 usage
+exit status: 0 patched (or already patched, or verified), 1 shapes not
+found or not verified, 2 usage
 """
 
 import json
@@ -122,16 +131,7 @@ def patch(binary, check=False):
 
     Raises LookupError when the instruction shapes are not there.
     """
-    syms = dynamic_symbols(binary)
-    try:
-        vmrun, size = syms["helper_vmrun"]
-        hardirq, _ = syms["do_interrupt_x86_hardirq"]
-    except KeyError as e:
-        raise LookupError(f"no symbol {e}") from None
-    start = file_offset(binary, vmrun)
-    with open(binary, "rb") as f:
-        f.seek(start)
-        code = f.read(size)
+    start, code, vmrun, hardirq = _helper_vmrun_code(binary)
     offset, done = find_site(code, vmrun, hardirq)
     where = f"helper_vmrun+{offset:#x}"
     if done:
@@ -154,11 +154,76 @@ def patch(binary, check=False):
     return f"exception_index store at {where} removed"
 
 
+class NotFixed(Exception):
+    """The binary is not provably fixed; the text says why."""
+
+
+def _helper_vmrun_code(binary):
+    """(file offset of helper_vmrun, its bytes, its address, hardirq's)."""
+    syms = dynamic_symbols(binary)
+    try:
+        vmrun, size = syms["helper_vmrun"]
+        hardirq, _ = syms["do_interrupt_x86_hardirq"]
+    except KeyError as e:
+        raise LookupError(f"no symbol {e}") from None
+    start = file_offset(binary, vmrun)
+    with open(binary, "rb") as f:
+        f.seek(start)
+        code = f.read(size)
+    return start, code, vmrun, hardirq
+
+
+def verify(binary):
+    """Return a one-line description when `binary` is provably fixed, else
+    raise NotFixed naming what is wrong and how to get a fixed one."""
+    fetch = "run resources/fetch-l1-qemu --force for a fixed emulator"
+    try:
+        start, code, vmrun, hardirq = _helper_vmrun_code(binary)
+    except (LookupError, OSError, subprocess.CalledProcessError) as e:
+        raise NotFixed(f"not a QEMU whose helper_vmrun can be checked ({e}); {fetch}") from None
+    try:
+        with open(binary + SIDECAR, encoding="utf-8") as f:
+            site = json.load(f)
+        offset = int(site["file_offset"]) - start
+        original = bytes.fromhex(site["original"])
+    except (OSError, ValueError, KeyError, TypeError):
+        try:
+            where, done = find_site(code, vmrun, hardirq)
+            state = "patched by an unknown hand" if done else "unpatched"
+            state += f" (site at helper_vmrun+{where:#x})"
+        except LookupError as e:
+            state = f"of unknown shape ({e})"
+        raise NotFixed(f"no record of the VMRUN fix ({binary}{SIDECAR}); "
+                       f"the binary is {state}; {fetch}") from None
+    if not 0 <= offset <= len(code) - len(NOP6) or len(original) != len(NOP6):
+        raise NotFixed(f"the record {binary}{SIDECAR} does not fit helper_vmrun; {fetch}")
+    if code[offset:offset + len(NOP6)] != NOP6:
+        raise NotFixed(f"helper_vmrun+{offset:#x} holds {code[offset:offset + 6].hex()}, "
+                       f"not the fix's NOP (unpatched or rebuilt); {fetch}")
+    restored = code[:offset] + original + code[offset + len(NOP6):]
+    try:
+        where, done = find_site(restored, vmrun, hardirq)
+    except LookupError as e:
+        raise NotFixed(f"the recorded original bytes are not the exception_index store ({e}); "
+                       f"{fetch}") from None
+    if done or where != offset:
+        raise NotFixed(f"the recorded site helper_vmrun+{offset:#x} is not the store "
+                       f"the fix removes; {fetch}")
+    return f"fixed at helper_vmrun+{offset:#x}"
+
+
 def main(argv):
     if len(argv) < 2 or argv[1].startswith("-"):
         print(__doc__.split("usage:")[1], file=sys.stderr)
         return 2
     binary = argv[1]
+    if "--verify" in argv[2:]:
+        try:
+            print(f"l1_qemu_patch: {binary}: {verify(binary)}")
+        except NotFixed as e:
+            print(f"l1_qemu_patch: {binary}: {e}", file=sys.stderr)
+            return 1
+        return 0
     try:
         print(f"l1_qemu_patch: {binary}: {patch(binary, '--check' in argv[2:])}")
     except LookupError as e:

@@ -24,7 +24,9 @@ Environment:
     DMAVISOR_RUNNER_SHARES=a:b      extra read-write shares (nested mode)
     DMAVISOR_RUNNER_TCG=multi|single  L1 TCG threading (default single, docs/runner.md)
     DMAVISOR_RUNNER_QEMU=PATH|system  L1 emulator (default: QEMU 11 from
-                                    trixie-backports, see l1_qemu())
+                                    trixie-backports, see l1_qemu()); refused
+                                    unless provably fixed (check_emulator())
+    DMAVISOR_RUNNER_ALLOW_UNFIXED=1 run an unfixed L1 emulator anyway (repro)
     DMAVISOR_RUNNER_CPUS=N          runner vCPUs when --cpus is not given
     DMAVISOR_RUNNER_MEM=MiB         runner memory when --mem is not given
     DMAVISOR_RUNNER_ASSIGN=1        as --assign-nic
@@ -46,6 +48,7 @@ import sys
 import threading
 import time
 
+from . import l1_qemu_patch
 from .common import BUILD, REPO, kvm_module_loaded, make_log, parser, read_text, timestamp, tool
 
 EXIT_TIMEOUT = 124
@@ -293,8 +296,50 @@ def l1_qemu():
     return wrapper
 
 
+def emulator_binaries(path):
+    """The QEMU binaries an L1 command PATH starts: PATH itself when it is
+    an ELF file, else the executable ELF files a wrapper script names
+    (fetch-l1-qemu's wrapper starts its binary through a dynamic loader,
+    which is not the emulator and is left out)."""
+    with open(path, "rb") as f:
+        if f.read(4) == b"\x7fELF":
+            return [path]
+    found = []
+    for token in shlex.split(read_text(path) or "", comments=True):
+        if (token.startswith("/") and os.path.isfile(token) and os.access(token, os.X_OK)
+                and not os.path.basename(token).startswith("ld-linux")):
+            with open(token, "rb") as f:
+                if f.read(4) == b"\x7fELF":
+                    found.append(token)
+    return found
+
+
+def check_emulator(qemu):
+    """Refuse an L1 emulator that is not provably fixed (l1_qemu_patch.py):
+    TCG on an emulator with VMRUN's double interrupt delivery stalls every
+    boot (docs/runner.md), which would show up as watchdog stops, one per
+    test, instead of this one line. DMAVISOR_RUNNER_ALLOW_UNFIXED=1 lets a
+    reproduction (resources/repro/vmrun-double-injection) run one anyway."""
+    if os.environ.get("DMAVISOR_RUNNER_ALLOW_UNFIXED", "") not in ("", "0"):
+        return
+    try:
+        binaries = emulator_binaries(qemu)
+    except OSError as e:
+        raise RunnerError(f"cannot read the L1 emulator {qemu}: {e}") from None
+    if not binaries:
+        raise RunnerError(f"refusing the L1 emulator {qemu}: it names no QEMU binary to check "
+                          "for the VMRUN fix (docs/runner.md, \"The L1 emulator\")")
+    for binary in binaries:
+        try:
+            l1_qemu_patch.verify(binary)
+        except l1_qemu_patch.NotFixed as e:
+            raise RunnerError(f"refusing an unfixed L1 emulator, TCG would stall every boot: "
+                              f"{e}") from None
+
+
 def run_nested(cmd, args):
     qemu = l1_qemu()
+    check_emulator(qemu)
     kernel, initrd = ensure_runner_images()
     shares = rw_shares(args.share)
     runner_dir = os.path.join(BUILD, "runner")

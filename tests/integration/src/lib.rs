@@ -21,6 +21,18 @@ pub mod vviommu_matrix;
 
 pub use error::HarnessError;
 
+/// Whether the long reference runs of other VMMs (QEMU's vhost-user-net
+/// and vfio-pci, with and without its vIOMMU; QEMU's virtio-blk behind
+/// its vIOMMU) join their groups' sessions: `DMAVISOR_REFERENCES=1`, set
+/// by `make bench-guest` and `make soak`. They compare, they do not test
+/// dmavisor, and they were most of `make test`'s time (the vhost_user
+/// group alone took 19 minutes of a 35-minute run), so `make test` keeps
+/// one short reference per group at most and the figures that need the
+/// others are reported when they ran.
+pub fn references_enabled() -> bool {
+    std::env::var("DMAVISOR_REFERENCES").is_ok_and(|v| v == "1")
+}
+
 /// Iterations of the unmap-while-streaming race tests (issue 9):
 /// `DMAVISOR_RACE_ITERS` (100..=1,000,000), else 2,000. `make test` keeps
 /// the default small because every iteration is vIOMMU traffic, which is

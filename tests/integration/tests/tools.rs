@@ -321,3 +321,82 @@ fn vhost_user_count_relays_descriptors_and_counts_iotlb_messages() {
     assert_eq!(counts["delayed_acks"], 1, "{why}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The runner refuses an L1 emulator whose VMRUN fix it cannot prove, with
+/// one clear line and before it boots anything: single-threaded TCG on an
+/// unfixed emulator stalls every boot, which would otherwise show up as a
+/// watchdog stop per test. The unfixed emulator is the fixed one with the
+/// bytes the fix replaced put back (as resources/repro does), started both
+/// through a copy of fetch-l1-qemu's wrapper and as a bare binary.
+#[test]
+fn runner_refuses_an_unfixed_emulator() {
+    let home = integration_tests::paths::build_dir().join("l1-qemu");
+    let fixed = home.join("root/usr/bin/qemu-system-x86_64");
+    if !fixed.exists() {
+        let mut fetch = Command::new(resource("fetch-l1-qemu"));
+        run_capture(&mut fetch).unwrap();
+    }
+    let patch_tool = resource("dmavisor_tools/l1_qemu_patch.py");
+    let verify = |binary: &std::path::Path| {
+        let mut cmd = Command::new("python3");
+        cmd.arg(&patch_tool).arg(binary).arg("--verify");
+        run_capture(&mut cmd).unwrap()
+    };
+    let proof = verify(&fixed);
+    assert_eq!(proof.status, Some(0), "{}", proof.describe());
+
+    let dir = scratch_dir().join(format!("unfixed-l1-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let unfixed = dir.join("qemu-unfixed");
+    std::fs::copy(&fixed, &unfixed).unwrap();
+    let sidecar = std::fs::read_to_string(format!("{}.vmrun-fix.json", fixed.display())).unwrap();
+    let site: serde_json::Value = serde_json::from_str(&sidecar).unwrap();
+    let offset = site["file_offset"].as_u64().unwrap();
+    let original: Vec<u8> = (0..site["original"].as_str().unwrap().len() / 2)
+        .map(|i| u8::from_str_radix(&site["original"].as_str().unwrap()[2 * i..2 * i + 2], 16))
+        .collect::<Result<_, _>>()
+        .unwrap();
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&unfixed)
+            .unwrap();
+        f.seek(SeekFrom::Start(offset)).unwrap();
+        f.write_all(&original).unwrap();
+    }
+    let refused = verify(&unfixed);
+    assert_eq!(refused.status, Some(1), "{}", refused.describe());
+
+    let wrapper_text = std::fs::read_to_string(home.join("qemu-system-x86_64")).unwrap();
+    let fixed_text = fixed.display().to_string();
+    assert!(wrapper_text.contains(&fixed_text), "{wrapper_text}");
+    let wrapper = dir.join("qemu-unfixed.sh");
+    std::fs::write(
+        &wrapper,
+        wrapper_text.replace(&fixed_text, &unfixed.display().to_string()),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    for emulator in [&wrapper, &unfixed] {
+        let mut cmd = Command::new(resource("run-kvm"));
+        cmd.env("DMAVISOR_RUNNER", "nested")
+            .env("DMAVISOR_RUNNER_QEMU", emulator)
+            .env_remove("DMAVISOR_RUNNER_ALLOW_UNFIXED")
+            .args(["--timeout", "120", "--", "true"]);
+        let out = run_capture(&mut cmd).unwrap();
+        assert_eq!(out.status, Some(125), "{}", out.describe());
+        assert!(out.elapsed < Duration::from_secs(60), "{}", out.describe());
+        let lines: Vec<&str> = out
+            .stderr
+            .lines()
+            .filter(|l| l.contains("refusing an unfixed L1 emulator"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{}", out.describe());
+        assert!(lines[0].contains("fetch-l1-qemu --force"), "{}", lines[0]);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
