@@ -19,6 +19,15 @@ pub trait Invalidator: Send + Sync {
     /// Every translation of `domain` inside `ranges` cached by the consumer
     /// must be gone when this returns.
     fn invalidate(&self, domain: u32, ranges: &[RangeInclusive<u64>]);
+
+    /// `endpoint` left `domain` (None: it was unattached, its DMA passing
+    /// through with the `bypass` field set) during the kick: DETACH, ATTACH
+    /// elsewhere, reset. Nothing was unmapped if the domain lives on or
+    /// was a bypass domain, yet a consumer whose users may still hold a
+    /// translation of that endpoint must have waited for them when this
+    /// returns. Default: nothing (consumers caching per endpoint follow
+    /// it through `EndpointListener` or `MapMirror` instead).
+    fn endpoint_left(&self, _endpoint: u32, _domain: Option<u32>) {}
 }
 
 /// Ranges removed during one kick.
@@ -29,6 +38,8 @@ pub(crate) struct Batch {
     /// `(domain, first, last)` delivered one call each (the baseline's
     /// per-request invalidation).
     single: Vec<(u32, u64, u64)>,
+    /// `(endpoint, domain)` departures, one `endpoint_left` call each.
+    left: Vec<(u32, Option<u32>)>,
     /// Reused buffer for the ranges of one domain.
     scratch: Vec<RangeInclusive<u64>>,
     /// Invalidator calls made so far.
@@ -73,8 +84,14 @@ impl Batch {
         self.single.push((domain, first, last));
     }
 
+    /// Records that `endpoint` left `domain` (see
+    /// [`Invalidator::endpoint_left`]).
+    pub(crate) fn record_left(&mut self, endpoint: u32, domain: Option<u32>) {
+        self.left.push((endpoint, domain));
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
-        self.merged.is_empty() && self.single.is_empty()
+        self.merged.is_empty() && self.single.is_empty() && self.left.is_empty()
     }
 
     pub(crate) fn calls(&self) -> u64 {
@@ -93,6 +110,13 @@ impl Batch {
             }
         }
         self.single.clear();
+        for &(endpoint, d) in &self.left {
+            for c in consumers {
+                c.endpoint_left(endpoint, d);
+                self.calls += 1;
+            }
+        }
+        self.left.clear();
         merge_ranges(&mut self.merged);
         let mut i = 0;
         while i < self.merged.len() {

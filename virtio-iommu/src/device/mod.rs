@@ -304,8 +304,16 @@ impl IommuDevice {
     /// Ends a kick: one invalidation per consumer covering every UNMAP (and
     /// domain teardown) of the kick. Only after this returns may the transport
     /// publish the kick's used-ring entries.
+    ///
+    /// This is the one place where a kick waits for its consumers; the
+    /// `no-consumer-wait` test mutation removes exactly this wait (the
+    /// batch is then dropped untold, as if every consumer had confirmed).
     pub fn complete_kick(&self, w: &mut QueueContext) {
-        let consumers = read(&self.invalidators).clone();
+        let consumers = if crate::mutation::active(crate::mutation::Mutation::NoConsumerWait) {
+            Vec::new()
+        } else {
+            read(&self.invalidators).clone()
+        };
         let pending = w.has_pending();
         let calls_before = w.invalidation_calls();
         // Timed only when there is a batch: most kicks (MAPs) have none.

@@ -9,6 +9,14 @@
 //! removed from the registry and its mappings are cleared through the
 //! caller's `QueueContext`, so consumers are invalidated in the same flush as the
 //! kick's UNMAPs.
+//!
+//! Every departure (DETACH, ATTACH elsewhere, reset), also from a domain
+//! that lives on or from a bypass domain where nothing is unmapped, is
+//! recorded in the same batch: the flush that ends the kick tells every
+//! consumer (`Invalidator::endpoint_left`), so the request completes only
+//! after a device thread that translated through the old domain has left
+//! its section. Without it a DMA in flight could land after the guest saw
+//! its DETACH complete.
 
 use std::sync::Arc;
 
@@ -93,8 +101,11 @@ impl IommuDevice {
             Some(target.id()),
             target.is_bypass(),
         );
-        if let Some(o) = old {
-            self.leave(w, &o, req.endpoint);
+        match old {
+            Some(o) => self.leave(w, &o, req.endpoint),
+            // Its DMA passed through untranslated until now.
+            None if self.bypass() => w.batch_mut().record_left(req.endpoint, None),
+            None => {}
         }
         Status::Ok
     }
@@ -140,7 +151,10 @@ impl IommuDevice {
 
     /// Removes `endpoint` from `d`; destroys `d` if it was the last member.
     /// Caller holds the topology lock and has already repointed the endpoint.
+    /// The departure goes into `w`'s batch, so the kick's flush waits for
+    /// DMA in flight through `d` whether or not `d` is torn down.
     fn leave(&self, w: &mut QueueContext, d: &Arc<Domain>, endpoint: u32) {
+        w.batch_mut().record_left(endpoint, Some(d.id()));
         let remaining = d.remove_member(endpoint, |e| {
             self.endpoints
                 .get(e)
@@ -174,6 +188,7 @@ impl IommuDevice {
         for ep in self.endpoints.all() {
             if let Some(old) = ep.set_domain(None) {
                 self.notify_moved(ep.id(), Some(old.id()), None, false);
+                w.batch_mut().record_left(ep.id(), Some(old.id()));
             }
         }
         for d in self.domains.drain() {
