@@ -20,6 +20,16 @@
 //! Ring contents are hostile: a malformed chain, a ring index that jumps,
 //! or a buffer the IOMMU refuses is a [`RxError`]; the caller breaks the
 //! queue.
+//!
+//! WHY held chains are bounded by count and descriptors, not only bytes: a
+//! driver may post chains of up to 1,024 descriptors that hold one byte
+//! each, and re-post heads the device still holds. Counting bytes alone let
+//! a guest make the device hold tens of thousands of such chains (about
+//! 1 GiB of walked descriptors per queue) and count them past `u16`. Held
+//! chains never outnumber the queue size (no honest driver can have more
+//! outstanding) nor, past one chain, [`MAX_HELD_DESCRIPTORS`]; a frame the
+//! held chains cannot take once that bound is reached is dropped, and the
+//! recycled chains keep only a small capacity ([`SPARE_CHAINS`]).
 
 use std::collections::VecDeque;
 use std::io;
@@ -33,7 +43,7 @@ use super::iov::{append_iovecs, BufferAccessError};
 use super::queue::pop_head;
 use super::tap::{Tap, VNET_HDR_LEN};
 use crate::dma::DmaSpace;
-use crate::virtio::chain::{walk_into, Chain, ChainError};
+use crate::virtio::chain::{walk_into, Buffer, Chain, ChainError, MAX_CHAIN_DESCRIPTORS};
 
 /// Largest frame the TAP hands over: a 64 KiB GSO frame plus headers.
 pub const MAX_FRAME: usize = 65536 + 256;
@@ -45,6 +55,20 @@ pub const MAX_PLAIN_FRAME: usize = VNET_HDR_LEN + 18 + 9216;
 
 /// Offset of `num_buffers` in `virtio_net_hdr_v1`.
 const NUM_BUFFERS_OFFSET: u64 = 10;
+
+/// Descriptors the held chains may have before the device stops taking
+/// more chains (one more chain may add up to [`MAX_CHAIN_DESCRIPTORS`]).
+/// Honest drivers post one or two descriptors per receive chain, so a
+/// largest frame is held far below this; it is also what one `readv`
+/// takes (`UIO_MAXIOV`).
+pub const MAX_HELD_DESCRIPTORS: usize = MAX_CHAIN_DESCRIPTORS;
+
+/// Recycled chains kept for their allocations, and the descriptors each
+/// may keep room for: past these, memory goes back to the allocator, so
+/// what a hostile ring once made the device hold is not kept for good.
+pub const SPARE_CHAINS: usize = 64;
+/// See [`SPARE_CHAINS`].
+pub const SPARE_PIECES: usize = 64;
 
 /// Where frames come from: the TAP, or a scripted source in tests.
 pub trait FrameSource {
@@ -112,11 +136,12 @@ pub enum RxError {
     /// not guest RAM).
     #[error("receive {0}")]
     Buffer(#[from] BufferAccessError),
-    /// More iovecs than `readv` takes for one frame.
-    #[error("receive buffers of {buffers} pieces exceed the iovec limit")]
-    TooManyPieces {
-        /// How many pieces the frame's buffers were in.
-        buffers: usize,
+    /// More chains for one frame than `num_buffers` counts (cannot happen
+    /// while held chains are bounded by the queue size; checked anyway).
+    #[error("a frame over {chains} receive chains")]
+    TooManyChains {
+        /// How many chains the frame needed.
+        chains: usize,
     },
 }
 
@@ -131,6 +156,9 @@ pub struct RxCounts {
     pub dropped: u64,
     /// Times a frame waited for the driver to add buffers.
     pub waits: u64,
+    /// Frames dropped because the held chains reached their bound and
+    /// still could not take them (also counted in `dropped`).
+    pub over_bound: u64,
 }
 
 /// A chain taken from the avail ring and not yet returned.
@@ -151,6 +179,9 @@ pub struct RxBuffers {
     held: VecDeque<HeldChain>,
     /// Writable bytes of all held chains.
     held_bytes: u64,
+    /// Descriptors (readable and writable) of all held chains.
+    held_descs: usize,
+    /// Recycled chains, at most [`SPARE_CHAINS`].
     spare: Vec<HeldChain>,
     iov: Vec<libc::iovec>,
     bounce: Vec<u8>,
@@ -171,6 +202,7 @@ impl RxBuffers {
         Self {
             held: VecDeque::new(),
             held_bytes: 0,
+            held_descs: 0,
             spare: Vec::new(),
             iov: Vec::new(),
             // Any frame the TAP can hand over, whatever its MTU.
@@ -185,6 +217,64 @@ impl RxBuffers {
     /// What the receive side did so far.
     pub fn counts(&self) -> RxCounts {
         self.counts
+    }
+
+    /// Chains taken from the ring and not yet returned.
+    pub fn held_chains(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Descriptors of the held chains.
+    pub fn held_descriptors(&self) -> usize {
+        self.held_descs
+    }
+
+    /// Host memory this receive side holds (allocated capacity of its
+    /// chains, iovecs and buffers), for tests and fuzzing of the bounds.
+    pub fn host_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let chain = |h: &HeldChain| {
+            (h.chain.readable.capacity() + h.chain.writable.capacity()) * size_of::<Buffer>()
+                + h.iov.capacity() * size_of::<libc::iovec>()
+        };
+        self.held
+            .iter()
+            .chain(self.spare.iter())
+            .map(chain)
+            .sum::<usize>()
+            + (self.held.capacity() + self.spare.capacity()) * size_of::<HeldChain>()
+            + self.iov.capacity() * size_of::<libc::iovec>()
+            + self.bounce.capacity()
+    }
+
+    /// Whether the held chains reached their bound: no more are taken.
+    fn at_bound(&self, q: &Queue) -> bool {
+        self.held.len() >= usize::from(q.size()) || self.held_descs >= MAX_HELD_DESCRIPTORS
+    }
+
+    /// Gives a chain no longer held back for reuse, within the spare
+    /// bounds.
+    fn recycle(&mut self, mut h: HeldChain) {
+        if self.spare.len() >= SPARE_CHAINS {
+            return;
+        }
+        h.chain.readable.clear();
+        h.chain.writable.clear();
+        h.iov.clear();
+        h.chain.readable.shrink_to(SPARE_PIECES);
+        h.chain.writable.shrink_to(SPARE_PIECES);
+        h.iov.shrink_to(SPARE_PIECES);
+        self.spare.push(h);
+    }
+
+    /// Takes the first held chain off the list.
+    fn pop_held(&mut self) -> Option<HeldChain> {
+        let h = self.held.pop_front()?;
+        self.held_bytes = self.held_bytes.saturating_sub(h.capacity);
+        self.held_descs = self
+            .held_descs
+            .saturating_sub(h.chain.readable.len() + h.chain.writable.len());
+        Some(h)
     }
 
     /// Chains one frame may use.
@@ -208,17 +298,23 @@ impl RxBuffers {
     /// Forgets every held chain (the queue broke, or the device resets:
     /// the driver gets them back only by resetting).
     pub fn clear(&mut self) {
-        while let Some(h) = self.held.pop_front() {
-            self.spare.push(h);
+        while let Some(h) = self.pop_held() {
+            self.recycle(h);
         }
+        self.held.shrink_to(SPARE_CHAINS);
         self.held_bytes = 0;
+        self.held_descs = 0;
         self.pending = None;
     }
 
     /// Takes chains from the avail ring until one frame's chains can take
-    /// `want` bytes, or the ring has no more.
+    /// `want` bytes, the ring has no more, or the held chains reach their
+    /// bound.
     fn fill(&mut self, q: &mut Queue, mem: &DmaSpace, want: u64) -> Result<(), RxError> {
-        while self.capacity() < want && self.held.len() < self.chains_per_frame() {
+        while self.capacity() < want
+            && self.held.len() < self.chains_per_frame()
+            && !self.at_bound(q)
+        {
             let head = match pop_head(q, mem) {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
@@ -226,12 +322,12 @@ impl RxBuffers {
             };
             let mut h = self.spare.pop().unwrap_or_default();
             if let Err(source) = walk_into(mem, q.desc_table(), q.size(), head, &mut h.chain) {
-                self.spare.push(h);
+                self.recycle(h);
                 return Err(RxError::Chain { head, source });
             }
             h.capacity = h.chain.writable_len();
             if h.capacity == 0 {
-                self.spare.push(h);
+                self.recycle(h);
                 return Err(RxError::NoWritableBuffer { head });
             }
             h.iov.clear();
@@ -245,13 +341,15 @@ impl RxBuffers {
                 )?;
             }
             self.held_bytes += h.capacity;
+            self.held_descs += h.chain.readable.len() + h.chain.writable.len();
             self.held.push_back(h);
         }
         Ok(())
     }
 
-    /// Host iovecs for the first `want` bytes of the held chains.
-    fn build_iov(&mut self, mem: &DmaSpace, want: u64) -> Result<(), RxError> {
+    /// Host iovecs for the first `want` bytes of the held chains; `false`
+    /// if they are more than one `readv` takes (the frame is then copied).
+    fn build_iov(&mut self, mem: &DmaSpace, want: u64) -> Result<bool, RxError> {
         self.iov.clear();
         let mut covered = 0u64;
         for h in self.held.iter().take(self.chains_per_frame()) {
@@ -272,19 +370,14 @@ impl RxBuffers {
             covered += h.capacity;
         }
         let limit = usize::try_from(libc::UIO_MAXIOV).unwrap_or(1024);
-        if self.iov.len() > limit {
-            return Err(RxError::TooManyPieces {
-                buffers: self.iov.len(),
-            });
-        }
-        Ok(())
+        Ok(self.iov.len() <= limit)
     }
 
     /// Returns the chains that hold a `len`-byte frame as used, after
     /// writing their count into the frame's header.
     fn complete(&mut self, q: &mut Queue, mem: &DmaSpace, len: usize) -> Result<(), RxError> {
         let mut left = len as u64;
-        let mut n = 0u16;
+        let mut n = 0usize;
         for h in self.held.iter() {
             if left == 0 {
                 break;
@@ -292,19 +385,19 @@ impl RxBuffers {
             left = left.saturating_sub(h.capacity);
             n += 1;
         }
+        let count = u16::try_from(n).map_err(|_| RxError::TooManyChains { chains: n })?;
         if let Some(first) = self.held.front() {
-            write_at(mem, &first.chain, NUM_BUFFERS_OFFSET, &n.to_le_bytes())?;
+            write_at(mem, &first.chain, NUM_BUFFERS_OFFSET, &count.to_le_bytes())?;
         }
         let mut left = len as u64;
         for _ in 0..n {
-            let Some(h) = self.held.pop_front() else {
+            let Some(h) = self.pop_held() else {
                 break;
             };
             let used = left.min(h.capacity);
             left -= used;
-            self.held_bytes = self.held_bytes.saturating_sub(h.capacity);
             let head = h.chain.head;
-            self.spare.push(h);
+            self.recycle(h);
             // `used` <= a chain's capacity, which is a sum of u32 lengths
             // walk_into bounds to fit.
             let used = u32::try_from(used).unwrap_or(u32::MAX);
@@ -361,7 +454,12 @@ impl RxBuffers {
                 return RxStep::Broken(e);
             }
             if self.capacity() >= max {
-                return self.read_in_place(q, mem, tap);
+                match self.build_iov(mem, max) {
+                    Ok(true) => return self.read_in_place(q, mem, tap),
+                    // Too many pieces for one `readv`: copied instead.
+                    Ok(false) => {}
+                    Err(e) => return RxStep::Broken(e),
+                }
             }
             match tap.read_frame(&mut self.bounce) {
                 Ok(n) => self.pending = Some(n),
@@ -385,28 +483,32 @@ impl RxBuffers {
             return self.place_bounced(q, mem, len);
         }
         if !self.mergeable {
-            if let Some(h) = self.held.pop_front() {
+            if let Some(h) = self.pop_held() {
                 // Too big for the one buffer the driver gave: drop the
                 // frame and hand the buffer back empty.
                 self.pending = None;
                 let head = h.chain.head;
-                self.held_bytes = self.held_bytes.saturating_sub(h.capacity);
-                self.spare.push(h);
+                self.recycle(h);
                 return match q.add_used(mem, head, 0) {
                     Ok(()) => RxStep::Dropped(true),
                     Err(e) => RxStep::Broken(RxError::UsedRing(e)),
                 };
             }
         }
+        if self.at_bound(q) {
+            // The device holds all it may and the frame does not fit:
+            // waiting would wait for good (the driver cannot add what the
+            // device will not take). The chains stay for smaller frames.
+            self.pending = None;
+            self.counts.over_bound += 1;
+            return RxStep::Dropped(false);
+        }
         RxStep::NoBuffers(Wrapping(q.next_avail()))
     }
 
     /// Reads a frame straight into the held chains (they can take the
-    /// largest one).
+    /// largest one) through the iovecs `build_iov` just built.
     fn read_in_place(&mut self, q: &mut Queue, mem: &DmaSpace, tap: &dyn FrameSource) -> RxStep {
-        if let Err(e) = self.build_iov(mem, self.max_frame as u64) {
-            return RxStep::Broken(e);
-        }
         if !mem.bus_master() {
             // Cached iovecs bypass the bus-master check of every access.
             return RxStep::TapEmpty;

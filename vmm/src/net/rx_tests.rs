@@ -7,8 +7,8 @@ use std::collections::VecDeque;
 
 use super::*;
 use crate::memory::GuestMemoryMmap;
-use crate::virtio::chain::{VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
-use crate::virtio::test_ring::{leaked_ram, DriverRing, RingAddrs};
+use crate::virtio::chain::{VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
+use crate::virtio::test_ring::{leaked_ram, put_desc, DriverRing, RingAddrs};
 
 const DESC: u64 = 0x1000;
 const AVAIL: u64 = 0x2000;
@@ -83,14 +83,19 @@ struct Ring {
 
 impl Ring {
     fn new() -> Self {
-        let mem = leaked_ram(0x20000);
-        let dma = DmaSpace::identity(mem.clone());
         let addrs = RingAddrs {
             desc: DESC,
             avail: AVAIL,
             used: USED,
         };
-        let driver = DriverRing::new(mem, addrs, SIZE);
+        Self::with(0x20000, addrs, SIZE)
+    }
+
+    /// A ring of `size` entries at `addrs` in `ram` bytes of test RAM.
+    fn with(ram: usize, addrs: RingAddrs, size: u16) -> Self {
+        let mem = leaked_ram(ram);
+        let dma = DmaSpace::identity(mem.clone());
+        let driver = DriverRing::new(mem, addrs, size);
         Self {
             mem,
             dma,
@@ -382,4 +387,118 @@ fn a_frame_larger_than_max_frame_is_dropped_and_receive_goes_on() {
     assert!(matches!(r.receive(&mut rx, &src), RxStep::Delivered));
     assert_eq!((r.driver.used_idx(), r.driver.used(0)), (1, (0, 300)));
     assert_eq!(rx.counts().dropped, 1);
+}
+
+/// Issue 27 (8): a driver that posts chains of many zero-length
+/// descriptors and one byte, re-posting heads the device still holds, over
+/// and over across kicks. Bytes alone bounded what the device took, so it
+/// held chains by the tens of thousands (about 1 GiB of walked
+/// descriptors) and counted a frame's chains past `u16`. Held chains must
+/// stay within the queue size and the descriptor bound, host memory must
+/// not grow with the rounds, every used entry must name a real head with
+/// no more bytes than its one, and the device must keep serving.
+#[test]
+fn virtio_net_rx_held_chains_are_bounded() {
+    // Room for a ring of 32768: table 512 KiB, avail 64 KiB, used 256 KiB.
+    const RAM: usize = 0x20_0000;
+    const ADDRS: RingAddrs = RingAddrs {
+        desc: 0x10_0000,
+        avail: 0x18_0000,
+        used: 0x1a_0000,
+    };
+    const INDIRECT: u64 = 0x1f_0000;
+    const BYTE: u64 = 0x8000;
+    /// Enough for the held chains' descriptors and iovecs, the iovec list,
+    /// the host frame buffer and spare chains; far below what unbounded
+    /// holding reached (16 KiB of descriptors per chain, per chain held).
+    const HOST_BYTES: usize = MAX_FRAME + 512 * 1024;
+    let w = VIRTQ_DESC_F_WRITE;
+    for size in [256u16, 32768] {
+        for indirect in [true, false] {
+            let mut r = Ring::with(RAM, ADDRS, size);
+            if indirect {
+                // Every head is an indirect table of 1,022 empty buffers
+                // and one byte (1,024 descriptors with the head: the
+                // walker's limit).
+                let last = (MAX_CHAIN_DESCRIPTORS - 2) as u16;
+                for i in 0..last {
+                    put_desc(r.mem, INDIRECT, i, BYTE, 0, w | VIRTQ_DESC_F_NEXT, i + 1);
+                }
+                put_desc(r.mem, INDIRECT, last, BYTE, 1, w, 0);
+                let len = (MAX_CHAIN_DESCRIPTORS as u32 - 1) * 16;
+                for i in 0..size {
+                    r.driver.desc(i, INDIRECT, len, VIRTQ_DESC_F_INDIRECT, 0);
+                }
+            } else {
+                // Chains of an empty buffer and one byte.
+                for i in (0..size).step_by(2) {
+                    r.driver.desc(i, BYTE, 0, w | VIRTQ_DESC_F_NEXT, i + 1);
+                    r.driver.desc(i + 1, BYTE, 1, w, 0);
+                }
+            }
+            let heads: Vec<u16> = if indirect {
+                (0..size).collect()
+            } else {
+                (0..size).step_by(2).collect()
+            };
+            let mut rx = RxBuffers::new(true, MAX_FRAME);
+            let (mut offered, mut next_head, mut used_seen) = (0u16, 0usize, 0u64);
+            let mut peak = 0usize;
+            let rounds = 500;
+            for round in 0..rounds {
+                // The driver fills the ring up to the device's position
+                // plus the queue size, heads still held included.
+                while offered.wrapping_sub(r.queue.next_avail()) < size {
+                    r.driver.offer(heads[next_head % heads.len()]);
+                    next_head += 1;
+                    offered = offered.wrapping_add(1);
+                }
+                let src = Frames::with(&[&frame(60), &frame(100), &frame(2000)]);
+                loop {
+                    match r.receive(&mut rx, &src) {
+                        RxStep::Delivered | RxStep::Dropped(_) => {}
+                        RxStep::TapEmpty | RxStep::NoBuffers(_) => break,
+                        RxStep::TapError(e) => panic!("tap error {e}"),
+                        RxStep::Broken(e) => panic!("size {size}: queue broken: {e}"),
+                    }
+                    assert!(rx.held_chains() <= usize::from(size));
+                    assert!(
+                        rx.held_descriptors() < MAX_HELD_DESCRIPTORS + MAX_CHAIN_DESCRIPTORS,
+                        "{} descriptors held",
+                        rx.held_descriptors()
+                    );
+                }
+                // Every new used entry names a head of the ring and no more
+                // than the chain's one writable byte.
+                let used_idx = r.driver.used_idx();
+                while (used_seen as u16) != used_idx {
+                    let (id, len) = r.driver.used(used_seen);
+                    assert!(id < u32::from(size) && len <= 1, "used ({id}, {len})");
+                    used_seen += 1;
+                }
+                let bytes = rx.host_bytes();
+                assert!(bytes <= HOST_BYTES, "size {size}: {bytes} host bytes held");
+                if round == 10 {
+                    peak = bytes;
+                }
+                if round > 10 {
+                    assert!(bytes <= peak, "host memory grows: {bytes} > {peak}");
+                }
+            }
+            let c = rx.counts();
+            if indirect {
+                // Two such chains (1,023 buffers each) reach the
+                // descriptor bound; no frame of these fits their two bytes.
+                assert_eq!(rx.held_chains(), 2);
+                assert_eq!(c.in_place + c.copied, 0);
+            } else {
+                // The small frames went through, over tens of thousands of
+                // chains in all (past u16), the large ones were dropped.
+                assert_eq!(c.copied, 2 * rounds);
+                assert!(used_seen > 65_536, "{used_seen} chains returned");
+                assert!(c.over_bound >= rounds - 1, "{c:?}");
+            }
+            assert!(c.dropped >= c.over_bound);
+        }
+    }
 }

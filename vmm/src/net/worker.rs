@@ -160,8 +160,14 @@ impl QueuePairWorker {
                         let rx = self.rx_buffers.counts();
                         debug!(
                             "virtio-net worker stops: {} transmit frames dropped; received \
-                             {} in place, {} copied, {} dropped, {} waits for buffers",
-                            self.tx_dropped, rx.in_place, rx.copied, rx.dropped, rx.waits
+                             {} in place, {} copied, {} dropped ({} over the held bound), \
+                             {} waits for buffers",
+                            self.tx_dropped,
+                            rx.in_place,
+                            rx.copied,
+                            rx.dropped,
+                            rx.over_bound,
+                            rx.waits
                         );
                         return;
                     }
