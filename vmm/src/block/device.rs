@@ -8,15 +8,16 @@ use std::thread::{self, JoinHandle};
 use log::{info, warn};
 use virtio_bindings::virtio_blk::{
     virtio_blk_config, VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH,
-    VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_WRITE_ZEROES,
+    VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_SIZE_MAX,
+    VIRTIO_BLK_F_WRITE_ZEROES,
 };
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::image::DiskImage;
+use super::limits::Limits;
 use super::worker::{run_worker, WorkerParts};
 use super::{MAX_DISCARD_SECTORS, MAX_DISCARD_SEGMENTS, SECTOR_SIZE};
-use crate::virtio::chain::MAX_CHAIN_DESCRIPTORS;
 use crate::virtio::{
     feature, read_config_window, ActivateContext, ActivateError, QueueSetupError, VirtioDevice,
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
@@ -49,14 +50,9 @@ impl Block {
         }
     }
 
-    /// Data segments a request may have: the chain limit less the header
-    /// and status descriptors (indirect tables may exceed the ring size).
-    fn seg_max(&self) -> u32 {
-        let chain = u32::try_from(MAX_CHAIN_DESCRIPTORS).unwrap_or(u32::MAX);
-        chain
-            .min(u32::from(self.queue_size))
-            .saturating_sub(2)
-            .max(1)
+    /// The data limits advertised and enforced (segments, segment size).
+    pub fn limits(&self) -> Limits {
+        Limits::for_queue_size(self.queue_size)
     }
 
     /// The configuration space up to the write-zeroes fields (virtio 1.2,
@@ -72,9 +68,14 @@ impl Block {
             offset_of!(virtio_blk_config, capacity),
             &self.disk.sectors().to_le_bytes(),
         );
+        let limits = self.limits();
+        put(
+            offset_of!(virtio_blk_config, size_max),
+            &limits.size_max.to_le_bytes(),
+        );
         put(
             offset_of!(virtio_blk_config, seg_max),
-            &self.seg_max().to_le_bytes(),
+            &limits.seg_max.to_le_bytes(),
         );
         put(
             offset_of!(virtio_blk_config, blk_size),
@@ -128,6 +129,7 @@ impl VirtioDevice for Block {
 
     fn features(&self) -> u64 {
         let mut f = [
+            VIRTIO_BLK_F_SIZE_MAX,
             VIRTIO_BLK_F_SEG_MAX,
             VIRTIO_BLK_F_BLK_SIZE,
             VIRTIO_BLK_F_FLUSH,
@@ -160,6 +162,7 @@ impl VirtioDevice for Block {
                 mem: ctx.mem.clone(),
                 interrupt: ctx.interrupt.clone(),
                 disk: self.disk.clone(),
+                limits: self.limits(),
                 queue: q,
                 stop: stop.try_clone()?,
             };
@@ -214,12 +217,15 @@ mod tests {
         );
         let c = rw.config_space();
         assert_eq!(u64::from_le_bytes(c[0..8].try_into().unwrap()), 2048);
+        assert_eq!(le32(&c, 8), 256 * 1024, "size_max");
         assert_eq!(le32(&c, 12), 126, "seg_max");
         assert_eq!(le32(&c, 20), 512, "blk_size");
         assert_eq!(u16::from_le_bytes([c[34], c[35]]), 4, "num_queues");
         let f = rw.features();
         assert_ne!(f & feature(VIRTIO_BLK_F_MQ), 0);
         assert_ne!(f & feature(VIRTIO_BLK_F_FLUSH), 0);
+        assert_ne!(f & feature(VIRTIO_BLK_F_SIZE_MAX), 0);
+        assert_ne!(f & feature(VIRTIO_BLK_F_SEG_MAX), 0);
         assert_eq!(f & feature(VIRTIO_BLK_F_RO), 0);
         assert_eq!(
             f & feature(VIRTIO_F_ACCESS_PLATFORM),

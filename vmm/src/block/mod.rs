@@ -3,6 +3,8 @@
 //! - [`config`]: the `--disk` option.
 //! - [`image`]: the image file (positioned vectored I/O, flush, holes).
 //! - [`request`]: one request, parsed from its chain, checked, executed.
+//! - [`limits`]: segment limits advertised and enforced, bytes per section.
+//! - [`section`]: the quiescence section a request runs in, chunk by chunk.
 //! - [`worker`]: the thread serving one request queue.
 //! - [`device`]: the [`VirtioDevice`](crate::virtio::VirtioDevice)
 //!   (features, configuration space, workers).
@@ -15,7 +17,9 @@
 pub mod config;
 pub mod device;
 pub mod image;
+pub mod limits;
 pub mod request;
+pub mod section;
 pub mod worker;
 
 pub use config::DiskConfig;

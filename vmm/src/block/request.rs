@@ -11,6 +11,10 @@
 //! lies between. A chain without a writable byte cannot be answered at all
 //! ([`RequestError::NoStatus`]: the worker stops the queue); every other
 //! fault is answered with IOERR or UNSUPP and the queue goes on.
+//!
+//! Reads and writes are checked against the disk's [`Limits`] before any
+//! data moves, and move [`Limits::section_bytes`] at a time, each chunk
+//! translated and used in its own quiescence [`Section`].
 
 use log::debug;
 use thiserror::Error;
@@ -22,6 +26,8 @@ use virtio_bindings::virtio_blk::{
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 
 use super::image::{DiskImage, MAX_IOVECS};
+use super::limits::Limits;
+use super::section::Section;
 use super::{MAX_DISCARD_SECTORS, MAX_DISCARD_SEGMENTS, SECTOR_SIZE};
 use crate::dma::DmaSpace;
 use crate::virtio::chain::{Buffer, Chain};
@@ -102,6 +108,22 @@ pub enum RequestError {
     /// Malformed DISCARD / WRITE_ZEROES segments.
     #[error("discard/write-zeroes segments: {0}")]
     BadSegments(&'static str),
+    /// More data segments than the advertised `seg_max`.
+    #[error("{segments} data segments, more than seg_max {max}")]
+    TooManySegments {
+        /// Segments of the request.
+        segments: usize,
+        /// The limit.
+        max: u32,
+    },
+    /// A data segment longer than the advertised `size_max`.
+    #[error("data segment of {len} bytes, more than size_max {max}")]
+    SegmentTooLarge {
+        /// Its length.
+        len: u32,
+        /// The limit.
+        max: u32,
+    },
     /// A type or flag the device does not implement.
     #[error("unsupported request type {0}")]
     Unsupported(u32),
@@ -241,56 +263,85 @@ fn check_range(sector: u64, bytes: u64, capacity: u64) -> Result<u64, RequestErr
     sector.checked_mul(SECTOR_SIZE).ok_or_else(out)
 }
 
+/// Where a transfer is: the image offset its pending iovecs start at, and
+/// their bytes.
+struct Cursor {
+    offset: u64,
+    batch: u64,
+}
+
 /// Moves data between `bufs` (guest memory, translated now) and the image
-/// at `offset`, [`MAX_IOVECS`] host slices at a time.
+/// at `offset`, [`MAX_IOVECS`] host slices at a time, and `section_bytes`
+/// per quiescence section: the iovecs of a section are used up before it
+/// is left, and the next chunk is translated in the next one.
 fn transfer(
     mem: &DmaSpace,
     disk: &DiskImage,
     bufs: &[Buffer],
-    mut offset: u64,
+    offset: u64,
     write_to_disk: bool,
-    iov: &mut Vec<libc::iovec>,
+    io: &mut RequestIo<'_, '_>,
 ) -> Result<(), RequestError> {
     let access = if write_to_disk {
         Permissions::Read
     } else {
         Permissions::Write
     };
+    let section_bytes = io.limits.section_bytes.max(1);
+    let (iov, section) = (&mut *io.iov, &mut *io.section);
     iov.clear();
-    let mut batch = 0u64;
-    let flush = |iov: &mut Vec<libc::iovec>, offset: u64| -> Result<(), RequestError> {
+    let mut at = Cursor { offset, batch: 0 };
+    let flush = |iov: &mut Vec<libc::iovec>, at: &mut Cursor| -> Result<(), RequestError> {
         if write_to_disk {
-            disk.write_at(iov, offset)?;
+            disk.write_at(iov, at.offset)?;
         } else {
-            disk.read_at(iov, offset)?;
+            disk.read_at(iov, at.offset)?;
         }
         iov.clear();
+        at.offset += at.batch;
+        at.batch = 0;
         Ok(())
     };
+    let mut in_section = 0u64;
     for b in bufs {
-        let bad = || RequestError::DataInaccessible(b.addr);
-        let slices = mem
-            .get_slices(GuestAddress(b.addr), b.len as usize, access)
-            .map_err(|_| bad())?;
-        for s in slices {
-            let s = s.map_err(|_| bad())?;
-            if s.is_empty() {
-                continue;
+        let mut addr = b.addr;
+        let mut left = u64::from(b.len);
+        while left > 0 {
+            if in_section >= section_bytes {
+                flush(iov, &mut at)?;
+                section.renew();
+                in_section = 0;
             }
-            if iov.len() == MAX_IOVECS {
-                flush(iov, offset)?;
-                offset += batch;
-                batch = 0;
+            let n = left.min(section_bytes - in_section);
+            let piece = addr;
+            let bad = || RequestError::DataInaccessible(piece);
+            let len = usize::try_from(n).map_err(|_| bad())?;
+            for s in mem
+                .get_slices(GuestAddress(piece), len, access)
+                .map_err(|_| bad())?
+            {
+                let s = s.map_err(|_| bad())?;
+                if s.is_empty() {
+                    continue;
+                }
+                if iov.len() == MAX_IOVECS {
+                    flush(iov, &mut at)?;
+                }
+                at.batch += s.len() as u64;
+                iov.push(libc::iovec {
+                    iov_base: s.ptr_guard_mut().as_ptr().cast(),
+                    iov_len: s.len(),
+                });
             }
-            batch += s.len() as u64;
-            iov.push(libc::iovec {
-                iov_base: s.ptr_guard_mut().as_ptr().cast(),
-                iov_len: s.len(),
-            });
+            in_section += n;
+            left -= n;
+            if left > 0 {
+                addr = addr.checked_add(n).ok_or_else(bad)?;
+            }
         }
     }
     if !iov.is_empty() {
-        flush(iov, offset)?;
+        flush(iov, &mut at)?;
     }
     Ok(())
 }
@@ -364,19 +415,32 @@ fn discard_or_zero(
     Ok(())
 }
 
+/// What moving a request's data needs from its worker: the disk's
+/// limits, an iovec buffer kept between requests, and the section the
+/// request runs in.
+pub struct RequestIo<'r, 'a> {
+    /// The disk's limits.
+    pub limits: Limits,
+    /// Host iovecs (kept for their capacity).
+    pub iov: &'r mut Vec<libc::iovec>,
+    /// The request's quiescence section.
+    pub section: &'r mut Section<'a>,
+}
+
 /// Executes a parsed request; returns how many data bytes it wrote into
 /// the guest's writable buffers (the status byte not counted).
 pub fn execute(
     mem: &DmaSpace,
     disk: &DiskImage,
     req: &Request,
-    iov: &mut Vec<libc::iovec>,
+    io: &mut RequestIo<'_, '_>,
 ) -> Result<u32, RequestError> {
     match RequestType::from(req.type_) {
         RequestType::In => {
+            io.limits.check(&req.writable)?;
             let bytes = total(&req.writable);
             let offset = check_range(req.sector, bytes, disk.sectors())?;
-            transfer(mem, disk, &req.writable, offset, false, iov)?;
+            transfer(mem, disk, &req.writable, offset, false, io)?;
             // The chain walker bounds a chain's total to 32 bits.
             Ok(u32::try_from(bytes).unwrap_or(u32::MAX))
         }
@@ -384,9 +448,10 @@ pub fn execute(
             if disk.readonly() {
                 return Err(RequestError::ReadOnly);
             }
+            io.limits.check(&req.readable)?;
             let bytes = total(&req.readable);
             let offset = check_range(req.sector, bytes, disk.sectors())?;
-            transfer(mem, disk, &req.readable, offset, true, iov)?;
+            transfer(mem, disk, &req.readable, offset, true, io)?;
             Ok(0)
         }
         RequestType::Flush => {
@@ -424,18 +489,20 @@ pub struct Served {
     pub used_len: u32,
 }
 
-/// Parses, executes and answers the request in `chain`. `Err` only when
-/// no status could be delivered (the queue must stop); `failure` receives
-/// the error a request was answered with, for the caller's log.
+/// Parses, executes and answers the request in `chain`, in `io.section`
+/// (renewed between chunks of data; the status is written in the last).
+/// `Err` only when no status could be delivered (the queue must stop);
+/// `failure` receives the error a request was answered with, for the
+/// caller's log.
 pub fn serve(
     mem: &DmaSpace,
     disk: &DiskImage,
     chain: &Chain,
     req: &mut Request,
-    iov: &mut Vec<libc::iovec>,
+    io: &mut RequestIo<'_, '_>,
     failure: &mut Option<RequestError>,
 ) -> Result<Served, RequestError> {
-    let outcome = parse(mem, chain, req).and_then(|()| execute(mem, disk, req, iov));
+    let outcome = parse(mem, chain, req).and_then(|()| execute(mem, disk, req, io));
     let (status, written) = match outcome {
         Ok(n) => (VIRTIO_BLK_S_OK as u8, n),
         Err(RequestError::NoStatus) => return Err(RequestError::NoStatus),

@@ -10,7 +10,8 @@ use virtio_bindings::virtio_blk::{
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::block::image::DiskImage;
-use crate::block::test_util::{pattern, temp_image, Recorder, Ring};
+use crate::block::limits::Limits;
+use crate::block::test_util::{pattern, temp_image, Recorder, Ring, SIZE};
 use crate::block::worker::QueueServer;
 use crate::virtio::chain::{VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
 use crate::virtio::test_ring::put_desc;
@@ -40,7 +41,7 @@ impl Fixture {
         let (path, _) = temp_image(DISK_LEN);
         let disk = DiskImage::open(&path, readonly, Some("blk-test-id")).expect("image");
         let ring = Ring::new();
-        let server = QueueServer::new(0, ring.queue());
+        let server = QueueServer::new(0, ring.queue(), Limits::for_queue_size(SIZE));
         Self {
             ring,
             disk,
@@ -332,4 +333,100 @@ fn behind_the_iommu_only_mapped_buffers_are_used() {
     assert_eq!(f.ring.byte(DATA + 0x1000), 0xc5);
     assert_eq!(f.ring.dma.fault_count(), 1);
     assert!(iommu.dev.pop_fault_event().is_some());
+}
+
+/// A fixture whose disk advertises `seg_max` and `size_max` as given.
+fn with_limits(seg_max: u32, size_max: u32) -> Fixture {
+    let mut f = Fixture::new(false);
+    let limits = Limits {
+        seg_max,
+        size_max,
+        section_bytes: 4096,
+    };
+    f.server = QueueServer::new(0, f.ring.queue(), limits);
+    f
+}
+
+/// Issue 27 (6): a request beyond the advertised `size_max` or `seg_max`
+/// is answered IOERR and none of its data moves (neither into the guest's
+/// buffers nor into the image); within them it is served.
+#[test]
+fn blk_request_over_size_max_is_refused() {
+    let mut f = with_limits(2, 1024);
+    let before = f.disk_bytes();
+    let canary = [0xc5u8; 2048];
+    f.ring.mem.write_slice(&canary, GuestAddress(DATA)).unwrap();
+    // One segment of 1536 bytes > size_max: read and write refused.
+    f.request(VIRTIO_BLK_T_IN, 0, 1536, W);
+    assert_eq!(f.serve(), (IOERR, 1));
+    let mut got = [0u8; 2048];
+    f.ring.mem.read_slice(&mut got, GuestAddress(DATA)).unwrap();
+    assert_eq!(got, canary, "a refused read wrote guest memory");
+    f.request(VIRTIO_BLK_T_OUT, 0, 1536, 0);
+    assert_eq!(f.serve(), (IOERR, 1));
+    assert_eq!(f.disk_bytes(), before, "a refused write reached the image");
+    // At size_max: served.
+    f.request(VIRTIO_BLK_T_IN, 0, 1024, W);
+    assert_eq!(f.serve(), (OK, 1025));
+    assert_eq!(f.ring.byte(DATA + 1023), pattern(1023));
+}
+
+/// Three data segments where two are advertised: refused, untouched; two:
+/// served.
+#[test]
+fn blk_request_over_seg_max_is_refused() {
+    let mut f = with_limits(2, 1024);
+    let before = f.disk_bytes();
+    let three = |f: &mut Fixture, type_: u32, flags: u16| {
+        f.ring.header(HDR, type_, 0);
+        f.ring.desc(0, HDR, 16, N, 1);
+        f.ring.desc(1, DATA, 512, flags | N, 3);
+        f.ring.desc(3, DATA + 0x1000, 512, flags | N, 4);
+        f.ring.desc(4, DATA + 0x2000, 512, flags | N, 2);
+        f.ring.desc(2, STATUS, 1, W, 0);
+        f.ring.offer(0);
+    };
+    f.ring
+        .mem
+        .write_slice(&[0xc5; 512], GuestAddress(DATA + 0x2000))
+        .unwrap();
+    three(&mut f, VIRTIO_BLK_T_IN, W);
+    assert_eq!(f.serve(), (IOERR, 1));
+    assert_eq!(f.ring.byte(DATA + 0x2000), 0xc5, "a refused read wrote");
+    three(&mut f, VIRTIO_BLK_T_OUT, 0);
+    assert_eq!(f.serve(), (IOERR, 1));
+    assert_eq!(f.disk_bytes(), before, "a refused write reached the image");
+    // Empty descriptors are not segments.
+    f.ring.header(HDR, VIRTIO_BLK_T_IN, 0);
+    f.ring.desc(1, DATA, 512, W | N, 3);
+    f.ring.desc(3, DATA + 0x1000, 0, W | N, 4);
+    f.ring.desc(4, DATA + 0x2000, 512, W | N, 2);
+    f.ring.offer(0);
+    assert_eq!(f.serve(), (OK, 1025));
+    assert_eq!(f.ring.byte(DATA + 0x2000), pattern(512));
+}
+
+/// The limits of a real disk: what the configuration space says is what
+/// the queue enforces (seg_max of a 16-entry ring is 14: 15 segments
+/// through an indirect table are refused).
+#[test]
+fn advertised_seg_max_is_enforced() {
+    let mut f = Fixture::new(false);
+    let l = Limits::for_queue_size(SIZE);
+    assert_eq!((l.seg_max, l.size_max), (14, 256 * 1024));
+    let table = 0xa000u64;
+    for (segments, want) in [(14u16, (OK, 14 * 512 + 1)), (15, (IOERR, 1))] {
+        let put =
+            |i, addr, len, flags, next| put_desc(f.ring.mem, table, i, addr, len, flags, next);
+        f.ring.header(HDR, VIRTIO_BLK_T_IN, 0);
+        put(0, HDR, 16, N, 1);
+        for s in 0..segments {
+            put(s + 1, DATA + 512 * u64::from(s), 512, W | N, s + 2);
+        }
+        put(segments + 1, STATUS, 1, W, 0);
+        let len = 16 * u32::from(segments + 2);
+        f.ring.desc(0, table, len, VIRTQ_DESC_F_INDIRECT, 0);
+        f.ring.offer(0);
+        assert_eq!(f.serve(), want, "{segments} segments");
+    }
 }

@@ -7,8 +7,9 @@
 //!
 //! Every guest-memory access goes through the device's [`DmaSpace`]; behind
 //! a vIOMMU each request (walk, data transfer, status, used entry) runs in
-//! one quiescence section, so an UNMAP the guest sees completed is no longer
-//! in use by an I/O in flight. A malformed ring or a request that cannot be
+//! quiescence sections, one per bounded chunk of its data
+//! ([`super::section`]), so an UNMAP the guest sees completed is no longer
+//! in use by an I/O in flight, and waits for at most one chunk of it. A malformed ring or a request that cannot be
 //! answered stops the queue (logged once, DEVICE_NEEDS_RESET); a bad request
 //! is answered IOERR/UNSUPP and the queue goes on. The VMM keeps running.
 
@@ -23,7 +24,9 @@ use vmm_sys_util::epoll::EpollEvent;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::image::DiskImage;
-use super::request::{serve, Request, RequestError};
+use super::limits::Limits;
+use super::request::{serve, Request, RequestError, RequestIo};
+use super::section::Section;
 use crate::dma::DmaSpace;
 use crate::virtio::chain::{walk_into, Chain, ChainError};
 use crate::virtio::wake::epoll_on;
@@ -40,6 +43,8 @@ pub struct WorkerParts {
     pub interrupt: Arc<dyn VirtioInterrupt>,
     /// The image, shared by every queue of the disk.
     pub disk: Arc<DiskImage>,
+    /// The data limits the disk advertises.
+    pub limits: Limits,
     /// The queue served.
     pub queue: ActiveQueue,
     /// Written to stop the worker.
@@ -63,6 +68,7 @@ pub struct QueueServer {
     chain: Chain,
     req: Request,
     iov: Vec<libc::iovec>,
+    limits: Limits,
     stats: Stats,
 }
 
@@ -99,8 +105,9 @@ fn pop_head(q: &mut Queue, mem: &DmaSpace) -> Result<Option<u16>, virtio_queue::
 }
 
 impl QueueServer {
-    /// A server for `queue` (index `index` of the device).
-    pub fn new(index: u16, queue: Queue) -> Self {
+    /// A server for `queue` (index `index` of the device) of a disk with
+    /// `limits`.
+    pub fn new(index: u16, queue: Queue, limits: Limits) -> Self {
         Self {
             index,
             queue,
@@ -108,6 +115,7 @@ impl QueueServer {
             chain: Chain::default(),
             req: Request::default(),
             iov: Vec::new(),
+            limits,
             stats: Stats::default(),
         }
     }
@@ -179,8 +187,9 @@ impl QueueServer {
         used_any: &mut bool,
     ) -> Result<(), QueueError> {
         loop {
-            // One request per section: translate, transfer, answer.
-            let _section = reader.map(ReaderSlot::enter);
+            // A request's sections: translate, transfer a chunk at a
+            // time, answer.
+            let mut section = Section::enter(reader);
             let Some(head) = pop_head(&mut self.queue, mem).map_err(QueueError::AvailRing)? else {
                 return Ok(());
             };
@@ -188,15 +197,13 @@ impl QueueServer {
             walk_into(mem, table, size, head, &mut self.chain)
                 .map_err(|source| QueueError::Chain { head, source })?;
             let mut failure = None;
-            let served = serve(
-                mem,
-                disk,
-                &self.chain,
-                &mut self.req,
-                &mut self.iov,
-                &mut failure,
-            )
-            .map_err(|source| QueueError::Request { head, source })?;
+            let mut io = RequestIo {
+                limits: self.limits,
+                iov: &mut self.iov,
+                section: &mut section,
+            };
+            let served = serve(mem, disk, &self.chain, &mut self.req, &mut io, &mut failure)
+                .map_err(|source| QueueError::Request { head, source })?;
             if let Some(e) = failure {
                 self.note_failure(&e);
             }
@@ -235,7 +242,7 @@ pub fn run_worker(p: WorkerParts) {
         }
     };
     let reader = p.mem.reader();
-    let mut server = QueueServer::new(p.queue.index, p.queue.queue);
+    let mut server = QueueServer::new(p.queue.index, p.queue.queue, p.limits);
     let mut events = vec![EpollEvent::default(); 4];
     // Requests may already be waiting.
     if p.mem.bus_master() {
