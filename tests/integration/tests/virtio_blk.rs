@@ -30,6 +30,11 @@
 //! reads one written before a reboot; sharing the middle boot saves a
 //! fourth (each boot of the disk's systemd costs about a minute in the
 //! nested runner).
+//!
+//! The guest driver as users install it (`guest/module-deb-host.sh`, case
+//! `module_deb`): its Debian package (`make -C guest-driver deb`) written
+//! into a copy of the root image, installed there with dpkg by the disk's
+//! systemd, loaded with modprobe, and one DMA through the vIOMMU.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -37,7 +42,7 @@ use std::time::Duration;
 
 use integration_tests::images::{build_initramfs, ensure_images, ensure_rootfs, InitramfsSpec};
 use integration_tests::markers::{guest_script_exit, marker_line, marker_value, token_value};
-use integration_tests::paths::{guest_script, path_arg};
+use integration_tests::paths::{guest_script, path_arg, repo_root};
 use integration_tests::session::{Case, CaseResult, Plan, SharedSession};
 use integration_tests::vmm::dmavisor_binary;
 
@@ -47,6 +52,8 @@ const GUEST_SCRIPT_TIMEOUT: u32 = 800;
 const SESSION_TIMEOUT: Duration = Duration::from_secs(3600);
 /// The case of the three boots from the root disk.
 const ROOTFS_CASE: &str = "rootfs_dmavisor";
+/// The case that installs the guest driver's Debian package.
+const MODULE_DEB_CASE: &str = "module_deb";
 
 fn blk_case(mode: &str, bin: &str, kernel: &Path, initrd: &Path) -> Case {
     Case::new(
@@ -80,12 +87,49 @@ fn rootfs_case(bin: &str, bookworm: (&Path, &Path), trixie: (&Path, &Path), imag
     )
 }
 
-/// The initramfs that mounts the root disk and hands `rootfs-guest.sh` to
-/// the disk's init (`root=` on the command line, `resources/mkinitramfs`).
+/// The guest driver's Debian package (`make -C guest-driver deb`, which
+/// prints its path last) and the case that installs and loads it.
+fn module_deb_case(bin: &str, kernel: &Path, initrd: &Path, image: &Path) -> Result<Case, String> {
+    let out = std::process::Command::new("make")
+        .args(["-s", "-C"])
+        .arg(repo_root().join("guest-driver"))
+        .arg("deb")
+        .output()
+        .map_err(|e| format!("make -C guest-driver deb: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let deb = stdout.lines().last().unwrap_or_default().trim().to_string();
+    if !out.status.success() || !deb.ends_with(".deb") {
+        return Err(format!(
+            "make -C guest-driver deb: {}\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(Case::new(
+        MODULE_DEB_CASE,
+        vec![
+            "sh".into(),
+            path_arg(&guest_script("module-deb-host.sh")),
+            bin.into(),
+            path_arg(kernel),
+            path_arg(initrd),
+            path_arg(image),
+            deb,
+        ],
+        CASE_TIMEOUT_SECS,
+    ))
+}
+
+/// The initramfs that mounts the root disk and hands `script` to the
+/// disk's init (`root=` on the command line, `resources/mkinitramfs`).
 /// crc32c_generic: ext4's metadata checksums need a crc32c driver, and the
 /// modular ext4 does not pull one in.
-fn rootfs_initramfs(suite: &str, first: &[&str]) -> Result<std::path::PathBuf, String> {
-    let mut spec = InitramfsSpec::new(suite, guest_script("rootfs-guest.sh"));
+fn rootfs_initramfs(
+    suite: &str,
+    first: &[&str],
+    script: &str,
+) -> Result<std::path::PathBuf, String> {
+    let mut spec = InitramfsSpec::new(suite, guest_script(script));
     spec.modules = first
         .iter()
         .chain(&["virtio_blk", "ext4", "crc32c_generic"])
@@ -111,8 +155,9 @@ fn run() -> &'static SharedSession {
             tspec.script_timeout = Some(GUEST_SCRIPT_TIMEOUT);
             let tinitrd = build_initramfs(&tspec).map_err(|e| e.to_string())?;
             let rootfs = ensure_rootfs().map_err(|e| e.to_string())?;
-            let rinitrd = rootfs_initramfs("bookworm", &[])?;
-            let trinitrd = rootfs_initramfs("trixie", &["virtio_iommu"])?;
+            let rinitrd = rootfs_initramfs("bookworm", &[], "rootfs-guest.sh")?;
+            let trinitrd = rootfs_initramfs("trixie", &["virtio_iommu"], "rootfs-guest.sh")?;
+            let dinitrd = rootfs_initramfs("bookworm", &[], "module-deb-guest.sh")?;
             let mut cases = Vec::new();
             let vmm_error = match dmavisor_binary() {
                 Ok(bin) => {
@@ -126,6 +171,7 @@ fn run() -> &'static SharedSession {
                         (&trixie.vmlinuz, &trinitrd),
                         &rootfs,
                     ));
+                    cases.push(module_deb_case(&bin, &bookworm.vmlinuz, &dinitrd, &rootfs)?);
                     None
                 }
                 Err(e) => Some(e.to_string()),
@@ -575,4 +621,31 @@ fn boot_from_virtio_blk_behind_viommu() {
         "boot 3 read something else than boot 2 wrote"
     );
     println!("{ROOTFS_CASE}: boot 2 behind the vIOMMU: {counts}");
+}
+
+/// The guest driver's Debian package installs on the bookworm root disk
+/// with dpkg (its postinst's depmod included), modprobe loads vviommu from
+/// the package's path, it binds the vIOMMU, and a DMA through it works.
+#[test]
+fn guest_module_deb_installs_and_loads() {
+    let r = case(MODULE_DEB_CASE);
+    let out = &r.output;
+    let ctx = r.tail(60);
+    let l = line(out, "GUEST-MODULE-DEB", &ctx);
+    let kver = field(l, "kver", &ctx);
+    assert_eq!(field(l, "dpkg_rc", &ctx), "0", "{ctx}");
+    assert_eq!(field(l, "status", &ctx), "install_ok_installed", "{ctx}");
+    assert_eq!(
+        field(l, "path", &ctx),
+        format!("/lib/modules/{kver}/updates/vviommu/vviommu.ko"),
+        "{ctx}"
+    );
+    assert_eq!(field(l, "modprobe_rc", &ctx), "0", "{ctx}");
+    assert_eq!(field(l, "loaded", &ctx), "1", "{ctx}");
+    assert_eq!(field(l, "bound", &ctx), "1", "{ctx}");
+    assert_eq!(field(l, "edu_rc", &ctx), "0", "{ctx}");
+    assert_eq!(field(l, "dma_ok", &ctx), "1", "{ctx}");
+    let fsck = line(out, "HOST-ROOTFS-FSCK", &ctx);
+    assert_eq!(field(fsck, "rc", &ctx), "0", "{ctx}");
+    assert_eq!(field(line(out, "VMM-EXIT", &ctx), "rc", &ctx), "0", "{ctx}");
 }
