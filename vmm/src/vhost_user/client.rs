@@ -16,6 +16,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use log::info;
@@ -23,7 +24,8 @@ use log::info;
 use thiserror::Error;
 use vhost::vhost_user::message::{FrontendReq, VhostUserU64, MAX_MSG_SIZE};
 use vm_memory::ByteValued;
-use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+use super::writer::Writer;
 
 /// How long a reply may take. Generous: a back-end in the nested runner
 /// shares two emulated CPUs with the guest.
@@ -131,7 +133,12 @@ pub enum ClientError {
 
 /// One connection to a vhost-user back-end (the front-end's channel).
 pub struct Client {
+    /// The reading half: replies, read by whoever holds the client.
     sock: UnixStream,
+    /// The writing half, shared with the IOTLB's miss thread.
+    writer: Arc<Writer>,
+    /// Deadline of a reply ([`REPLY_TIMEOUT`]; the memory table has its own).
+    reply_timeout: Duration,
     /// REPLY_ACK was negotiated: every request without a reply of its own
     /// is acknowledged, so errors surface where they happen.
     reply_ack: bool,
@@ -199,11 +206,121 @@ impl Client {
     pub fn from_stream(sock: UnixStream) -> std::io::Result<Self> {
         sock.set_read_timeout(Some(REPLY_TIMEOUT))?;
         sock.set_write_timeout(Some(REPLY_TIMEOUT))?;
+        let writer = Arc::new(Writer::new(sock.try_clone()?));
         Ok(Self {
             sock,
+            writer,
+            reply_timeout: REPLY_TIMEOUT,
             reply_ack: false,
             broken: false,
         })
+    }
+
+    /// Shortens the reply deadline (tests of a back-end that never answers).
+    #[cfg(test)]
+    pub(super) fn set_reply_timeout(&mut self, t: Duration) {
+        self.reply_timeout = t;
+    }
+
+    /// The writing half, for messages that ask for no reply (UPDATEs).
+    pub fn writer(&self) -> Arc<Writer> {
+        self.writer.clone()
+    }
+
+    /// The process at the other end (SO_PEERCRED), if the kernel names it.
+    pub fn peer_pid(&self) -> Option<i32> {
+        let mut cred = libc::ucred {
+            pid: 0,
+            uid: 0,
+            gid: 0,
+        };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: `cred` and `len` are valid for writes of the sizes given;
+        // the socket is owned by `self` and open.
+        let r = unsafe {
+            libc::getsockopt(
+                self.sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&mut cred as *mut libc::ucred).cast(),
+                &mut len,
+            )
+        };
+        (r == 0 && cred.pid > 0).then_some(cred.pid)
+    }
+
+    /// Disconnects the back-end for good (see [`Writer::shutdown`]).
+    pub fn shutdown(&mut self) {
+        self.broken = true;
+        self.writer.shutdown();
+    }
+
+    /// Sends `request` asking for an acknowledgement, without waiting for
+    /// it: the caller orders the send under a lock of its own and then
+    /// waits with [`Client::wait_ack`] after dropping that lock.
+    pub(super) fn send_acked(
+        &mut self,
+        request: FrontendReq,
+        body: &[u8],
+    ) -> Result<(), ClientError> {
+        self.send(request, body, &[], true)
+    }
+
+    /// Waits for the acknowledgement of the request [`Client::send_acked`]
+    /// sent; a non-zero status is a refusal.
+    pub(super) fn wait_ack(&mut self, request: FrontendReq) -> Result<(), ClientError> {
+        let reply = self.recv_reply(request)?;
+        match u64_body(request, &reply)? {
+            0 => Ok(()),
+            status => Err(ClientError::Refused { request, status }),
+        }
+    }
+
+    /// Stops ring `index` (GET_VRING_BASE) on a connection that may have
+    /// failed: sent even when [`Client::is_broken`], replies of IOTLB
+    /// messages that arrive late are skipped, and the whole exchange ends
+    /// by `deadline`. Returns the ring's next available index.
+    pub(super) fn stop_ring_after_failure(
+        &mut self,
+        index: u32,
+        deadline: Instant,
+    ) -> Result<u32, ClientError> {
+        let request = FrontendReq::GET_VRING_BASE;
+        let state = vhost::vhost_user::message::VhostUserVringState::new(index, 0);
+        self.send_message(request, state.as_slice(), &[], false)?;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ClientError::Timeout(request));
+            }
+            self.sock
+                .set_read_timeout(Some(left))
+                .map_err(|source| ClientError::Io { request, source })?;
+            let mut hdr = [0u8; HEADER_LEN];
+            self.read_exact(request, &mut hdr)?;
+            let (code, _, size) = decode_header(&hdr);
+            let size = size as usize;
+            if size > MAX_MSG_SIZE {
+                return Err(ClientError::BadReply {
+                    request,
+                    reason: format!("{size} bytes"),
+                });
+            }
+            let mut body = vec![0u8; size];
+            self.read_exact(request, &mut body)?;
+            if code == u32::from(FrontendReq::IOTLB_MSG) {
+                continue;
+            }
+            let mut out = vhost::vhost_user::message::VhostUserVringState::default();
+            if code != u32::from(request) || body.len() != out.as_slice().len() {
+                return Err(ClientError::BadReply {
+                    request,
+                    reason: format!("reply {code} of {} bytes", body.len()),
+                });
+            }
+            out.as_mut_slice().copy_from_slice(&body);
+            return Ok(out.num);
+        }
     }
 
     /// The socket, for watching it for hang-up.
@@ -304,29 +421,18 @@ impl Client {
         if body.len() > MAX_MSG_SIZE {
             return Err(io(std::io::Error::from(ErrorKind::InvalidInput)));
         }
-        let mut flags = FLAG_VERSION_1;
-        if need_reply {
-            flags |= FLAG_NEED_REPLY;
-        }
-        let msg = encode_message(u32::from(request), flags, body);
-        // The descriptors travel with the first byte; the rest follows with
-        // plain writes if the kernel took only part of the message.
-        let sent = self
-            .sock
-            .send_with_fds(&[msg.as_slice()], fds)
-            .map_err(|e| io(std::io::Error::from_raw_os_error(e.errno())))?;
-        let rest = msg.get(sent..).unwrap_or_default();
-        if !rest.is_empty() {
-            use std::io::Write;
-            self.sock.write_all(rest).map_err(io)?;
-        }
-        Ok(())
+        self.writer
+            .write_message(u32::from(request), need_reply, body, fds)
+            .map_err(io)
     }
 
     fn recv_reply(&mut self, request: FrontendReq) -> Result<Vec<u8>, ClientError> {
         let r = self
             .sock
-            .set_read_timeout(Some(reply_timeout(request)))
+            .set_read_timeout(Some(match request {
+                FrontendReq::SET_MEM_TABLE => MEM_TABLE_TIMEOUT,
+                _ => self.reply_timeout,
+            }))
             .map_err(|source| ClientError::Io { request, source })
             .and_then(|()| self.read_reply(request));
         // A reply that does not fit leaves the stream out of step.

@@ -7,8 +7,15 @@
 //! commands and tells the back-end which rings to use with
 //! SET_VRING_ENABLE. This is the thread that does it, woken by the control
 //! queue's ioeventfd.
+//!
+//! WHY the round trip waits until the queue is served: the chains are read
+//! inside the thread's quiescence section, which every UNMAP waits for, and
+//! a back-end may take its full reply time-out. So the command is checked
+//! and acknowledged in the section, and the back-end told after it; a
+//! back-end that then refuses marks the device DEVICE_NEEDS_RESET.
 
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use log::{debug, warn};
@@ -42,6 +49,9 @@ pub struct CtrlQueueServer {
     pub rings: Vec<u16>,
     /// Queue pairs the device offers.
     pub pairs: usize,
+    /// Queue pairs the driver uses, once the back-end enabled them (read
+    /// when rings start again after bus mastering was off).
+    pub pairs_used: Arc<AtomicUsize>,
     /// Written by the device to end the thread.
     pub stop: EventFd,
 }
@@ -103,7 +113,8 @@ pub fn run_ctrl_queue(mut s: CtrlQueueServer) {
             if !s.mem.bus_master() {
                 continue;
             }
-            let (client, rings, pairs) = (&s.client, &s.rings, s.pairs);
+            let offered = s.pairs;
+            let mut wanted = None;
             serve_ctrl_queue(
                 &mut s.queue,
                 &s.mem,
@@ -111,9 +122,23 @@ pub fn run_ctrl_queue(mut s: CtrlQueueServer) {
                 reader.as_deref(),
                 &mut chain,
                 &mut |cmd| match cmd {
-                    CtrlCommand::SetQueuePairs(n) => enable_pairs(client, rings, pairs, n),
+                    CtrlCommand::SetQueuePairs(n) => {
+                        let ok = (1..=offered).contains(&usize::from(n));
+                        if ok {
+                            wanted = Some(n);
+                        }
+                        ok
+                    }
                 },
             );
+            // Outside the section: the back-end's answer may take long.
+            if let Some(n) = wanted {
+                if enable_pairs(&s.client, &s.rings, offered, n) {
+                    s.pairs_used.store(usize::from(n), Ordering::SeqCst);
+                } else {
+                    s.interrupt.set_needs_reset();
+                }
+            }
         }
     }
 }

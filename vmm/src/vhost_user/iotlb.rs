@@ -15,20 +15,23 @@ use std::io::Read;
 use std::ops::RangeInclusive;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Instant;
 
 use log::{debug, warn};
 use vhost::vhost_user::message::{BackendReq, FrontendReq, MAX_MSG_SIZE};
 use virtio_iommu::device::EndpointListener;
 use virtio_iommu::mapping::{Invalidator, Perm};
+use virtio_iommu::mutation::{self, Mutation};
 use virtio_iommu::translate::EndpointDma;
 use vm_memory::{ByteValued, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use super::client::{
-    decode_header, encode_message, Client, ClientError, FLAG_NEED_REPLY, FLAG_REPLY,
-    FLAG_VERSION_1, HEADER_LEN,
+    decode_header, encode_message, Client, FLAG_NEED_REPLY, FLAG_REPLY, FLAG_VERSION_1, HEADER_LEN,
 };
+use super::order::SendOrder;
+use super::stop::BackendStop;
+use super::writer::Writer;
 use crate::memory::GuestMemoryMmap;
 
 /// `struct vhost_iotlb_msg` (linux/vhost_types.h), the body of
@@ -111,6 +114,10 @@ pub struct IotlbStats {
     /// Time spent waiting for the back-end's acknowledgements of those
     /// messages, in microseconds: time the UNMAPs behind them were held.
     pub ack_wait_us: AtomicU64,
+    /// UPDATEs not sent because an invalidation overtook their miss.
+    pub stale: AtomicU64,
+    /// Times the device was stopped for an unacknowledged invalidation.
+    pub stops: AtomicU64,
 }
 
 /// Why the back-end's IOTLB miss is refused.
@@ -133,27 +140,57 @@ pub enum MissError {
     /// Guest RAM has no host mapping at that address.
     #[error(transparent)]
     HostAddress(#[from] vm_memory::GuestMemoryError),
+    /// Bus mastering is off, or the device was stopped.
+    #[error("the device may not do DMA now")]
+    Stopped,
+    /// Invalidations kept overtaking the translation.
+    #[error("invalidations overlapping the miss kept overtaking it")]
+    Overtaken,
+    /// The UPDATE could not be written.
+    #[error("sending the update: {0}")]
+    Send(std::io::Error),
 }
 
 /// The back-end's device IOTLB as a consumer of the vIOMMU.
+///
+/// Locks, in the order they are taken: the client (the reply reader, held
+/// by an invalidation until its acknowledgement), the send order
+/// ([`SendOrder`]), the writer (one message). The miss thread takes only
+/// the last two, so a back-end that answers nothing before its miss is
+/// served cannot deadlock an invalidation waiting for its acknowledgement.
 pub struct BackendIotlb {
     client: Arc<Mutex<Client>>,
+    writer: Arc<Writer>,
+    stop: Arc<BackendStop>,
     mem: GuestMemoryMmap,
     dma: OnceLock<EndpointDma>,
     domain: Mutex<Option<u32>>,
+    order: Mutex<SendOrder>,
     /// Counters.
     pub stats: IotlbStats,
 }
 
+/// Translations of one miss that an invalidation overtook before it gives
+/// up (the back-end asks again).
+const MISS_ATTEMPTS: usize = 4;
+
 impl BackendIotlb {
     /// An IOTLB for the back-end behind `client`; it serves misses once
-    /// [`BackendIotlb::set_endpoint`] has named the endpoint.
-    pub fn new(client: Arc<Mutex<Client>>, mem: GuestMemoryMmap) -> Self {
+    /// [`BackendIotlb::set_endpoint`] has named the endpoint. A failed
+    /// invalidation stops the device through `stop`.
+    pub fn new(client: Arc<Mutex<Client>>, stop: Arc<BackendStop>, mem: GuestMemoryMmap) -> Self {
+        let writer = client
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .writer();
         Self {
             client,
+            writer,
+            stop,
             mem,
             dma: OnceLock::new(),
             domain: Mutex::new(None),
+            order: Mutex::new(SendOrder::default()),
             stats: IotlbStats::default(),
         }
     }
@@ -169,17 +206,30 @@ impl BackendIotlb {
     pub fn log_stats(&self, name: &str) {
         let s = &self.stats;
         log::info!(
-            "{name}: IOTLB misses {} (refused {}), invalidations {} for {} ranges, acknowledged after {} us in all",
+            "{name}: IOTLB misses {} (refused {}, {} stale updates dropped), invalidations {} for {} ranges, acknowledged after {} us in all, {} device stops",
             s.misses.load(Ordering::Relaxed),
             s.refused.load(Ordering::Relaxed),
+            s.stale.load(Ordering::Relaxed),
             s.invalidations.load(Ordering::Relaxed),
             s.ranges.load(Ordering::Relaxed),
             s.ack_wait_us.load(Ordering::Relaxed),
+            s.stops.load(Ordering::Relaxed),
         );
     }
 
     fn endpoint(&self) -> Option<u32> {
         self.dma.get().map(EndpointDma::endpoint_id)
+    }
+
+    fn order(&self) -> MutexGuard<'_, SendOrder> {
+        self.order.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Bus mastering of the device changed: while it is off no UPDATE goes
+    /// out (the device's rings are stopped too). Called with the client
+    /// held, before the rings are stopped.
+    pub fn set_bus_master(&self, on: bool) {
+        self.order().bus_master_off = !on;
     }
 
     /// Answers one miss: the UPDATE for `iova`, or the reason there is none.
@@ -223,30 +273,84 @@ impl BackendIotlb {
         ))
     }
 
-    fn send(&self, msg: &IotlbMsg) -> Result<(), ClientError> {
-        self.client
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .set(FrontendReq::IOTLB_MSG, msg, &[])
+    /// Serves one miss: translates it and sends the UPDATE, unless an
+    /// invalidation overlapping it was written meanwhile ([`SendOrder`]);
+    /// then it translates again.
+    pub fn answer_miss(&self, iova: u64, perm: u8) -> Result<(), MissError> {
+        self.answer_miss_with(iova, perm, || {})
     }
 
-    fn invalidate_ranges(&self, ranges: &[RangeInclusive<u64>]) {
+    /// [`BackendIotlb::answer_miss`] running `between` after each
+    /// translation (tests widen the race window with it).
+    fn answer_miss_with(&self, iova: u64, perm: u8, between: impl Fn()) -> Result<(), MissError> {
+        for _ in 0..MISS_ATTEMPTS {
+            let seen = self.order().generation();
+            let update = self.translate_miss(iova, perm)?;
+            between();
+            let order = self.order();
+            if !order.open() {
+                return Err(MissError::Stopped);
+            }
+            let last = update.iova.saturating_add(update.size.saturating_sub(1));
+            if order.stale(seen, update.iova, last)
+                && !mutation::active(Mutation::NoIotlbSerialisation)
+            {
+                drop(order);
+                self.stats.stale.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            self.writer
+                .write_message(
+                    u32::from(FrontendReq::IOTLB_MSG),
+                    false,
+                    update.as_slice(),
+                    &[],
+                )
+                .map_err(MissError::Send)?;
+            return Ok(());
+        }
+        Err(MissError::Overtaken)
+    }
+
+    /// Sends one acknowledged INVALIDATE per range. A range the back-end
+    /// does not acknowledge stops the device before this returns.
+    fn invalidate_locked(&self, client: &mut Client, ranges: &[RangeInclusive<u64>]) {
         self.stats
             .ranges
             .fetch_add(ranges.len() as u64, Ordering::Relaxed);
+        if self.stop.is_stopped() {
+            // Its rings are stopped and it is disconnected: it holds no
+            // translation it could still use, and gets no new one.
+            return;
+        }
         for r in ranges {
             let size = (r.end() - r.start()).saturating_add(1);
             let msg = IotlbMsg::new(INVALIDATE, *r.start(), size, 0, ACCESS_RW);
             self.stats.invalidations.fetch_add(1, Ordering::Relaxed);
-            // With REPLY_ACK (required behind the vIOMMU) this returns once
-            // the back-end dropped the translations.
             let sent = Instant::now();
-            if let Err(e) = self.send(&msg) {
-                warn!("vhost-user IOTLB: invalidating {r:#x?}: {e}");
+            let result = {
+                let mut order = self.order();
+                order.invalidating(*r.start(), *r.end());
+                client.send_acked(FrontendReq::IOTLB_MSG, msg.as_slice())
             }
+            // Waiting with the send order released: the miss thread can
+            // still answer the back-end, which may need that first.
+            .and_then(|()| client.wait_ack(FrontendReq::IOTLB_MSG));
             let waited = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
             self.stats.ack_wait_us.fetch_add(waited, Ordering::Relaxed);
+            if let Err(e) = result {
+                self.order().stopped = true;
+                self.stats.stops.fetch_add(1, Ordering::Relaxed);
+                self.stop
+                    .stop(client, &format!("INVALIDATE of {r:#x?}: {e}"));
+                return;
+            }
         }
+    }
+
+    fn invalidate_ranges(&self, ranges: &[RangeInclusive<u64>]) {
+        let mut client = self.client.lock().unwrap_or_else(PoisonError::into_inner);
+        self.invalidate_locked(&mut client, ranges);
     }
 }
 
@@ -257,17 +361,25 @@ impl Invalidator for BackendIotlb {
             self.invalidate_ranges(ranges);
         }
     }
+
+    /// Our endpoint left a domain (or bypass): whatever the back-end
+    /// cached came from there. Done at the end of the kick, outside the
+    /// topology lock [`EndpointListener::endpoint_moved`] runs under, and
+    /// still before the request that moved the endpoint completes.
+    fn endpoint_left(&self, endpoint: u32, _domain: Option<u32>) {
+        if self.endpoint() == Some(endpoint) {
+            self.invalidate_ranges(&[0..=u64::MAX]);
+        }
+    }
 }
 
 impl EndpointListener for BackendIotlb {
-    fn endpoint_moved(&self, endpoint: u32, from: Option<u32>, to: Option<u32>) {
-        if self.endpoint() != Some(endpoint) {
-            return;
-        }
-        *self.domain.lock().unwrap_or_else(PoisonError::into_inner) = to;
-        if from.is_some() {
-            // Whatever the back-end cached came from the old domain.
-            self.invalidate_ranges(&[0..=u64::MAX]);
+    /// Follows the domain only, with no round trip under the topology
+    /// lock: the kick's flush tells [`Invalidator::endpoint_left`], which
+    /// drops what the back-end cached from the old domain.
+    fn endpoint_moved(&self, endpoint: u32, _from: Option<u32>, to: Option<u32>) {
+        if self.endpoint() == Some(endpoint) {
+            *self.domain.lock().unwrap_or_else(PoisonError::into_inner) = to;
         }
     }
 }
@@ -318,14 +430,12 @@ fn handle_iotlb(iotlb: &BackendIotlb, body: &[u8]) -> u64 {
     match msg.kind {
         MISS => {
             iotlb.stats.misses.fetch_add(1, Ordering::Relaxed);
-            match iotlb.translate_miss(msg.iova, msg.perm) {
-                Ok(update) => match iotlb.send(&update) {
-                    Ok(()) => 0,
-                    Err(e) => {
-                        warn!("vhost-user IOTLB: update for {:#x}: {e}", msg.iova);
-                        1
-                    }
-                },
+            match iotlb.answer_miss(msg.iova, msg.perm) {
+                Ok(()) => 0,
+                Err(MissError::Send(e)) => {
+                    warn!("vhost-user IOTLB: update for {:#x}: {e}", msg.iova);
+                    1
+                }
                 Err(why) => {
                     iotlb.stats.refused.fetch_add(1, Ordering::Relaxed);
                     debug!("vhost-user IOTLB miss at {:#x} refused: {why}", msg.iova);
@@ -349,6 +459,8 @@ mod tests {
     use super::*;
     use crate::dma::test_iommu::{TestIommu, RW};
     use crate::memory::create_guest_memory;
+    use crate::vhost_user::stop::{Unconfirmed, STOP_TIMEOUT};
+    use crate::virtio::VirtioInterrupt;
     use std::io::Write;
     use std::time::Duration;
 
@@ -357,18 +469,84 @@ mod tests {
     /// A vIOMMU with one endpoint in domain 1 mapping 0x10000..0x12000 to
     /// 0x200000, and the IOTLB of a back-end whose socket end is returned.
     fn setup() -> (TestIommu, Arc<BackendIotlb>, UnixStream, GuestMemoryMmap) {
+        let (iommu, iotlb, theirs, mem, _) = setup_with(
+            Box::new(|why: &str| panic!("unexpected end of the VMM: {why}")),
+            None,
+        );
+        (iommu, iotlb, theirs, mem)
+    }
+
+    /// [`setup`] with the stop's unconfirmed action, a reply deadline, and
+    /// the stop itself.
+    fn setup_with(
+        unconfirmed: Unconfirmed,
+        reply_timeout: Option<Duration>,
+    ) -> (
+        TestIommu,
+        Arc<BackendIotlb>,
+        UnixStream,
+        GuestMemoryMmap,
+        Arc<BackendStop>,
+    ) {
         let mem = create_guest_memory(64 << 20, false, true).unwrap();
         let iommu = TestIommu::new(EP);
         let (ours, theirs) = UnixStream::pair().unwrap();
         let mut client = Client::from_stream(ours).unwrap();
         client.enable_reply_ack();
-        let iotlb = Arc::new(BackendIotlb::new(Arc::new(Mutex::new(client)), mem.clone()));
+        if let Some(t) = reply_timeout {
+            client.set_reply_timeout(t);
+        }
+        let stop = Arc::new(BackendStop::new(unconfirmed));
+        let iotlb = Arc::new(BackendIotlb::new(
+            Arc::new(Mutex::new(client)),
+            stop.clone(),
+            mem.clone(),
+        ));
         iotlb.set_endpoint(iommu.dev.endpoint_dma(EP).unwrap());
-        iommu.dev.add_invalidator(iotlb.clone());
         iommu.dev.add_endpoint_listener(iotlb.clone());
         iommu.attach(1);
+        // After the ATTACH: leaving bypass would owe the back-end (not
+        // served yet) a full invalidation.
+        iommu.dev.add_invalidator(iotlb.clone());
         iommu.map(1, 0x10000, 0x2000, 0x200000, RW);
-        (iommu, iotlb, theirs, mem)
+        (iommu, iotlb, theirs, mem, stop)
+    }
+
+    /// The transport's interrupts: when DEVICE_NEEDS_RESET was set.
+    #[derive(Default)]
+    struct Irq {
+        needs_reset_at: Mutex<Option<Instant>>,
+    }
+
+    impl VirtioInterrupt for Irq {
+        fn notify_queue(&self, _queue: u16) {}
+        fn notify_config(&self) {}
+        fn set_needs_reset(&self) {
+            self.needs_reset_at
+                .lock()
+                .unwrap()
+                .get_or_insert(Instant::now());
+        }
+    }
+
+    /// Reads one message of any body: (code, flags, body), or why not.
+    fn read_any(sock: &mut UnixStream) -> Result<(u32, u32, Vec<u8>), std::io::ErrorKind> {
+        let mut hdr = [0u8; 12];
+        sock.read_exact(&mut hdr).map_err(|e| e.kind())?;
+        let (code, flags, size) = decode_header(&hdr);
+        let mut body = vec![0u8; size as usize];
+        sock.read_exact(&mut body).map_err(|e| e.kind())?;
+        Ok((code, flags, body))
+    }
+
+    /// Acknowledges an IOTLB message.
+    fn ack(sock: &mut UnixStream) -> std::io::Result<()> {
+        let code = u32::from(FrontendReq::IOTLB_MSG);
+        sock.write_all(&encode_message(
+            code,
+            FLAG_VERSION_1 | FLAG_REPLY,
+            &0u64.to_le_bytes(),
+        ))
     }
 
     fn read_message(sock: &mut UnixStream) -> (u32, u32, IotlbMsg) {
@@ -431,8 +609,13 @@ mod tests {
     }
 
     #[test]
-    fn a_dead_back_end_does_not_hold_up_unmaps() {
-        let (iommu, iotlb, backend, _mem) = setup();
+    fn a_dead_back_end_stops_the_device_and_does_not_hold_up_unmaps() {
+        let (iommu, iotlb, backend, _mem, stop) = setup_with(
+            Box::new(|why: &str| panic!("no ring ran, yet: {why}")),
+            None,
+        );
+        let irq = Arc::new(Irq::default());
+        stop.started(Vec::new(), irq.clone());
         iommu.map(1, 0x40000, 0x1000, 0x300000, RW);
         drop(backend);
         let t = Instant::now();
@@ -440,6 +623,190 @@ mod tests {
         iommu.unmap(1, 0x40000, 0x1000);
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
         assert_eq!(iotlb.stats.ranges.load(Ordering::Relaxed), 2);
+        // The first failed send stopped the device; the second found it
+        // stopped.
+        assert!(stop.is_stopped());
+        assert_eq!(iotlb.stats.stops.load(Ordering::Relaxed), 1);
+        assert!(irq.needs_reset_at.lock().unwrap().is_some());
+        iommu.map(1, 0x50000, 0x1000, 0x310000, RW);
+        assert!(matches!(
+            iotlb.answer_miss(0x50000, ACCESS_RO),
+            Err(MissError::Stopped)
+        ));
+    }
+
+    /// A back-end that never acknowledges the INVALIDATE. With `answers`
+    /// it still answers GET_VRING_BASE (its rings stop); without, it
+    /// answers nothing and the VMM must end. Either way the UNMAP returns
+    /// only after the device was stopped.
+    fn unacked_invalidation(answers: bool) {
+        const ACK_TIMEOUT: Duration = Duration::from_millis(300);
+        let ended: Arc<Mutex<Option<(Instant, String)>>> = Arc::default();
+        let record = ended.clone();
+        let (iommu, iotlb, mut backend, _mem, stop) = setup_with(
+            Box::new(move |why: &str| {
+                *record.lock().unwrap() = Some((Instant::now(), why.to_string()));
+            }),
+            Some(ACK_TIMEOUT),
+        );
+        let irq = Arc::new(Irq::default());
+        stop.started(vec![0, 1], irq.clone());
+        backend
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let silent_back_end = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            let mut stopped_at = Vec::new();
+            let why = loop {
+                match read_any(&mut backend) {
+                    Ok((code, _, body)) => {
+                        seen.push(code);
+                        if answers && code == u32::from(FrontendReq::GET_VRING_BASE) {
+                            let reply = encode_message(code, FLAG_VERSION_1 | FLAG_REPLY, &body);
+                            stopped_at.push(Instant::now());
+                            backend.write_all(&reply).unwrap();
+                        }
+                    }
+                    Err(kind) => break kind,
+                }
+            };
+            (seen, stopped_at, why)
+        });
+        let started = Instant::now();
+        iommu.unmap(1, 0x10000, 0x2000);
+        let completed = Instant::now();
+        let took = completed - started;
+        // It waited for the acknowledgement, then for the stop; no longer.
+        assert!(took >= ACK_TIMEOUT, "{took:?}");
+        assert!(
+            took < ACK_TIMEOUT + STOP_TIMEOUT + Duration::from_secs(2),
+            "{took:?}"
+        );
+        let needs_reset = irq.needs_reset_at.lock().unwrap().expect("NEEDS_RESET");
+        assert!(needs_reset <= completed);
+        let (seen, stopped_at, why) = silent_back_end.join().unwrap();
+        // The connection was shut down while the IOTLB still holds it: the
+        // back-end read end-of-file, not its time-out.
+        assert_eq!(why, std::io::ErrorKind::UnexpectedEof);
+        let vring_base = u32::from(FrontendReq::GET_VRING_BASE);
+        assert_eq!(
+            seen,
+            [u32::from(FrontendReq::IOTLB_MSG), vring_base, vring_base]
+        );
+        iommu.map(1, 0x40000, 0x1000, 0x300000, RW);
+        assert!(matches!(
+            iotlb.answer_miss(0x40000, ACCESS_RO),
+            Err(MissError::Stopped)
+        ));
+        if answers {
+            assert_eq!(stopped_at.len(), 2);
+            assert!(stopped_at.iter().all(|t| *t <= completed));
+            assert!(ended.lock().unwrap().is_none(), "the rings were stopped");
+        } else {
+            let (at, why) = ended.lock().unwrap().clone().expect("the VMM must end");
+            assert!(at <= completed, "the UNMAP completed before the VMM ended");
+            assert!(why.contains("could not be stopped"), "{why}");
+        }
+    }
+
+    #[test]
+    fn unmap_waits_for_unacked_vhost_user_invalidation_then_stops_the_device() {
+        unacked_invalidation(true);
+        unacked_invalidation(false);
+    }
+
+    /// Iterations of map, race, unmap in the race test.
+    const RACE_ROUNDS: u64 = 3000;
+
+    /// Runs the race and returns (UPDATEs seen, stale ones).
+    fn race_misses_against_unmaps() -> (u64, u64) {
+        const IOVA: u64 = 0x10000;
+        const GPA: u64 = 0x100_0000;
+        let (iommu, iotlb, mut backend, mem) = setup();
+        let host0 = mem.get_host_address(GuestAddress(GPA)).unwrap() as u64;
+        // The back-end: acknowledges INVALIDATEs and counts those of the
+        // IOVA; an UPDATE translating to a mapping an earlier INVALIDATE
+        // ended is stale.
+        let back_end = std::thread::spawn(move || {
+            let (mut invalidated, mut updates, mut stale) = (0u64, 0u64, 0u64);
+            while let Ok((_, flags, body)) = read_any(&mut backend) {
+                let mut m = IotlbMsg::default();
+                m.as_mut_slice().copy_from_slice(&body);
+                match m.kind {
+                    INVALIDATE => {
+                        if m.iova <= IOVA && IOVA - m.iova < m.size {
+                            invalidated += 1;
+                        }
+                        if flags & FLAG_NEED_REPLY != 0 && ack(&mut backend).is_err() {
+                            break;
+                        }
+                    }
+                    UPDATE => {
+                        updates += 1;
+                        // Mapping e (to GPA + e pages) is ended by the
+                        // INVALIDATE after the setup's: number e + 2.
+                        if (m.uaddr - host0) / 0x1000 + 1 < invalidated {
+                            stale += 1;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            (updates, stale)
+        });
+        // The setup's mapping goes first (INVALIDATE number 1).
+        iommu.unmap(1, 0x10000, 0x2000);
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let missers: Vec<_> = [0u64, 20]
+            .into_iter()
+            .map(|pause_us| {
+                let (iotlb, done) = (iotlb.clone(), done.clone());
+                std::thread::spawn(move || {
+                    let pause = || {
+                        if pause_us > 0 {
+                            std::thread::sleep(Duration::from_micros(pause_us));
+                        }
+                    };
+                    let mut answered = 0u64;
+                    while !done.load(Ordering::Relaxed) {
+                        if iotlb.answer_miss_with(IOVA, ACCESS_RO, pause).is_ok() {
+                            answered += 1;
+                        }
+                    }
+                    answered
+                })
+            })
+            .collect();
+        for e in 0..RACE_ROUNDS {
+            iommu.map(1, IOVA, 0x1000, GPA + e * 0x1000, RW);
+            std::thread::yield_now();
+            iommu.unmap(1, IOVA, 0x1000);
+        }
+        done.store(true, Ordering::Relaxed);
+        let answered: u64 = missers.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(iotlb.stats.stops.load(Ordering::Relaxed), 0);
+        drop(iommu);
+        drop(iotlb);
+        let (updates, stale) = back_end.join().unwrap();
+        assert_eq!(updates, answered, "every UPDATE sent reached the back-end");
+        (updates, stale)
+    }
+
+    #[test]
+    fn iotlb_miss_racing_unmap_never_installs_a_stale_translation() {
+        let (updates, stale) = race_misses_against_unmaps();
+        eprintln!(
+            "{RACE_ROUNDS} unmaps raced by misses: {updates} UPDATEs, {stale} stale \
+             (mutation {} active: {})",
+            Mutation::NoIotlbSerialisation.name(),
+            mutation::active(Mutation::NoIotlbSerialisation)
+        );
+        assert!(updates > 0, "the misses never hit a mapping");
+        if mutation::active(Mutation::NoIotlbSerialisation) {
+            assert!(stale > 0, "the race test cannot see the race");
+        } else {
+            assert_eq!(stale, 0);
+        }
     }
 
     #[test]

@@ -6,11 +6,20 @@
 //! - [`calls`]: the thread that turns the back-end's calls into the
 //!   transport's interrupts and notices a back-end that went away.
 //! - [`ctrl`]: the control queue of a multi-queue device, served here.
+//! - [`writer`]: the front-end channel's writing half, shared with the
+//!   miss thread so an UPDATE never waits for someone's reply.
+//! - [`order`]: UPDATEs against INVALIDATEs (a stale UPDATE is dropped).
+//! - [`stop`]: stopping a back-end that failed an invalidation.
 
+#[cfg(test)]
+mod bus_master_tests;
 pub mod calls;
 pub mod client;
 pub mod ctrl;
 pub mod iotlb;
 pub mod net;
+pub mod order;
+pub mod stop;
+pub mod writer;
 
 pub use net::{VhostUserNet, VhostUserNetError};

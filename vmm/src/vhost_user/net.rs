@@ -13,6 +13,7 @@
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 
@@ -30,6 +31,7 @@ use super::calls::{run_call_forwarder, CallForwarder};
 use super::client::{Client, ClientError};
 use super::ctrl::{run_ctrl_queue, CtrlQueueServer};
 use super::iotlb::{serve_backend_channel, BackendIotlb};
+use super::stop::{end_vmm, BackendStop};
 use crate::memory::GuestMemoryMmap;
 use crate::net::device::{config_space, features as net_features, VIRTIO_ID_NET};
 use crate::net::queue::WorkerQueue;
@@ -113,8 +115,69 @@ pub struct VhostUserNet {
     forwarder: Option<(EventFd, JoinHandle<()>)>,
     /// The control queue's thread (multi-queue only).
     ctrl: Option<(EventFd, JoinHandle<()>)>,
-    /// Queue indices handed to the back-end by the current activation.
-    started: Vec<u16>,
+    /// What stopping the back-end needs; it also holds the rings running.
+    stop: Arc<BackendStop>,
+    /// How the current activation set up each ring, to start it again.
+    rings: Vec<RingSetup>,
+    /// Rings stopped while bus mastering is off, with their next index.
+    paused: Vec<(u16, u32)>,
+    /// Queue pairs the driver uses (its last VQ_PAIRS_SET).
+    pairs_used: Arc<AtomicUsize>,
+    /// The back-end serves one more ring only with protocol features.
+    rings_start_disabled: bool,
+}
+
+/// One ring as handed to the back-end.
+struct RingSetup {
+    index: u16,
+    size: u16,
+    /// The SET_VRING_ADDR body.
+    addr: Vec<u8>,
+    call: EventFd,
+    kick: EventFd,
+}
+
+impl RingSetup {
+    /// Hands the ring over from available index `base` (SET_VRING_NUM,
+    /// _ADDR, _BASE, _CALL, _KICK: the ring starts at the kick), enabled
+    /// or not.
+    fn start(
+        &self,
+        client: &mut Client,
+        base: u32,
+        enable: Option<bool>,
+    ) -> Result<(), ClientError> {
+        let index = u32::from(self.index);
+        let ring = |v: u32| VhostUserVringState::new(index, v).as_slice().to_vec();
+        let fd_body = VhostUserU64::new(u64::from(index)).as_slice().to_vec();
+        let steps: [(FrontendReq, Vec<u8>, Option<i32>); 5] = [
+            (FrontendReq::SET_VRING_NUM, ring(u32::from(self.size)), None),
+            (FrontendReq::SET_VRING_ADDR, self.addr.clone(), None),
+            (FrontendReq::SET_VRING_BASE, ring(base), None),
+            (
+                FrontendReq::SET_VRING_CALL,
+                fd_body.clone(),
+                Some(self.call.as_raw_fd()),
+            ),
+            (
+                FrontendReq::SET_VRING_KICK,
+                fd_body,
+                Some(self.kick.as_raw_fd()),
+            ),
+        ];
+        for (req, body, fd) in steps {
+            let fds: Vec<i32> = fd.into_iter().collect();
+            client.set_bytes(req, &body, &fds)?;
+        }
+        if let Some(on) = enable {
+            client.set(
+                FrontendReq::SET_VRING_ENABLE,
+                &VhostUserVringState::new(index, u32::from(on)),
+                &[],
+            )?;
+        }
+        Ok(())
+    }
 }
 
 impl VhostUserNet {
@@ -184,6 +247,7 @@ impl VhostUserNet {
             protocol_features.bits()
         );
         let client = Arc::new(Mutex::new(client));
+        let stop = Arc::new(BackendStop::new(Box::new(end_vmm)));
         let os = |source: std::io::Error| {
             VhostUserNetError::Client(ClientError::Connect {
                 path: socket.clone(),
@@ -191,8 +255,9 @@ impl VhostUserNet {
             })
         };
         let iotlb = if cfg.iommu {
-            let iotlb = Arc::new(BackendIotlb::new(client.clone(), mem.clone()));
+            let iotlb = Arc::new(BackendIotlb::new(client.clone(), stop.clone(), mem.clone()));
             let (ours, theirs) = UnixStream::pair().map_err(os)?;
+            stop.set_channel(ours.try_clone().map_err(os)?);
             lock(&client).set_bytes(FrontendReq::SET_BACKEND_REQ_FD, &[], &[theirs.as_raw_fd()])?;
             drop(theirs);
             let reader = ours.try_clone().map_err(os)?;
@@ -217,7 +282,11 @@ impl VhostUserNet {
             protocol_features,
             forwarder: None,
             ctrl: None,
-            started: Vec::new(),
+            stop,
+            rings: Vec::new(),
+            paused: Vec::new(),
+            pairs_used: Arc::new(AtomicUsize::new(1)),
+            rings_start_disabled: !protocol_features.is_empty(),
         })
     }
 
@@ -262,6 +331,7 @@ impl VhostUserNet {
             }
         };
         let mut calls = Vec::new();
+        let mut started = Vec::new();
         let ctrl_index = (self.pairs > 1).then_some(self.pairs as u16 * 2);
         let (ctrl_queue, data): (Vec<_>, Vec<_>) = ctx
             .queues
@@ -279,52 +349,26 @@ impl VhostUserNet {
                 0,
             );
             let call = EventFd::new(libc::EFD_NONBLOCK)?;
-            let steps: [(FrontendReq, Vec<u8>, Option<i32>); 5] = [
-                (
-                    FrontendReq::SET_VRING_NUM,
-                    VhostUserVringState::new(index, u32::from(queue.size()))
-                        .as_slice()
-                        .to_vec(),
-                    None,
-                ),
-                (FrontendReq::SET_VRING_ADDR, addr.as_slice().to_vec(), None),
-                (
-                    FrontendReq::SET_VRING_BASE,
-                    VhostUserVringState::new(index, u32::from(queue.next_avail()))
-                        .as_slice()
-                        .to_vec(),
-                    None,
-                ),
-                (
-                    FrontendReq::SET_VRING_CALL,
-                    VhostUserU64::new(u64::from(index)).as_slice().to_vec(),
-                    Some(std::os::fd::AsRawFd::as_raw_fd(&call)),
-                ),
-                (
-                    FrontendReq::SET_VRING_KICK,
-                    VhostUserU64::new(u64::from(index)).as_slice().to_vec(),
-                    Some(std::os::fd::AsRawFd::as_raw_fd(&q.kick)),
-                ),
-            ];
-            for (req, body, fd) in steps {
-                let fds: Vec<i32> = fd.into_iter().collect();
-                client.set_bytes(req, &body, &fds).map_err(dev)?;
-            }
+            let setup = RingSetup {
+                index: q.index,
+                size: queue.size(),
+                addr: addr.as_slice().to_vec(),
+                call: call.try_clone()?,
+                kick: q.kick.try_clone()?,
+            };
             // With protocol features the rings start disabled (vhost-user
             // spec, "Ring states"). Until the driver picks a number of
             // pairs it uses the first one only (virtio 1.2, 5.1.6.5.5).
-            if !self.protocol_features.is_empty() && q.index < 2 {
-                client
-                    .set(
-                        FrontendReq::SET_VRING_ENABLE,
-                        &VhostUserVringState::new(index, 1),
-                        &[],
-                    )
-                    .map_err(dev)?;
-            }
-            self.started.push(q.index);
+            let enable = self.rings_start_disabled.then_some(q.index < 2);
+            setup
+                .start(&mut client, u32::from(queue.next_avail()), enable)
+                .map_err(dev)?;
+            started.push(q.index);
+            self.rings.push(setup);
             calls.push((q.index, call));
         }
+        self.pairs_used.store(1, Ordering::SeqCst);
+        self.stop.started(started.clone(), ctx.interrupt.clone());
         drop(client);
         if let Some(q) = ctrl_queue.into_iter().next() {
             let stop = EventFd::new(libc::EFD_NONBLOCK)?;
@@ -333,8 +377,9 @@ impl VhostUserNet {
                 mem: ctx.mem.clone(),
                 interrupt: ctx.interrupt.clone(),
                 client: self.client.clone(),
-                rings: self.started.clone(),
+                rings: started,
                 pairs: self.pairs,
+                pairs_used: self.pairs_used.clone(),
                 stop: stop.try_clone()?,
             };
             let handle = thread::Builder::new()
@@ -354,7 +399,66 @@ impl VhostUserNet {
             .name("vhost-user-call".into())
             .spawn(move || run_call_forwarder(forwarder))?;
         self.forwarder = Some((stop, handle));
+        if !ctx.mem.bus_master() {
+            self.bus_master_changed(false);
+        }
         Ok(())
+    }
+
+    /// Bus mastering off: every running ring stopped (GET_VRING_BASE, the
+    /// back-end no longer touches it when the answer comes) and no UPDATE
+    /// sent; a ring the back-end does not confirm stopped stops the device.
+    fn pause_rings(&mut self) {
+        let client = self.client.clone();
+        let mut client = lock(&client);
+        if let Some(iotlb) = self.iotlb() {
+            iotlb.set_bus_master(false);
+        }
+        let mut running = self.stop.take_running().into_iter();
+        while let Some(index) = running.next() {
+            let state = VhostUserVringState::new(u32::from(index), 0);
+            match client.get_with(FrontendReq::GET_VRING_BASE, &state) {
+                Ok(s) => self.paused.push((index, s.num)),
+                Err(e) => {
+                    let mut left = vec![index];
+                    left.extend(running);
+                    self.stop.restarted(&left);
+                    self.stop.stop(
+                        &mut client,
+                        &format!("bus mastering off: ring {index}: {e}"),
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Bus mastering on again: the paused rings start where they stopped.
+    fn resume_rings(&mut self) {
+        let client = self.client.clone();
+        let mut client = lock(&client);
+        if self.stop.is_stopped() {
+            self.paused.clear();
+            return;
+        }
+        if let Some(iotlb) = self.iotlb() {
+            iotlb.set_bus_master(true);
+        }
+        let pairs = self.pairs_used.load(Ordering::SeqCst);
+        for (index, base) in std::mem::take(&mut self.paused) {
+            let Some(setup) = self.rings.iter().find(|r| r.index == index) else {
+                continue;
+            };
+            let enable = self
+                .rings_start_disabled
+                .then_some(usize::from(index / 2) < pairs);
+            if let Err(e) = setup.start(&mut client, base, enable) {
+                self.stop
+                    .stop(&mut client, &format!("bus mastering on: ring {index}: {e}"));
+                return;
+            }
+            self.stop.restarted(&[index]);
+        }
     }
 }
 
@@ -440,6 +544,14 @@ impl VirtioDevice for VhostUserNet {
         result
     }
 
+    fn bus_master_changed(&mut self, enabled: bool) {
+        if enabled {
+            self.resume_rings();
+        } else {
+            self.pause_rings();
+        }
+    }
+
     fn reset(&mut self) {
         if let Some((stop, handle)) = self.ctrl.take() {
             if stop.write(1).is_err() || handle.join().is_err() {
@@ -447,8 +559,14 @@ impl VirtioDevice for VhostUserNet {
             }
         }
         // GET_VRING_BASE stops a ring: when it returns, the back-end no
-        // longer touches it (vhost-user spec, "Ring states").
-        for index in std::mem::take(&mut self.started) {
+        // longer touches it (vhost-user spec, "Ring states"). Paused rings
+        // are stopped already.
+        self.paused.clear();
+        self.rings.clear();
+        if let Some(iotlb) = self.iotlb() {
+            iotlb.set_bus_master(true);
+        }
+        for index in self.stop.take_running() {
             let state = VhostUserVringState::new(u32::from(index), 0);
             let stopped = lock(&self.client).get_with(FrontendReq::GET_VRING_BASE, &state);
             if let Err(e) = stopped {

@@ -189,6 +189,11 @@ pub trait VirtioDevice: Send {
     /// Serves queue `index` now, in the caller's thread (a vCPU in an MMIO
     /// exit, or the transport after bus mastering was enabled again).
     fn serve_queue(&mut self, _index: u16) {}
+    /// The driver cleared (`false`) or set bus mastering while the device
+    /// runs. A device whose DMA bypasses its `DmaSpace` (a vhost-user
+    /// back-end) stops and restarts it here; the default does nothing,
+    /// since the space's gate stops every access that goes through it.
+    fn bus_master_changed(&mut self, _enabled: bool) {}
 }
 
 #[cfg(test)]

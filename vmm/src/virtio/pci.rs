@@ -531,6 +531,9 @@ impl PciDevice for VirtioPciDevice {
         // kicked so that what the driver queued meanwhile is served.
         let was_master = self.dma.bus_master();
         self.dma.set_bus_master(self.config.bus_master_enabled());
+        if self.active && was_master != self.dma.bus_master() {
+            self.device.bus_master_changed(self.dma.bus_master());
+        }
         if self.active && !was_master && self.dma.bus_master() {
             for (i, k) in self.kicks.iter().enumerate() {
                 if self.device.serves_inline(i as u16) {
