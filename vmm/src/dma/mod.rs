@@ -23,6 +23,8 @@
 pub mod iommu;
 #[cfg(test)]
 mod iommu_tests;
+#[cfg(test)]
+mod quiesce_tests;
 mod space;
 #[cfg(test)]
 pub(crate) mod test_iommu;

@@ -4,8 +4,8 @@ use std::iter::FusedIterator;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use log::warn;
-use virtio_iommu::quiesce::{Quiescer, ReaderSlot};
+use log::{error, warn};
+use virtio_iommu::quiesce::{Quiescer, ReaderSlot, TooManyReaders};
 use vm_memory::bitmap::BS;
 use vm_memory::guest_memory::{
     Error as MemError, GuestMemoryBackendSliceIterator, GuestMemorySliceIterator,
@@ -28,6 +28,9 @@ pub struct DmaSpace {
     /// The PCI command register's bus-master bit, shared by every clone
     /// (see [`DmaSpace::set_bus_master`]).
     bus_master: Arc<AtomicBool>,
+    /// Set for good when a thread of the device could not get a reader
+    /// slot (see [`DmaSpace::reader`]); shared by every clone.
+    refused: Arc<AtomicBool>,
 }
 
 impl DmaSpace {
@@ -39,6 +42,7 @@ impl DmaSpace {
             faults: Arc::default(),
             quiescer: None,
             bus_master: Arc::new(AtomicBool::new(true)),
+            refused: Arc::default(),
         }
     }
 
@@ -50,6 +54,7 @@ impl DmaSpace {
             faults: Arc::default(),
             quiescer: None,
             bus_master: Arc::new(AtomicBool::new(true)),
+            refused: Arc::default(),
         }
     }
 
@@ -64,18 +69,39 @@ impl DmaSpace {
     /// accesses a lock serialises). Every translate-and-use must then run
     /// inside `slot.enter()`: an UNMAP the guest sees completed can no
     /// longer be in use by this thread. `None` when the space is not behind
-    /// a quiescing vIOMMU (nothing to wait for), or when the reader limit
-    /// was reached (logged; the device then runs unprotected rather than
-    /// not at all).
+    /// a quiescing vIOMMU (nothing to wait for).
+    ///
+    /// When the quiescer's reader limit is reached the device must not
+    /// run: a thread without a slot is one no UNMAP waits for. The space
+    /// (every clone of it) then refuses every access for good, logged
+    /// once, and this returns `None`; the device's DMA fails as with bus
+    /// mastering off. A caller that can fail its setup instead (device not
+    /// started, DEVICE_NEEDS_RESET) uses [`try_reader`](Self::try_reader).
     pub fn reader(&self) -> Option<Arc<ReaderSlot>> {
-        let q = self.quiescer.as_ref()?;
+        self.try_reader().unwrap_or(None)
+    }
+
+    /// As [`reader`](Self::reader), and also tells the caller when the
+    /// limit was reached (the space refuses every access from then on).
+    pub fn try_reader(&self) -> Result<Option<Arc<ReaderSlot>>, TooManyReaders> {
+        let Some(q) = self.quiescer.as_ref() else {
+            return Ok(None);
+        };
         match q.register() {
-            Ok(slot) => Some(slot),
+            Ok(slot) => Ok(Some(slot)),
             Err(e) => {
-                warn!("device DMA without quiescence: {e}");
-                None
+                if !self.refused.swap(true, Ordering::SeqCst) {
+                    error!("device DMA refused for good: {e}; the device cannot be protected");
+                }
+                Err(e)
             }
         }
+    }
+
+    /// Whether the space refuses every access because one of its device's
+    /// threads could not get a reader slot.
+    pub fn refused(&self) -> bool {
+        self.refused.load(Ordering::SeqCst)
     }
 
     /// Follows the PCI command register of the device that owns this space
@@ -90,9 +116,10 @@ impl DmaSpace {
         self.bus_master.store(enabled, Ordering::SeqCst);
     }
 
-    /// Whether the owning device may do DMA (see [`set_bus_master`](Self::set_bus_master)).
+    /// Whether the owning device may do DMA (see [`set_bus_master`](Self::set_bus_master)),
+    /// and its space does not refuse it (see [`reader`](Self::reader)).
     pub fn bus_master(&self) -> bool {
-        self.bus_master.load(Ordering::SeqCst)
+        self.bus_master.load(Ordering::SeqCst) && !self.refused()
     }
 
     /// Whether accesses go through a translator.

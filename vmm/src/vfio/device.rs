@@ -27,6 +27,7 @@ use vfio_bindings::bindings::vfio::VFIO_PCI_CONFIG_REGION_INDEX;
 use vfio_ioctls::VfioDevice;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::bus_master::BusMasterGate;
 use super::direct_bar::DirectBar;
 #[cfg(test)]
 use super::msi::STATUS_CAP_LIST;
@@ -185,6 +186,9 @@ pub struct VfioPciDevice {
     vm: Arc<VmFd>,
     /// BARs mapped into the guest through KVM slots.
     direct: Vec<DirectBar>,
+    /// Guest writes of the command register pass through it, so a
+    /// function stopped after a failed unmap keeps bus mastering off.
+    gate: Arc<BusMasterGate>,
 }
 
 impl VfioPciDevice {
@@ -303,7 +307,14 @@ impl VfioPciDevice {
             msi,
             vm,
             direct,
+            gate: Arc::default(),
         })
+    }
+
+    /// The gate the guest's command writes pass through; the host side
+    /// that may stop the function (`super::host::VfioHost`) shares it.
+    pub fn bus_master_gate(&self) -> Arc<BusMasterGate> {
+        Arc::clone(&self.gate)
     }
 
     /// Puts each directly mapped BAR's slot where the guest's configuration
@@ -477,7 +488,10 @@ impl PciDevice for VfioPciDevice {
                 // Memory/I-O decoding and bus mastering reach the device.
                 let n = (2 - offset as usize).min(data.len());
                 if let Some(cmd) = data.get(..n) {
-                    self.device_config_write(4 + offset, cmd);
+                    let device = &self.device;
+                    self.gate.write_command(offset, cmd, |cmd| {
+                        device.region_write(VFIO_PCI_CONFIG_REGION_INDEX, cmd, 4 + offset)
+                    });
                 }
             }
             // The command word or a BAR changed: the slots follow.

@@ -12,8 +12,17 @@
 //!   span (it refuses only to cut a mapping in two, which cannot happen
 //!   here). A lazy guest frees IOVAs in clusters, so this takes the VFIO
 //!   calls well below one per range;
-//! - ATTACH to another domain, DETACH, reset: the container is emptied;
-//!   an identity (bypass) domain maps all guest RAM 1:1.
+//! - ATTACH to another domain, DETACH, reset: the container is emptied
+//!   (one `VFIO_DMA_UNMAP_FLAG_ALL` call where the host kernel has
+//!   `VFIO_UNMAP_ALL`, else by the recorded mappings); an identity
+//!   (bypass) domain maps all guest RAM 1:1.
+//!
+//! A failed unmap must never let the UNMAP (or DETACH) complete with the
+//! mapping still reachable: the mirror then stops the function before it
+//! returns (bus mastering cleared and kept clear, the container emptied,
+//! the mirror failed for good: no MAP is installed again), and if even
+//! that fails the VMM exits. The host side is behind [`HostFunction`], so
+//! tests drive this path with a container that fails.
 //!
 //! Mappings the domain already held when the endpoint joined it are not
 //! replayed (Linux gives every device a domain of its own before mapping
@@ -24,29 +33,13 @@ use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use log::{debug, warn};
-use vfio_bindings::bindings::vfio::{
-    vfio_iommu_type1_dma_map, vfio_iommu_type1_dma_unmap, VFIO_DMA_MAP_FLAG_READ,
-    VFIO_DMA_MAP_FLAG_WRITE, VFIO_DMA_UNMAP_FLAG_ALL,
-};
-use vfio_ioctls::VfioContainer;
+use log::{debug, error, warn};
 use virtio_iommu::device::{MapMirror, MirrorError};
 use virtio_iommu::mapping::{Invalidator, Perm};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
-use vmm_sys_util::ioctl::{ioctl_with_mut_ref, ioctl_with_ref};
 
+use super::host::HostFunction;
 use crate::memory::GuestMemoryMmap;
-
-/// The type1 container's map and unmap ioctl numbers (private: the macro
-/// makes public functions).
-mod ioctl_nr {
-    use vfio_bindings::bindings::vfio::{VFIO_BASE, VFIO_TYPE};
-    use vmm_sys_util::ioctl_io_nr;
-
-    ioctl_io_nr!(VFIO_IOMMU_MAP_DMA, VFIO_TYPE as u32, VFIO_BASE + 13);
-    ioctl_io_nr!(VFIO_IOMMU_UNMAP_DMA, VFIO_TYPE as u32, VFIO_BASE + 14);
-}
-use ioctl_nr::{VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA};
 
 /// Why a guest mapping cannot be installed in the container.
 #[derive(Debug, thiserror::Error)]
@@ -78,12 +71,23 @@ enum VfioMapError {
         /// errno.
         source: std::io::Error,
     },
+    /// The function was stopped after a failed unmap.
+    #[error("the function was stopped after a failed VFIO unmap")]
+    Stopped,
 }
 
 impl From<VfioMapError> for MirrorError {
     fn from(e: VfioMapError) -> Self {
         MirrorError(Box::new(e))
     }
+}
+
+/// What ends the VMM when a failed unmap cannot be contained: writes
+/// `line` and exits with status 1, before the guest's request completes.
+fn exit_vmm(line: &str) {
+    error!("{line}");
+    eprintln!("dmavisor: error: {line}; ending the VMM");
+    std::process::exit(1);
 }
 
 /// Counters of one mirror (printed at exit, kept for the API).
@@ -105,8 +109,12 @@ pub struct MirrorStats {
 struct Following {
     domain: Option<u32>,
     identity: bool,
-    /// What is mapped in the container: first IOVA -> last IOVA.
+    /// What is mapped in the container: first IOVA -> last IOVA (identity
+    /// mappings included), so it can be emptied without `VFIO_UNMAP_ALL`.
     live: BTreeMap<u64, u64>,
+    /// The function was stopped after a failed unmap: nothing is mapped
+    /// again.
+    failed: bool,
 }
 
 impl Following {
@@ -122,12 +130,13 @@ impl Following {
             .is_some_and(|(_, &end)| end >= first)
     }
 
-    /// Forgets the mappings inside `first..=last`.
-    fn forget(&mut self, first: u64, last: u64) {
+    /// Forgets the mappings inside `first..=last` and returns them.
+    fn forget(&mut self, first: u64, last: u64) -> Vec<(u64, u64)> {
         let starts: Vec<u64> = self.live.range(first..=last).map(|(s, _)| *s).collect();
-        for s in starts {
-            self.live.remove(&s);
-        }
+        starts
+            .into_iter()
+            .filter_map(|s| self.live.remove(&s).map(|e| (s, e)))
+            .collect()
     }
 }
 
@@ -155,9 +164,13 @@ fn join_spans(f: &Following, ranges: &[RangeInclusive<u64>]) -> Vec<RangeInclusi
 pub struct VfioMirror {
     name: String,
     endpoint: u32,
-    container: Arc<VfioContainer>,
+    host: Arc<dyn HostFunction>,
+    /// `host.can_unmap_all()`, asked once.
+    unmap_all: bool,
     mem: GuestMemoryMmap,
     following: Mutex<Following>,
+    /// Ends the VMM when a stop fails ([`exit_vmm`]; tests record it).
+    fatal: Box<dyn Fn(&str) + Send + Sync>,
     /// Counters.
     pub stats: MirrorStats,
 }
@@ -168,17 +181,38 @@ impl VfioMirror {
     pub fn new(
         name: String,
         endpoint: u32,
-        container: Arc<VfioContainer>,
+        host: Arc<dyn HostFunction>,
         mem: GuestMemoryMmap,
     ) -> Self {
+        let unmap_all = host.can_unmap_all();
+        if !unmap_all {
+            log::info!(
+                "vfio {name}: the host kernel has no VFIO_UNMAP_ALL; domain changes unmap \
+                 the recorded mappings"
+            );
+        }
         Self {
             name,
             endpoint,
-            container,
+            host,
+            unmap_all,
             mem,
             following: Mutex::new(Following::default()),
+            fatal: Box::new(exit_vmm),
             stats: MirrorStats::default(),
         }
+    }
+
+    /// The same mirror with `fatal` called instead of ending the VMM.
+    #[cfg(test)]
+    pub(crate) fn with_fatal(mut self, fatal: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        self.fatal = Box::new(fatal);
+        self
+    }
+
+    /// Whether the function was stopped after a failed unmap.
+    pub fn failed(&self) -> bool {
+        self.lock().failed
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Following> {
@@ -202,70 +236,107 @@ impl VfioMirror {
             .mem
             .get_host_address(GuestAddress(gpa))
             .map_err(VfioMapError::HostAddress)?;
-        let mut flags = 0;
-        if perm.contains(Perm::READ) {
-            flags |= VFIO_DMA_MAP_FLAG_READ;
-        }
-        if perm.contains(Perm::WRITE) {
-            flags |= VFIO_DMA_MAP_FLAG_WRITE;
-        }
-        let arg = vfio_iommu_type1_dma_map {
-            argsz: std::mem::size_of::<vfio_iommu_type1_dma_map>() as u32,
-            flags,
-            vaddr: host as u64,
-            iova,
-            size: len,
-        };
-        // SAFETY: the ioctl reads `arg` only; `vaddr..vaddr+len` is guest
-        // RAM, mapped for the VMM's lifetime and only ever accessed through
-        // volatile slices, so device DMA into it breaks no Rust invariant.
-        let r = unsafe { ioctl_with_ref(&*self.container, VFIO_IOMMU_MAP_DMA(), &arg) };
+        // SAFETY: `host..host+len` is guest RAM (checked above to lie in
+        // one region), mapped for the VMM's lifetime and only ever
+        // accessed through volatile slices, so device DMA into it breaks
+        // no Rust invariant.
+        let r = unsafe { self.host.map_dma(iova, len, host as u64, perm) };
         self.stats.map_calls.fetch_add(1, Ordering::Relaxed);
-        if r < 0 {
-            return Err(VfioMapError::Map {
-                iova,
-                len,
-                source: std::io::Error::last_os_error(),
-            }
-            .into());
-        }
+        r.map_err(|source| VfioMapError::Map { iova, len, source })?;
         self.stats
             .pages_mapped
             .fetch_add(len.div_ceil(4096), Ordering::Relaxed);
         Ok(())
     }
 
-    /// Unmaps everything mapped in `iova..=last` (0..=u64::MAX: all of it).
-    fn unmap(&self, range: &RangeInclusive<u64>) {
+    /// Unmaps everything mapped in `range`.
+    fn unmap(&self, range: &RangeInclusive<u64>) -> std::io::Result<()> {
         let (start, last) = (*range.start(), *range.end());
-        let mut arg = vfio_iommu_type1_dma_unmap {
-            argsz: std::mem::size_of::<vfio_iommu_type1_dma_unmap>() as u32,
-            ..Default::default()
-        };
-        if start == 0 && last == u64::MAX {
-            arg.flags = VFIO_DMA_UNMAP_FLAG_ALL;
-        } else {
-            arg.iova = start;
-            arg.size = last - start + 1;
-        }
-        // SAFETY: the ioctl reads and writes `arg` only.
-        let r = unsafe { ioctl_with_mut_ref(&*self.container, VFIO_IOMMU_UNMAP_DMA(), &mut arg) };
         self.stats.unmap_calls.fetch_add(1, Ordering::Relaxed);
-        if r < 0 {
+        match (last - start).checked_add(1) {
+            Some(len) => self.host.unmap_dma(start, len),
+            // The whole 64-bit space: two halves.
+            None => {
+                self.host.unmap_dma(0, 1 << 63)?;
+                self.stats.unmap_calls.fetch_add(1, Ordering::Relaxed);
+                self.host.unmap_dma(1 << 63, 1 << 63)
+            }
+        }
+    }
+
+    /// Empties the container: one call with `VFIO_UNMAP_ALL`, else one
+    /// call over the span of the recorded mappings (VFIO unmaps every
+    /// mapping inside a span; a recorded span cuts none in two).
+    fn empty(&self, f: &mut Following) -> std::io::Result<()> {
+        if self.unmap_all {
+            self.stats.unmap_calls.fetch_add(1, Ordering::Relaxed);
+            self.host.unmap_all()?;
+        } else if let (Some((&first, _)), Some(last)) =
+            (f.live.first_key_value(), f.live.values().copied().max())
+        {
+            self.unmap(&(first..=last))?;
+        }
+        f.live.clear();
+        Ok(())
+    }
+
+    /// Empties the container one recorded mapping at a time (no call can
+    /// cut a mapping in two): the stop's fallback when one call over
+    /// everything failed. Fails if any mapping stays.
+    fn empty_by_mapping(&self, f: &mut Following) -> std::io::Result<()> {
+        let live: Vec<(u64, u64)> = f.live.iter().map(|(s, e)| (*s, *e)).collect();
+        for (first, last) in live {
+            self.unmap(&(first..=last))?;
+            f.live.remove(&first);
+        }
+        Ok(())
+    }
+
+    /// A VFIO unmap failed, so the device may still reach pages the guest
+    /// is about to see unmapped: stop the function before returning (and
+    /// so before the request completes). Bus mastering goes off and stays
+    /// off, the container is emptied, the mirror fails for good. If either
+    /// step fails, nothing short of ending the VMM keeps the guest's
+    /// memory safe.
+    fn stop(&self, f: &mut Following, why: &str) {
+        f.failed = true;
+        error!(
+            "vfio {}: {why}; stopping the function (bus mastering off, container emptied)",
+            self.name
+        );
+        let master = self.host.stop_bus_master();
+        let emptied = self.empty(f).or_else(|e| {
             warn!(
-                "vfio {}: unmap {start:#x}..={last:#x}: {}",
-                self.name,
-                std::io::Error::last_os_error()
+                "vfio {}: emptying the container: {e}; unmapping mapping by mapping",
+                self.name
             );
+            self.empty_by_mapping(f)
+        });
+        if let Err(e) = &master {
+            (self.fatal)(&format!(
+                "vfio {}: {why}, and bus mastering could not be cleared: {e}",
+                self.name
+            ));
+        }
+        if let Err(e) = &emptied {
+            (self.fatal)(&format!(
+                "vfio {}: {why}, and the container could not be emptied: {e}",
+                self.name
+            ));
         }
     }
 
     /// Maps all guest RAM 1:1 (an identity domain).
-    fn map_identity(&self) {
+    fn map_identity(&self, f: &mut Following) {
         for region in self.mem.iter() {
             let start = region.start_addr().0;
-            if let Err(e) = self.map(start, region.len(), start, Perm::READ | Perm::WRITE) {
-                warn!("vfio {}: identity map: {e}", self.name);
+            // A region the container could not map is one the device
+            // cannot reach: logged, never a hole in the protection.
+            match self.map(start, region.len(), start, Perm::READ | Perm::WRITE) {
+                Ok(()) => {
+                    f.live.insert(start, start + (region.len() - 1));
+                }
+                Err(e) => warn!("vfio {}: identity map: {e}", self.name),
             }
         }
     }
@@ -291,17 +362,27 @@ impl MapMirror for VfioMirror {
             return;
         }
         let mut f = self.lock();
-        if f.domain.is_some() {
+        if f.failed {
+            // Stopped and empty for good.
+            f.domain = to;
+            return;
+        }
+        if f.domain.is_some() || !f.live.is_empty() {
             self.stats.ranges.fetch_add(1, Ordering::Relaxed);
-            self.unmap(&(0..=u64::MAX));
+            if let Err(e) = self.empty(&mut f) {
+                self.stop(&mut f, &format!("emptying the container: {e}"));
+                f.domain = to;
+                return;
+            }
         }
         *f = Following {
             domain: to,
             identity,
             live: BTreeMap::new(),
+            failed: false,
         };
         if to.is_some() && identity {
-            self.map_identity();
+            self.map_identity(&mut f);
         }
         debug!(
             "vfio {}: endpoint {endpoint:#x} now in domain {to:?}{}",
@@ -319,6 +400,9 @@ impl MapMirror for VfioMirror {
         perm: Perm,
     ) -> Result<(), MirrorError> {
         let mut f = self.lock();
+        if f.failed {
+            return Err(VfioMapError::Stopped.into());
+        }
         if f.domain != Some(domain) || f.identity {
             return Ok(());
         }
@@ -336,17 +420,24 @@ impl MapMirror for VfioMirror {
 impl Invalidator for VfioMirror {
     fn invalidate(&self, domain: u32, ranges: &[RangeInclusive<u64>]) {
         let mut f = self.lock();
-        if f.domain != Some(domain) || f.identity {
+        if f.failed || f.domain != Some(domain) || f.identity {
             return;
         }
         self.stats
             .ranges
             .fetch_add(ranges.len() as u64, Ordering::Relaxed);
+        // Set aside so the spans can join across them; put back if an
+        // unmap fails, so the stop empties them too.
+        let mut removed = Vec::new();
         for r in ranges {
-            f.forget(*r.start(), *r.end());
+            removed.extend(f.forget(*r.start(), *r.end()));
         }
         for span in join_spans(&f, ranges) {
-            self.unmap(&span);
+            if let Err(e) = self.unmap(&span) {
+                f.live.extend(removed);
+                self.stop(&mut f, &format!("unmap {span:#x?}: {e}"));
+                return;
+            }
         }
     }
 }
@@ -360,6 +451,7 @@ mod tests {
             domain: Some(1),
             identity: false,
             live: live.iter().copied().collect(),
+            failed: false,
         }
     }
 
@@ -390,7 +482,10 @@ mod tests {
     #[test]
     fn forget_drops_only_mappings_inside() {
         let mut f = following(&[(0x1000, 0x1fff), (0x2000, 0x3fff), (0x9000, 0x9fff)]);
-        f.forget(0x1000, 0x3fff);
+        assert_eq!(
+            f.forget(0x1000, 0x3fff),
+            vec![(0x1000, 0x1fff), (0x2000, 0x3fff)]
+        );
         assert_eq!(f.live.len(), 1);
         assert!(f.live_in(0x9000, 0x9000));
         assert!(!f.live_in(0x1000, 0x8fff));

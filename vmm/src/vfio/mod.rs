@@ -7,11 +7,15 @@
 //! container follows the guest's mappings of the device's domain instead
 //! (see [`mirror`]).
 
+pub mod bus_master;
 pub mod config;
 pub mod device;
 mod direct_bar;
+pub mod host;
 pub mod hotplug;
 pub mod mirror;
+#[cfg(test)]
+mod mirror_tests;
 pub mod msi;
 
 use std::path::{Path, PathBuf};
@@ -181,8 +185,9 @@ pub fn add_vfio_device(
         let fd = v.try_clone_eventfd().ok()?;
         Some((Box::new(v), fd))
     };
-    let dev = VfioPciDevice::new(name.clone(), device, res.vm.clone(), &mut vectors)
+    let dev = VfioPciDevice::new(name.clone(), device.clone(), res.vm.clone(), &mut vectors)
         .map_err(VfioError::from)?;
+    let gate = dev.bus_master_gate();
     let addr = res
         .pci
         .add_device_in(Arc::new(Mutex::new(dev)), slots)
@@ -202,10 +207,11 @@ pub fn add_vfio_device(
                     name: name.clone(),
                     source,
                 })?;
+            let host = Arc::new(host::VfioHost::new(container, device, gate));
             let mirror = Arc::new(VfioMirror::new(
                 name.clone(),
                 u32::from(bdf(addr)),
-                container,
+                host,
                 res.mem.clone(),
             ));
             platform.iommu().add_invalidator(mirror.clone());
