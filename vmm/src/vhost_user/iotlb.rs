@@ -718,8 +718,9 @@ mod tests {
     /// Iterations of map, race, unmap in the race test.
     const RACE_ROUNDS: u64 = 3000;
 
-    /// Runs the race and returns (UPDATEs seen, stale ones).
-    fn race_misses_against_unmaps() -> (u64, u64) {
+    /// Runs the race and returns (UPDATEs seen, stale ones, UPDATEs the
+    /// generation check dropped).
+    fn race_misses_against_unmaps() -> (u64, u64, u64) {
         const IOVA: u64 = 0x10000;
         const GPA: u64 = 0x100_0000;
         let (iommu, iotlb, mut backend, mem) = setup();
@@ -785,19 +786,20 @@ mod tests {
         done.store(true, Ordering::Relaxed);
         let answered: u64 = missers.into_iter().map(|t| t.join().unwrap()).sum();
         assert_eq!(iotlb.stats.stops.load(Ordering::Relaxed), 0);
+        let dropped = iotlb.stats.stale.load(Ordering::Relaxed);
         drop(iommu);
         drop(iotlb);
         let (updates, stale) = back_end.join().unwrap();
         assert_eq!(updates, answered, "every UPDATE sent reached the back-end");
-        (updates, stale)
+        (updates, stale, dropped)
     }
 
     #[test]
     fn iotlb_miss_racing_unmap_never_installs_a_stale_translation() {
-        let (updates, stale) = race_misses_against_unmaps();
+        let (updates, stale, dropped) = race_misses_against_unmaps();
         eprintln!(
-            "{RACE_ROUNDS} unmaps raced by misses: {updates} UPDATEs, {stale} stale \
-             (mutation {} active: {})",
+            "{RACE_ROUNDS} unmaps raced by misses: {updates} UPDATEs, {stale} stale, \
+             {dropped} dropped by the check (mutation {} active: {})",
             Mutation::NoIotlbSerialisation.name(),
             mutation::active(Mutation::NoIotlbSerialisation)
         );

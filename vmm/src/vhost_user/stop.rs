@@ -205,10 +205,10 @@ mod tests {
 
     #[test]
     fn a_zombie_counts_as_gone() {
-        let child = std::process::Command::new("true").spawn().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id() as i32;
         // Not reaped: once it exited it is a zombie.
         assert!(gone_by(pid, Instant::now() + Duration::from_secs(5)));
-        drop(child);
+        child.wait().unwrap();
     }
 }
