@@ -100,8 +100,10 @@ impl VfioHost {
     fn command(&self, write: Option<[u8; 2]>) -> io::Result<[u8; 2]> {
         use std::os::fd::AsRawFd;
         let base = self.device.get_region_offset(VFIO_PCI_CONFIG_REGION_INDEX);
-        let at = libc::off_t::try_from(base + 4)
-            .map_err(|_| io::Error::other("config region offset out of range"))?;
+        let at = base
+            .checked_add(4)
+            .and_then(|a| libc::off_t::try_from(a).ok())
+            .ok_or_else(|| io::Error::other("config region offset out of range"))?;
         let fd = self.device.as_raw_fd();
         let mut buf = write.unwrap_or([0, 0]);
         let n = match write {
