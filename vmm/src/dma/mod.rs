@@ -20,6 +20,7 @@
 //! Without a vIOMMU ([`DmaSpace::identity`]) the seam is the identity over
 //! guest RAM and costs one region lookup, like the plain memory object.
 
+mod guard;
 pub mod iommu;
 #[cfg(test)]
 mod iommu_tests;
@@ -29,6 +30,7 @@ mod space;
 #[cfg(test)]
 pub(crate) mod test_iommu;
 
+pub use guard::{DmaGuard, ThreadDma};
 pub use space::{DmaSliceIter, DmaSpace};
 
 use thiserror::Error;

@@ -1,0 +1,139 @@
+//! [`ThreadDma`]: a device thread's way to guest memory that opens its
+//! quiescence section by itself.
+//!
+//! WHY: with a bare [`DmaSpace`] every device thread must remember to take
+//! a reader slot and wrap each translate-and-use in `slot.enter()`; one
+//! forgotten call is a copy that an UNMAP does not wait for. Here the
+//! memory is reachable only through [`ThreadDma::access`], whose guard
+//! holds the section for as long as the memory (and any slice taken from
+//! it) is borrowed. `access` takes `&mut self`, so a thread cannot open a
+//! second section while one is live (sections do not nest: the inner one
+//! ending would end the outer one too). Registration past the quiescer's
+//! limit fails here, so the device fails its setup instead of running.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use virtio_iommu::quiesce::{ReadSection, ReaderSlot, TooManyReaders};
+
+use super::DmaSpace;
+
+/// One device thread's DMA handle (see the module doc).
+pub struct ThreadDma {
+    space: DmaSpace,
+    /// None when the space is not behind a quiescing vIOMMU.
+    slot: Option<Arc<ReaderSlot>>,
+}
+
+/// Guest memory as seen by one section: dereferences to the thread's
+/// [`DmaSpace`]; the section ends when the guard is dropped.
+pub struct DmaGuard<'a> {
+    space: &'a DmaSpace,
+    _section: Option<ReadSection<'a>>,
+}
+
+impl ThreadDma {
+    /// The handle of one device thread over `space`, with a reader slot of
+    /// its own. Fails past the quiescer's limit (the space then refuses
+    /// every access, see [`DmaSpace::try_reader`]): the device must not
+    /// start.
+    pub fn new(space: DmaSpace) -> Result<Self, TooManyReaders> {
+        let slot = space.try_reader()?;
+        Ok(Self { space, slot })
+    }
+
+    /// Opens a section and lends the memory for its duration.
+    pub fn access(&mut self) -> DmaGuard<'_> {
+        DmaGuard {
+            space: &self.space,
+            _section: self.slot.as_deref().map(ReaderSlot::enter),
+        }
+    }
+
+    /// Whether the owning device may do DMA (checked outside a section,
+    /// e.g. before a worker waits for work).
+    pub fn bus_master(&self) -> bool {
+        self.space.bus_master()
+    }
+}
+
+impl Deref for DmaGuard<'_> {
+    type Target = DmaSpace;
+
+    fn deref(&self) -> &DmaSpace {
+        self.space
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    use virtio_iommu::quiesce::{Quiescer, MAX_READERS};
+    use vm_memory::{Bytes, GuestAddress};
+
+    use super::*;
+    use crate::dma::test_iommu::{TestIommu, RW};
+    use crate::memory::GuestMemoryMmap;
+
+    fn ram() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x100000)]).unwrap()
+    }
+
+    /// An UNMAP's completion waits for a guard that is still alive, and
+    /// the access through the guard uses the mapping it translated.
+    #[test]
+    fn an_unmap_waits_for_a_live_access_guard() {
+        let iommu = TestIommu::new(0x18);
+        let q = Quiescer::new();
+        iommu.dev.add_invalidator(q.clone());
+        let mem = ram();
+        let mut dma = ThreadDma::new(iommu.space(&mem).with_quiescer(q.clone())).unwrap();
+        iommu.attach(1);
+        iommu.map(1, 0x10000, 0x1000, 0x40000, RW);
+        let access = dma.access();
+        access.write_obj(7u64, GuestAddress(0x10000)).unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let unmapper = {
+            let (iommu, done) = (iommu.clone(), done.clone());
+            thread::spawn(move || {
+                iommu.unmap(1, 0x10000, 0x1000);
+                done.load(Ordering::SeqCst)
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while q.stats().waits == 0 && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(1));
+        }
+        thread::sleep(Duration::from_millis(20));
+        assert!(!unmapper.is_finished(), "UNMAP completed inside a guard");
+        done.store(true, Ordering::SeqCst);
+        drop(access);
+        assert!(
+            unmapper.join().unwrap(),
+            "UNMAP completed before the guard ended"
+        );
+        assert!(dma.access().write_obj(8u64, GuestAddress(0x10000)).is_err());
+        assert_eq!(mem.read_obj::<u64>(GuestAddress(0x40000)).unwrap(), 7);
+    }
+
+    /// Past the reader limit the handle is refused: the device fails its
+    /// setup rather than running without a section.
+    #[test]
+    fn a_handle_past_the_reader_limit_is_refused() {
+        let iommu = TestIommu::new(0x18);
+        let q = Quiescer::new();
+        let mem = ram();
+        let space = iommu.space(&mem).with_quiescer(q.clone());
+        let held: Vec<_> = (0..MAX_READERS)
+            .map(|_| ThreadDma::new(space.clone()).unwrap())
+            .collect();
+        assert!(ThreadDma::new(space.clone()).is_err());
+        assert!(space.refused());
+        drop(held);
+        // Without a quiescer nothing is waited for, and nothing refused.
+        assert!(ThreadDma::new(DmaSpace::identity(mem)).is_ok());
+    }
+}
