@@ -7,6 +7,7 @@
 //!   config space, one worker per queue pair).
 //! - [`worker`]: the receive/transmit loop of one queue pair.
 //! - [`rx`]: the receive buffers a pair holds, and how a frame reaches them.
+//! - [`tx`]: transmit chains gathered into frames for the TAP.
 //! - [`iov`]: guest buffers as host iovecs for the TAP's `readv`/`writev`.
 //! - [`queue`]: a queue as a thread owns it, and the ring steps they share.
 //! - [`ctrl`]: the control queue, served by the VMM for both kinds of device.
@@ -18,6 +19,7 @@ pub mod iov;
 pub mod queue;
 pub mod rx;
 pub mod tap;
+pub mod tx;
 pub mod worker;
 
 pub use config::NetConfig;

@@ -18,6 +18,18 @@ pub struct WorkerQueue {
     pub(crate) broken: bool,
 }
 
+impl WorkerQueue {
+    /// Whether the queue was stopped for a fault.
+    pub fn broken(&self) -> bool {
+        self.broken
+    }
+
+    /// The ring state.
+    pub fn queue(&self) -> &Queue {
+        &self.queue
+    }
+}
+
 impl From<ActiveQueue> for WorkerQueue {
     fn from(q: ActiveQueue) -> Self {
         Self {

@@ -18,17 +18,16 @@ use std::sync::Arc;
 use log::{debug, warn};
 use virtio_iommu::quiesce::ReaderSlot;
 use virtio_queue::QueueT;
-use vm_memory::Permissions;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::ctrl::{serve_ctrl_queue, CtrlCommand};
-use super::iov::append_iovecs;
-use super::queue::{break_queue, pop_head, signal_used, WorkerQueue};
+use super::queue::{break_queue, signal_used, WorkerQueue};
 use super::rx::{arm_rx_kick, RxBuffers, RxStep};
-use super::tap::{Tap, VNET_HDR_LEN};
+use super::tap::Tap;
+use super::tx::{process_tx, TxState};
 use crate::dma::DmaSpace;
-use crate::virtio::chain::{walk_into, Chain, MAX_CHAIN_DESCRIPTORS};
+use crate::virtio::chain::Chain;
 use crate::virtio::wake::epoll_on;
 use crate::virtio::VirtioInterrupt;
 
@@ -76,11 +75,11 @@ struct QueuePairWorker {
     /// Receive buffers held between frames, and the frame waiting for
     /// them.
     rx_buffers: RxBuffers,
+    /// The control queue's walked chain (kept for its capacity).
     chain: Chain,
-    /// The transmit chain's buffers as host iovecs (kept for its capacity).
-    tx_iov: Vec<libc::iovec>,
+    /// The transmit side's chain, iovecs and counters.
+    tx: TxState,
     tap_polled: bool,
-    tx_dropped: u64,
     /// This thread's quiescence slot (behind a vIOMMU): every chain is
     /// translated and used inside one section.
     reader: Option<Arc<ReaderSlot>>,
@@ -106,9 +105,8 @@ impl QueuePairWorker {
             epoll,
             rx_buffers,
             chain: Chain::default(),
-            tx_iov: Vec::new(),
+            tx: TxState::default(),
             tap_polled: true,
-            tx_dropped: 0,
         })
     }
 
@@ -162,7 +160,7 @@ impl QueuePairWorker {
                             "virtio-net worker stops: {} transmit frames dropped; received \
                              {} in place, {} copied, {} dropped ({} over the held bound), \
                              {} waits for buffers",
-                            self.tx_dropped,
+                            self.tx.dropped(),
                             rx.in_place,
                             rx.copied,
                             rx.dropped,
@@ -205,97 +203,15 @@ impl QueuePairWorker {
         }
     }
 
-    /// Gathers the chain's readable buffers into iovecs and writes the
-    /// frame to the TAP. Returns false if the chain's memory is refused.
-    fn send_chain(&mut self) -> bool {
-        let iov = &mut self.tx_iov;
-        iov.clear();
-        let readable = &self.chain.readable;
-        if append_iovecs(&self.pair.mem, readable, u64::MAX, Permissions::Read, iov).is_err() {
-            return false;
-        }
-        let total: usize = iov.iter().map(|v| v.iov_len).sum();
-        if total < VNET_HDR_LEN || iov.len() > MAX_CHAIN_DESCRIPTORS {
-            self.tx_dropped += 1;
-            return true;
-        }
-        if let Err(e) = self.pair.tap.write_iov(iov) {
-            self.tx_dropped += 1;
-            debug!("virtio-net: TAP write: {e}");
-        }
-        true
-    }
-
     fn process_tx(&mut self) {
-        if self.pair.tx.broken {
-            return;
-        }
-        let mut used_any = false;
-        let reader = self.reader.clone();
-        loop {
-            if let Err(e) = self.pair.tx.queue.disable_notification(&self.pair.mem) {
-                break_queue(
-                    &mut self.pair.tx,
-                    &*self.pair.interrupt,
-                    &format!("ring: {e}"),
-                );
-                return;
-            }
-            loop {
-                // One chain per section: translate, send, mark used.
-                let _section = reader.as_deref().map(ReaderSlot::enter);
-                let head = match pop_head(&mut self.pair.tx.queue, &self.pair.mem) {
-                    Ok(Some(h)) => h,
-                    Ok(None) => break,
-                    Err(e) => {
-                        let why = format!("avail ring: {e}");
-                        break_queue(&mut self.pair.tx, &*self.pair.interrupt, &why);
-                        return;
-                    }
-                };
-                let q = &self.pair.tx.queue;
-                if let Err(e) = walk_into(
-                    &self.pair.mem,
-                    q.desc_table(),
-                    q.size(),
-                    head,
-                    &mut self.chain,
-                ) {
-                    let why = format!("transmit chain {head}: {e}");
-                    break_queue(&mut self.pair.tx, &*self.pair.interrupt, &why);
-                    return;
-                }
-                if !self.send_chain() {
-                    let why = format!("transmit chain {head}: buffer not accessible");
-                    break_queue(&mut self.pair.tx, &*self.pair.interrupt, &why);
-                    return;
-                }
-                if let Err(e) = self.pair.tx.queue.add_used(&self.pair.mem, head, 0) {
-                    break_queue(
-                        &mut self.pair.tx,
-                        &*self.pair.interrupt,
-                        &format!("used ring: {e}"),
-                    );
-                    return;
-                }
-                used_any = true;
-            }
-            match self.pair.tx.queue.enable_notification(&self.pair.mem) {
-                Ok(true) => continue,
-                Ok(false) => break,
-                Err(e) => {
-                    break_queue(
-                        &mut self.pair.tx,
-                        &*self.pair.interrupt,
-                        &format!("ring: {e}"),
-                    );
-                    return;
-                }
-            }
-        }
-        if used_any {
-            signal_used(&mut self.pair.tx, &self.pair.mem, &*self.pair.interrupt);
-        }
+        process_tx(
+            &mut self.pair.tx,
+            &self.pair.mem,
+            &*self.pair.interrupt,
+            self.reader.as_deref(),
+            &mut self.tx,
+            &*self.pair.tap,
+        );
     }
 
     fn process_rx(&mut self) {
