@@ -15,7 +15,7 @@
 //! |------|-----------------------------------------------|---------------|
 //! | 0x00 | RO identification 0x010000ed                  | same          |
 //! | 0x04 | RW liveness: reads back the inverse           | same          |
-//! | 0x08 | RW factorial: write n, read n! (wrapping u32) | computed at once |
+//! | 0x08 | RW factorial: write n, read n! (wrapping u32) | computed at once, in at most 33 steps |
 //! | 0x20 | RW status: 0x01 computing (RO), 0x80 irq on factorial done | same |
 //! | 0x24 | RO interrupt status                           | same          |
 //! | 0x60 | WO interrupt raise (ORed into 0x24)           | same          |
@@ -241,7 +241,22 @@ impl Default for DmaTestDevice {
     }
 }
 
+/// From this factor on, the wrapping product is 0 for good: 34! holds the
+/// factor 2 thirty-two times (17 + 8 + 4 + 2 + 1), and so does every
+/// larger factorial.
+const FACTORIAL_ZERO_FROM: u32 = 34;
+
+/// `n!` in wrapping `u32` arithmetic, as edu computes it.
+///
+/// WHY bounded: the guest writes `n` and this runs in its MMIO write, on
+/// the vCPU thread under the device lock. Multiplying `n` times would let
+/// one write cost up to 4e9 steps; since the product is 0 from
+/// [`FACTORIAL_ZERO_FROM`] on, at most 33 multiplications give the same
+/// value.
 fn factorial(n: u32) -> u32 {
+    if n >= FACTORIAL_ZERO_FROM {
+        return 0;
+    }
     (1..=n).fold(1u32, |acc, k| acc.wrapping_mul(k))
 }
 
@@ -657,6 +672,27 @@ mod tests {
             "run bit cleared when done"
         );
         r64(d, reg::DMA_ERROR)
+    }
+
+    /// The bounded factorial equals the plain wrapping product for every
+    /// input up to well past the cut, and a write of `u32::MAX` returns at
+    /// once (the unbounded loop took seconds).
+    #[test]
+    fn factorial_is_bounded_and_equals_the_wrapping_product() {
+        let mut plain = 1u32;
+        for n in 0..=1000u32 {
+            if n > 0 {
+                plain = plain.wrapping_mul(n);
+            }
+            assert_eq!(factorial(n), plain, "{n}!");
+        }
+        assert_eq!(factorial(FACTORIAL_ZERO_FROM - 1), 0x8000_0000);
+        assert_eq!(factorial(FACTORIAL_ZERO_FROM), 0);
+        let mut d = DmaTestDevice::new();
+        let t = std::time::Instant::now();
+        d.write_bar(0, reg::FACTORIAL, &u32::MAX.to_le_bytes());
+        assert!(t.elapsed() < std::time::Duration::from_millis(100));
+        assert_eq!(r32(&mut d, reg::FACTORIAL), 0);
     }
 
     #[test]
