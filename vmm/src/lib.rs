@@ -20,6 +20,7 @@ pub mod error;
 pub mod exit;
 pub mod interrupt;
 pub mod kvm_check;
+pub mod log_limit;
 pub mod memory;
 pub mod net;
 pub mod net_devices;
