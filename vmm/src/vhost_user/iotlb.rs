@@ -715,6 +715,44 @@ mod tests {
         unacked_invalidation(false);
     }
 
+    #[test]
+    fn a_back_end_that_needs_its_miss_served_before_acking_does_not_deadlock() {
+        let (iommu, iotlb, mut backend, _mem) = setup();
+        iommu.map(1, 0x40000, 0x1000, 0x300000, RW);
+        let (ours, mut channel) = UnixStream::pair().unwrap();
+        let served = iotlb.clone();
+        let channel_thread = std::thread::spawn(move || serve_backend_channel(ours, served));
+        // On the INVALIDATE it first misses on another IOVA and waits for
+        // the answer (as a single-threaded back-end may), then acks.
+        let back_end = std::thread::spawn(move || {
+            let (_, _, inv) = read_message(&mut backend);
+            assert_eq!(inv.kind, INVALIDATE);
+            let miss = IotlbMsg::new(MISS, 0x40000, 0, 0, ACCESS_RO);
+            let code = u32::from(BackendReq::IOTLB_MSG);
+            channel
+                .write_all(&encode_message(
+                    code,
+                    FLAG_VERSION_1 | FLAG_NEED_REPLY,
+                    miss.as_slice(),
+                ))
+                .unwrap();
+            let (reply_code, flags, status) = read_any(&mut channel).unwrap();
+            assert_eq!((reply_code, flags & FLAG_REPLY), (code, FLAG_REPLY));
+            assert_eq!(status, 0u64.to_le_bytes());
+            let (_, _, update) = read_message(&mut backend);
+            assert_eq!((update.kind, update.iova), (UPDATE, 0x40000));
+            ack(&mut backend).unwrap();
+            (backend, channel)
+        });
+        let t = Instant::now();
+        iommu.unmap(1, 0x10000, 0x2000);
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        assert_eq!(iotlb.stats.stops.load(Ordering::Relaxed), 0);
+        let (_backend, channel) = back_end.join().unwrap();
+        drop(channel);
+        channel_thread.join().unwrap();
+    }
+
     /// Iterations of map, race, unmap in the race test.
     const RACE_ROUNDS: u64 = 3000;
 
