@@ -1,0 +1,61 @@
+//! Emulated device threads: they reach guest memory only through each
+//! endpoint's `DmaSpace`, translating and then copying inside a section of
+//! their reader slot, as virtio-net and the DMA test device do.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use virtio_iommu::quiesce::ReaderSlot;
+use vm_memory::{GuestAddress, GuestMemory, Permissions};
+use vmm::dma::DmaSpace;
+
+use super::rng::Rng;
+use super::{iova, Kind, Shared, REGION, SLOTS};
+
+/// One device thread serving every guest thread's emulated endpoint
+/// (`spaces[guest]`) until the run stops.
+pub fn run(shared: &Shared, spaces: &[DmaSpace], reader: &Arc<ReaderSlot>, mut rng: Rng) {
+    let stats = shared.kind(Kind::Emulated);
+    let mut buf = vec![0u8; REGION as usize];
+    let guests = spaces.len() as u64;
+    let mut n = 0u64;
+    while !shared.stopped() {
+        super::pace(&mut n);
+        let Some(space) = spaces.get(rng.below(guests) as usize) else {
+            continue;
+        };
+        let addr = iova(rng.below(SLOTS)) + Kind::Emulated.offset();
+        // The time a real device spends between translating and copying
+        // (building an iovec, entering a syscall): a window for a
+        // completion that did not wait for this section.
+        let window = rng.below(200);
+        let section = reader.enter();
+        let slices = space
+            .get_slices(GuestAddress(addr), REGION as usize, Permissions::Write)
+            .and_then(|it| it.collect::<Result<Vec<_>, _>>());
+        match slices {
+            Ok(slices) => {
+                for _ in 0..window {
+                    std::hint::spin_loop();
+                }
+                let ticket = shared.ticket();
+                for w in buf.chunks_exact_mut(8) {
+                    w.copy_from_slice(&ticket.to_le_bytes());
+                }
+                let mut pos = 0usize;
+                for s in &slices {
+                    let len = s.len();
+                    if let Some(chunk) = buf.get(pos..pos + len) {
+                        s.copy_from(chunk);
+                    }
+                    pos += len;
+                }
+                stats.accesses.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {
+                stats.refused.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        drop(section);
+    }
+}
