@@ -3,17 +3,20 @@
 //! (`crate::cli`) and the API (`crate::api`) need not import each other.
 
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 
 use crate::error::{Error, OptionReason};
 use crate::options::parse_options;
 
+mod private;
+use private::bind_private;
+
 /// Where the API listens (`--api-socket path=..` or `fd=..`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ApiSocket {
-    /// A socket file created (and, if a stale socket is there, replaced).
+    /// A socket file created with mode 0600 (a stale socket there is
+    /// replaced; any other file, or a socket someone listens on, is not).
     Path(PathBuf),
     /// A listening Unix socket inherited from the parent process.
     Fd(RawFd),
@@ -51,14 +54,7 @@ impl ApiSocket {
     pub(crate) fn listen(&self) -> Result<UnixListener, Error> {
         let os = |what: &'static str| move |source| Error::Os { what, source };
         match self {
-            Self::Path(p) => {
-                // A socket left by an earlier run is replaced; any other
-                // file is not ours to remove.
-                if std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket()) {
-                    std::fs::remove_file(p).map_err(os("removing a stale API socket"))?;
-                }
-                UnixListener::bind(p).map_err(os("binding the API socket"))
-            }
+            Self::Path(p) => bind_private(p),
             Self::Fd(fd) => {
                 // SAFETY: F_GETFD only reads the descriptor's flags; an
                 // invalid number fails with EBADF.

@@ -3,34 +3,43 @@
 //! (`ch-remote`, `curl --unix-socket`, Kata Containers, libvirt) can drive
 //! dmavisor.
 //!
-//! One thread serves the socket with `tiny_http`, one request at a time;
-//! answers come from [`routes`], which reads configuration snapshots and
-//! atomic counters; only `vm.pause` waits for the vCPUs, for a bounded
-//! time (`vm_state::PAUSE_TIMEOUT`), and `vm.boot` builds the VM on this
-//! thread (`controller`). A VMM started with only `--api-socket` serves
-//! the API alone until `vm.create` and `vm.boot` (`vm_config`).
+//! The parts, each in its file:
+//! - [`routes`]: request to reply, no sockets; [`controller`] the VMM's
+//!   one VM slot, [`vm_config`] and [`vm_state`] the bodies and the VM;
+//! - [`wire`]: HTTP parsing by `dbs-uhttp` (with `SCM_RIGHTS` descriptors)
+//!   and replies framed as cloud-hypervisor's clients read them;
+//! - [`server`]: one thread polls every connection, non-blocking, with
+//!   time-outs and a connection cap, and answers what only reads state;
+//! - [`worker`]: one thread answers the requests that change the VM, in
+//!   order, so a long `vm.boot` never holds up `vmm.ping` or
+//!   `vmm.shutdown`.
+//!
+//! A VMM started with only `--api-socket` serves the API alone until
+//! `vm.create` and `vm.boot` (`vm_config`).
 
 pub mod controller;
 pub mod error;
 pub mod routes;
+pub mod server;
 pub mod vm_config;
 pub mod vm_state;
+pub mod wire;
+pub mod worker;
 
-use std::io::Read;
+#[cfg(test)]
+mod server_tests;
+
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::thread;
 
-use log::{debug, info, warn};
-use tiny_http::{Header, Response, Server};
+use log::info;
 
 pub use crate::api_socket::ApiSocket;
 use crate::error::Error;
 pub use routes::{VmApi, VmmApi};
-
-/// Largest request body read; a larger one is refused with 413.
-const MAX_BODY: usize = 64 << 10;
+use server::{Limits, Server};
 
 /// The listening socket's descriptor once the API serves (-1 before): a
 /// reboot hands it to the next process image (`crate::reboot`), so the
@@ -42,62 +51,47 @@ pub fn listener_fd() -> Option<RawFd> {
     Some(LISTENER_FD.load(Ordering::SeqCst)).filter(|fd| *fd >= 0)
 }
 
+/// The kinds of thread the API runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApiThread {
+    /// The socket's event loop ([`server`]): sockets and poll only.
+    Server,
+    /// The lifecycle requests ([`worker`]): builds and changes the VM.
+    Worker,
+}
+
+impl ApiThread {
+    /// The thread's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Server => "api",
+            Self::Worker => "api-worker",
+        }
+    }
+}
+
+/// The one place API threads start. WHY one place: a per-thread-kind
+/// sandbox (seccomp filter) is applied at the start of `body`, here,
+/// before the thread touches a client's bytes.
+pub(crate) fn spawn_thread(
+    kind: ApiThread,
+    body: impl FnOnce() + Send + 'static,
+) -> Result<thread::JoinHandle<()>, Error> {
+    thread::Builder::new()
+        .name(kind.name().into())
+        .spawn(body)
+        .map_err(|source| Error::Os {
+            what: "API thread",
+            source,
+        })
+}
+
 /// Starts serving the API on `socket` for `vmm`.
 pub fn spawn(socket: &ApiSocket, vmm: Arc<dyn VmmApi>) -> Result<(), Error> {
     let listener = socket.listen()?;
     LISTENER_FD.store(listener.as_raw_fd(), Ordering::SeqCst);
-    let server = Server::from_listener(listener, None).map_err(Error::ApiServer)?;
+    let server = Server::new(listener, vmm, Limits::default())?;
     info!("API listening on {socket:?}");
-    thread::Builder::new()
-        .name("api".into())
-        .spawn(move || serve(&server, vmm.as_ref()))
-        .map_err(|source| Error::Os {
-            what: "API thread",
-            source,
-        })?;
+    spawn_thread(ApiThread::Server, move || server.run())?;
     Ok(())
-}
-
-fn serve(server: &Server, vm: &dyn VmmApi) {
-    for mut req in server.incoming_requests() {
-        let method = req.method().as_str().to_string();
-        let url = req.url().to_string();
-        let mut body = Vec::new();
-        let read = req
-            .as_reader()
-            .take(MAX_BODY as u64 + 1)
-            .read_to_end(&mut body);
-        let reply = match read {
-            Err(e) => routes::Reply::error(400, format!("reading the body: {e}")),
-            Ok(n) if n > MAX_BODY => {
-                routes::Reply::error(413, format!("body larger than {MAX_BODY} bytes"))
-            }
-            Ok(_) => routes::handle(&method, &url, &body, vm),
-        };
-        debug!("API {method} {url}: {}", reply.status);
-        let sent = match reply.body {
-            Some(b) => {
-                let mut resp = Response::from_string(b).with_status_code(reply.status);
-                if let Ok(h) = Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]) {
-                    resp = resp.with_header(h);
-                }
-                req.respond(resp)
-            }
-            None => req.respond(Response::empty(reply.status)),
-        };
-        if let Err(e) = sent {
-            warn!("API {method} {url}: sending the reply: {e}");
-        }
-        match reply.after {
-            routes::After::Nothing => {}
-            routes::After::Shutdown => {
-                info!("API {method} {url}: shutting down");
-                vm.shutdown();
-            }
-            routes::After::Reboot => {
-                info!("API {method} {url}: rebooting");
-                vm.reboot();
-            }
-        }
-    }
 }

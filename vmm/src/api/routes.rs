@@ -13,6 +13,7 @@
 //! implemented one would do: a management stack learns what is missing,
 //! not that the VMM is broken, and a bad body is still a 400.
 
+use std::fs::File;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
@@ -320,9 +321,46 @@ fn remove_device(vm: &dyn VmApi, body: &[u8]) -> Reply {
     }
 }
 
+/// Whether the server answers `url` on its own loop: endpoints that only
+/// read snapshots and atomics, or end the VMM by a message on its exit
+/// channel, so a `vmm.ping` or `vmm.shutdown` is answered even while a
+/// lifecycle request (`vm.boot` waiting for a vhost-user back-end, a
+/// `vm.pause` waiting for the vCPUs) runs. Everything else changes the VM
+/// and is answered one at a time, in arrival order, off the loop
+/// (`super::worker`), as the VMM has always served them.
+pub fn answers_at_once(url: &str) -> bool {
+    let path = url.split('?').next().unwrap_or(url);
+    match path.strip_prefix(PREFIX).and_then(endpoint) {
+        // Unknown paths are a 404 without looking at the VMM.
+        None => true,
+        Some((ep, _)) => matches!(
+            ep,
+            Endpoint::Ping
+                | Endpoint::VmmShutdown
+                | Endpoint::Info
+                | Endpoint::Counters
+                | Endpoint::VmShutdown
+        ),
+    }
+}
+
 /// Answers one request. `url` may carry a query string (ignored, as by
 /// cloud-hypervisor).
 pub fn handle(method: &str, url: &str, body: &[u8], vmm: &dyn VmmApi) -> Reply {
+    handle_with_fds(method, url, body, Vec::new(), vmm)
+}
+
+/// [`handle`] for a request that carried file descriptors (`SCM_RIGHTS`,
+/// as `ch-remote add-net` sends tap fds). No implemented endpoint takes
+/// any yet: they are closed when the request is answered, and an endpoint
+/// that would take them says how many it received.
+pub fn handle_with_fds(
+    method: &str,
+    url: &str,
+    body: &[u8],
+    fds: Vec<File>,
+    vmm: &dyn VmmApi,
+) -> Reply {
     let path = url.split('?').next().unwrap_or(url);
     let Some((ep, want)) = path.strip_prefix(PREFIX).and_then(endpoint) else {
         return Reply::error(404, format!("no endpoint {path}"));
@@ -368,9 +406,13 @@ pub fn handle(method: &str, url: &str, body: &[u8], vmm: &dyn VmmApi) -> Reply {
                     return Reply::error(400, format!("invalid JSON body: {e}"));
                 }
             }
+            let fds = match fds.len() {
+                0 => String::new(),
+                n => format!(" ({n} file descriptors received and closed)"),
+            };
             Reply::error(
                 501,
-                format!("{path} is not implemented by dmavisor yet; the VM is unchanged"),
+                format!("{path} is not implemented by dmavisor yet; the VM is unchanged{fds}"),
             )
         }
     }

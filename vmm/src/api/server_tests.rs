@@ -1,0 +1,385 @@
+//! The API server against real clients on a real Unix socket (no guest):
+//! slow and hostile clients, limits, and the bytes cloud-hypervisor's
+//! clients expect.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+use super::routes::{ApiError, RunState, VmApi, VmSlot, VmmApi};
+use super::server::{Limits, Server, MAX_BODY};
+use crate::config::VmConfig;
+
+/// A running VM whose counters are `counters_len` bytes of JSON.
+struct BigVm {
+    counters_len: usize,
+}
+
+impl VmApi for BigVm {
+    fn config(&self) -> Value {
+        json!({})
+    }
+    fn memory_actual_size(&self) -> u64 {
+        0
+    }
+    fn counters(&self) -> Value {
+        // `{"d":{"x":"aaa..."}}`: 14 bytes around the string.
+        json!({ "d": { "x": "a".repeat(self.counters_len.saturating_sub(14)) } })
+    }
+    fn state(&self) -> RunState {
+        RunState::Running
+    }
+    fn pause(&self) -> Result<(), ApiError> {
+        Ok(())
+    }
+    fn resume(&self) -> Result<(), ApiError> {
+        Ok(())
+    }
+    fn power_button(&self) -> Result<(), ApiError> {
+        Ok(())
+    }
+    fn can_reboot(&self) -> Result<(), ApiError> {
+        Ok(())
+    }
+    fn shutdown(&self) {}
+    fn reboot(&self) {}
+}
+
+/// A VMM whose `vm.boot` waits until the test opens `gate`, as a boot
+/// waiting for a vhost-user back-end does.
+struct SlowVmm {
+    vm: Option<Arc<dyn VmApi>>,
+    gate: Mutex<Receiver<()>>,
+    boots: AtomicU32,
+    shutdowns: AtomicU32,
+}
+
+impl VmmApi for SlowVmm {
+    fn slot(&self) -> VmSlot {
+        match &self.vm {
+            Some(vm) => VmSlot::Running(vm.clone()),
+            None => VmSlot::Created {
+                config: json!({}),
+                memory: 0,
+                booting: false,
+            },
+        }
+    }
+    fn create(&self, _config: VmConfig) -> Result<(), ApiError> {
+        Ok(())
+    }
+    fn boot(&self) -> Result<(), ApiError> {
+        let gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = gate.recv_timeout(Duration::from_secs(20));
+        self.boots.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+    fn delete(&self) -> Result<(), ApiError> {
+        Ok(())
+    }
+    fn shutdown(&self) {
+        self.shutdowns.fetch_add(1, Ordering::SeqCst);
+    }
+    fn reboot(&self) {}
+}
+
+fn short_limits() -> Limits {
+    Limits {
+        max_connections: 16,
+        request_timeout: Duration::from_millis(300),
+        write_timeout: Duration::from_millis(300),
+        idle_timeout: Duration::from_secs(30),
+    }
+}
+
+/// Serves `vmm` on a fresh socket; the test opens the gate with the
+/// returned sender.
+fn serve(
+    name: &str,
+    vm: Option<Arc<dyn VmApi>>,
+    limits: Limits,
+) -> (PathBuf, Arc<SlowVmm>, Sender<()>) {
+    let dir = std::env::temp_dir().join(format!("dmavisor-api-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("api.sock");
+    let listener = crate::api_socket::ApiSocket::Path(path.clone())
+        .listen()
+        .unwrap();
+    let (open, gate) = channel();
+    let vmm = Arc::new(SlowVmm {
+        vm,
+        gate: Mutex::new(gate),
+        boots: AtomicU32::new(0),
+        shutdowns: AtomicU32::new(0),
+    });
+    let server = Server::new(listener, vmm.clone(), limits).unwrap();
+    std::thread::spawn(move || server.run());
+    (path, vmm, open)
+}
+
+fn connect(path: &PathBuf) -> UnixStream {
+    let s = UnixStream::connect(path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s
+}
+
+/// Reads one response as `ch-remote` does: headers to the blank line,
+/// then `Content-Length` bytes if there is one. Returns the head and body.
+fn response(s: &mut UnixStream) -> (String, Vec<u8>) {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "EOF in the head: {buf:?}");
+        buf.push(byte[0]);
+    }
+    let head = String::from_utf8(buf).unwrap();
+    let len = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .map_or(0, |n| n.trim().parse::<usize>().unwrap());
+    let mut body = vec![0; len];
+    s.read_exact(&mut body).unwrap();
+    (head, body)
+}
+
+/// The status as `ch-remote` parses it: between `HTTP/1.1 ` and the CR.
+fn status(head: &str) -> u16 {
+    let start = head.find("HTTP/1.1 ").unwrap() + "HTTP/1.1 ".len();
+    let end = head[start..].find('\r').unwrap() + start;
+    head[start..end].trim().parse().unwrap()
+}
+
+fn request(s: &mut UnixStream, method: &str, name: &str, body: &str) -> (u16, String, Vec<u8>) {
+    let mut req = format!("{method} /api/v1/{name} HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n");
+    if !body.is_empty() {
+        req.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let (head, body) = response(s);
+    (status(&head), head, body)
+}
+
+fn closed_within(s: &mut UnixStream, limit: Duration) -> bool {
+    let start = Instant::now();
+    let mut buf = [0u8; 256];
+    while start.elapsed() < limit {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => {}
+        }
+    }
+    false
+}
+
+#[test]
+fn api_slow_client_does_not_block_others() {
+    let (path, vmm, open) = serve("slow", None, short_limits());
+    // A body announced and never sent.
+    let mut silent = connect(&path);
+    silent
+        .write_all(b"PUT /api/v1/vm.create HTTP/1.1\r\nContent-Length: 2000\r\n\r\n{")
+        .unwrap();
+    // Half a request line.
+    let mut half = connect(&path);
+    half.write_all(b"GET /api/v1/vmm.pi").unwrap();
+    // A chunked body, then silence.
+    let mut chunked = connect(&path);
+    chunked
+        .write_all(b"PUT /api/v1/vm.create HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n7d0\r\n{")
+        .unwrap();
+    // A boot that waits (for a vhost-user back-end, say).
+    let mut booting = connect(&path);
+    booting
+        .write_all(b"PUT /api/v1/vm.boot HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+
+    // Meanwhile another client is answered at once, several times.
+    let mut other = connect(&path);
+    for _ in 0..3 {
+        let t = Instant::now();
+        let (code, _, body) = request(&mut other, "GET", "vmm.ping", "");
+        assert_eq!(code, 200);
+        assert!(String::from_utf8_lossy(&body).contains("\"pid\""));
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    }
+    let (code, _, body) = request(&mut other, "GET", "vm.info", "");
+    assert_eq!(code, 200);
+    assert!(String::from_utf8_lossy(&body).contains("Created"));
+    assert_eq!(vmm.boots.load(Ordering::SeqCst), 0, "the boot still waits");
+    // vmm.shutdown is answered, and acted on, during the boot.
+    let (code, head, _) = request(&mut other, "PUT", "vmm.shutdown", "");
+    assert_eq!(code, 204, "{head}");
+    assert_eq!(vmm.shutdowns.load(Ordering::SeqCst), 1);
+
+    // The chunked request is refused and its connection closed.
+    let (head, body) = response(&mut chunked);
+    assert_eq!(status(&head), 400, "{}", String::from_utf8_lossy(&body));
+    assert!(closed_within(&mut chunked, Duration::from_secs(2)));
+    // The slow clients are timed out and give their slots back.
+    assert!(closed_within(&mut silent, Duration::from_secs(3)));
+    assert!(closed_within(&mut half, Duration::from_secs(3)));
+
+    // The boot's answer comes once the back-end is there.
+    open.send(()).unwrap();
+    let (head, _) = response(&mut booting);
+    assert_eq!(status(&head), 204, "{head}");
+    assert_eq!(vmm.boots.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn api_connections_are_capped_and_idle_ones_make_room() {
+    let limits = Limits {
+        max_connections: 2,
+        ..short_limits()
+    };
+    let (path, _vmm, _open) = serve("cap", None, limits);
+    // Two clients mid-request fill the server: a third is refused.
+    let mut a = connect(&path);
+    a.write_all(b"GET /api/v1/vmm.ping HTTP/1.1\r\n").unwrap();
+    let mut b = connect(&path);
+    b.write_all(b"GET /api/v1/vmm.ping HTTP/1.1\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let mut c = connect(&path);
+    let (head, _) = response(&mut c);
+    assert_eq!(status(&head), 503);
+    // Once they time out, idle keep-alive connections are replaced.
+    assert!(closed_within(&mut a, Duration::from_secs(3)));
+    assert!(closed_within(&mut b, Duration::from_secs(3)));
+    let mut idle = connect(&path);
+    assert_eq!(request(&mut idle, "GET", "vmm.ping", "").0, 200);
+    let mut idle2 = connect(&path);
+    assert_eq!(request(&mut idle2, "GET", "vmm.ping", "").0, 200);
+    let mut d = connect(&path);
+    assert_eq!(request(&mut d, "GET", "vmm.ping", "").0, 200);
+    assert!(
+        closed_within(&mut idle, Duration::from_secs(2)),
+        "the idlest goes"
+    );
+    assert_eq!(request(&mut idle2, "GET", "vmm.ping", "").0, 200);
+}
+
+#[test]
+fn api_oversized_body_is_413() {
+    let (path, _vmm, _open) = serve("big", None, short_limits());
+    // One byte over the limit: refused from the header, before the body.
+    let mut s = connect(&path);
+    let head = format!(
+        "PUT /api/v1/vm.create HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
+        MAX_BODY + 1
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    let (head, body) = response(&mut s);
+    assert_eq!(status(&head), 413, "{head}");
+    let err: Value = serde_json::from_slice(&body).unwrap();
+    assert!(err["error"]
+        .as_str()
+        .unwrap()
+        .contains(&(MAX_BODY + 1).to_string()));
+    assert!(closed_within(&mut s, Duration::from_secs(2)));
+    // Exactly the limit is read and routed: an invalid VmConfig is a 400.
+    let mut s = connect(&path);
+    let body = format!("{}{}", " ".repeat(MAX_BODY - 2), "{}");
+    let (code, head, _) = request(&mut s, "PUT", "vm.create", &body);
+    assert_eq!(code, 400, "{head}");
+    assert_eq!(request(&mut s, "GET", "vmm.ping", "").0, 200);
+}
+
+#[test]
+fn http_responses_match_cloud_hypervisor_framing() {
+    let big: Arc<dyn VmApi> = Arc::new(BigVm {
+        counters_len: 40 << 10,
+    });
+    let (path, _vmm, _open) = serve("framing", Some(big), short_limits());
+    let mut s = connect(&path);
+
+    // A 200 with a body: code without reason phrase, Content-Length.
+    let (code, head, body) = request(&mut s, "GET", "vmm.ping", "");
+    assert_eq!(code, 200);
+    assert_eq!(
+        head,
+        format!(
+            "HTTP/1.1 200 \r\nServer: dmavisor API\r\nConnection: keep-alive\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+    );
+    // A 204 on the same (kept-alive) connection: no body, no length.
+    let (code, head, body) = request(&mut s, "PUT", "vm.resume", "");
+    assert_eq!(code, 204);
+    assert_eq!(
+        head,
+        "HTTP/1.1 204 \r\nServer: dmavisor API\r\nConnection: keep-alive\r\n\r\n"
+    );
+    assert!(body.is_empty());
+    // A body over 32 KiB is sent whole with its length, never chunked.
+    let (code, head, body) = request(&mut s, "GET", "vm.counters", "");
+    assert_eq!(code, 200);
+    assert!(!head.contains("Transfer-Encoding"), "{head}");
+    assert_eq!(body.len(), 40 << 10);
+    assert!(head.contains(&format!("Content-Length: {}\r\n", 40 << 10)));
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["d"]["x"].as_str().map(str::len), Some((40 << 10) - 14));
+
+    // Expect: 100-continue gets its interim answer before the body.
+    s.write_all(
+        b"PUT /api/v1/vm.resize HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n",
+    )
+    .unwrap();
+    let (interim, _) = response(&mut s);
+    assert_eq!(status(&interim), 100, "{interim}");
+    s.write_all(b"{}").unwrap();
+    let (head, _) = response(&mut s);
+    assert_eq!(status(&head), 501, "{head}");
+
+    // Descriptors sent with SCM_RIGHTS (as ch-remote sends tap fds with
+    // the request line) reach the server, which closes them afterwards.
+    let mut pipes = [0; 2];
+    // SAFETY: `pipes` has room for the two descriptors pipe() returns.
+    assert_eq!(unsafe { libc::pipe(pipes.as_mut_ptr()) }, 0);
+    // SAFETY: pipe() succeeded: both descriptors are new and ours.
+    let (read_end, write_end) = unsafe {
+        (
+            OwnedFd::from_raw_fd(pipes[0]),
+            OwnedFd::from_raw_fd(pipes[1]),
+        )
+    };
+    let line = b"PUT /api/v1/vm.add-net HTTP/1.1\r\nHost: localhost\r\n";
+    s.send_with_fds(
+        &[&line[..]],
+        &[write_end.as_raw_fd(), write_end.as_raw_fd()],
+    )
+    .unwrap();
+    s.write_all(b"Content-Length: 2\r\n\r\n{}").unwrap();
+    let (head, body) = response(&mut s);
+    assert_eq!(status(&head), 501, "{head}");
+    let msg = String::from_utf8_lossy(&body);
+    assert!(msg.contains("2 file descriptors received"), "{msg}");
+    // With our own copy closed, EOF on the pipe shows the server closed its.
+    drop(write_end);
+    let mut p = libc::pollfd {
+        fd: read_end.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, for the duration of the call.
+    let ready = unsafe { libc::poll(&mut p, 1, 5000) };
+    assert_eq!(ready, 1, "the server kept a descriptor open");
+    let mut r = std::fs::File::from(read_end);
+    let mut buf = [0u8; 1];
+    assert_eq!(r.read(&mut buf).unwrap(), 0);
+    // And the connection still serves.
+    assert_eq!(request(&mut s, "GET", "vmm.ping", "").0, 200);
+}
