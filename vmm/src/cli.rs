@@ -98,9 +98,37 @@ pub struct Cli {
     #[arg(long = "api-socket", value_name = "path=..|fd=..")]
     pub api_socket: Option<String>,
 
+    /// Per-thread seccomp filters: true (a forbidden system call ends the
+    /// VMM, naming the thread and the call), log (the kernel logs it and
+    /// lets it run) or false.
+    #[arg(long, value_name = "true|false|log", default_value = crate::sandbox::DEFAULT_SECCOMP)]
+    pub seccomp: String,
+
+    /// Landlock: before the guest runs, the VMM keeps access only to the
+    /// files its configuration names, the host devices it opens and
+    /// --landlock-rules; paths handed to the API later must fall inside.
+    #[arg(long)]
+    pub landlock: bool,
+
+    /// More paths the VMM may use under --landlock (repeatable):
+    /// path=PATH,access=r|rw.
+    #[arg(long = "landlock-rules", value_name = "path=..,access=r|rw", num_args = 1.., requires = "landlock")]
+    pub landlock_rules: Vec<String>,
+
     /// More logging on stderr (-v info, -vv debug, -vvv trace). RUST_LOG overrides.
     #[arg(short = 'v', action = ArgAction::Count)]
     pub verbose: u8,
+}
+
+/// `--seccomp`, `--landlock` and `--landlock-rules`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SandboxOptions {
+    /// What a thread's filter does with a call outside its list.
+    pub seccomp: crate::sandbox::SeccompMode,
+    /// Whether to restrict the VMM's file access with Landlock.
+    pub landlock: bool,
+    /// Paths allowed beyond the configuration's.
+    pub landlock_rules: Vec<crate::sandbox::LandlockRule>,
 }
 
 impl Cli {
@@ -143,6 +171,19 @@ impl Cli {
                 .map(|d| crate::vfio::VfioConfig::parse(d))
                 .collect::<Result<_, _>>()?,
         }))
+    }
+
+    /// The sandbox the flags ask for.
+    pub fn sandbox(&self) -> Result<SandboxOptions, Error> {
+        Ok(SandboxOptions {
+            seccomp: crate::sandbox::SeccompMode::parse(&self.seccomp)?,
+            landlock: self.landlock,
+            landlock_rules: self
+                .landlock_rules
+                .iter()
+                .map(|r| crate::sandbox::LandlockRule::parse(r))
+                .collect::<Result<_, _>>()?,
+        })
     }
 
     /// Where the REST API listens (`--api-socket`), if anywhere.
@@ -257,6 +298,47 @@ mod tests {
                 .to_config()
                 .is_err()
         );
+    }
+
+    #[test]
+    fn sandbox_flags() {
+        use crate::sandbox::{LandlockAccess, LandlockRule, SeccompMode};
+        let cli = Cli::try_parse_from([
+            "dmavisor",
+            "--kernel",
+            "/k",
+            "--seccomp",
+            "log",
+            "--landlock",
+            "--landlock-rules",
+            "path=/a,access=r",
+            "path=/b,access=rw",
+        ])
+        .unwrap();
+        let s = cli.sandbox().unwrap();
+        assert_eq!(s.seccomp, SeccompMode::Log);
+        assert!(s.landlock);
+        assert_eq!(
+            s.landlock_rules,
+            vec![
+                LandlockRule::new("/a", LandlockAccess::Read),
+                LandlockRule::new("/b", LandlockAccess::ReadWrite)
+            ]
+        );
+        let default = Cli::try_parse_from(["dmavisor", "--kernel", "/k"]).unwrap();
+        let d = default.sandbox().unwrap();
+        assert!(!d.landlock && d.landlock_rules.is_empty());
+        let bad = Cli::try_parse_from(["dmavisor", "--kernel", "/k", "--seccomp", "on"]).unwrap();
+        assert!(bad.sandbox().is_err());
+        // Rules without --landlock would silently do nothing.
+        assert!(Cli::try_parse_from([
+            "dmavisor",
+            "--kernel",
+            "/k",
+            "--landlock-rules",
+            "path=/a,access=r"
+        ])
+        .is_err());
     }
 
     #[test]

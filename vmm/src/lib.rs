@@ -29,6 +29,8 @@ pub mod panic_exit;
 pub mod pci;
 pub mod reboot;
 pub mod resources;
+pub mod sandbox;
+pub mod sandbox_rules;
 pub mod vcpu;
 pub mod vcpu_control;
 pub mod vfio;

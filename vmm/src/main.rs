@@ -8,9 +8,11 @@ use clap::Parser;
 
 use vmm::api::controller::Controller;
 use vmm::api::ApiSocket;
+use vmm::config::VmConfig;
 use vmm::error::Error;
 use vmm::exit::{ExitEvent, Failure};
-use vmm::{api, cli, panic_exit, reboot, vm};
+use vmm::sandbox::SandboxError;
+use vmm::{api, cli, panic_exit, reboot, sandbox, sandbox_rules, vm};
 
 fn init_logging(verbosity: u8) {
     let default = match verbosity {
@@ -32,6 +34,7 @@ struct Inherited {
 
 /// Serves the API (if asked) and boots the VM of the command line or of
 /// the reboot hand-over (if any); the VM then runs on its own threads.
+/// The sandbox goes in first: every thread starts inside it.
 fn start(cli: &cli::Cli, vmm: &Arc<Controller>, inherited: Inherited) -> Result<(), Error> {
     // A handed-over configuration is the VM as it ran (created through
     // the API, or changed by hotplug since the command line built it).
@@ -46,6 +49,11 @@ fn start(cli: &cli::Cli, vmm: &Arc<Controller>, inherited: Inherited) -> Result<
     if let (Some(fd), Some(_)) = (inherited.api_fd, &socket) {
         socket = Some(ApiSocket::Fd(fd));
     }
+    let options = cli.sandbox()?;
+    if let Err(e) = confine(&options, config.as_ref(), socket.as_ref()) {
+        eprintln!("dmavisor: error: {e}");
+        std::process::exit(1);
+    }
     if let Some(c) = config.clone() {
         vmm.reserve(c)?;
     }
@@ -55,6 +63,26 @@ fn start(cli: &cli::Cli, vmm: &Arc<Controller>, inherited: Inherited) -> Result<
     if config.is_some() {
         vmm.boot_reserved()?;
     }
+    Ok(())
+}
+
+/// no_new_privs, Landlock (if asked) and the seccomp mode of every thread
+/// started from now on; the main thread itself is never filtered (it
+/// re-executes the binary on `vm.reboot`, and a filter survives `execve`).
+fn confine(
+    options: &cli::SandboxOptions,
+    config: Option<&VmConfig>,
+    socket: Option<&ApiSocket>,
+) -> Result<(), SandboxError> {
+    sandbox::set_no_new_privs()?;
+    if options.landlock {
+        let mut rules = options.landlock_rules.clone();
+        rules.extend(config.map(sandbox_rules::config_rules).unwrap_or_default());
+        rules.extend(sandbox_rules::api_socket_rules(socket));
+        sandbox::landlock::restrict(&rules, &sandbox_rules::host_rules())?;
+    }
+    sandbox::seccomp::set_mode(options.seccomp)?;
+    sandbox::seccomp::start_probes();
     Ok(())
 }
 
