@@ -4,7 +4,6 @@
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
-use std::thread;
 use std::time::Instant;
 
 use kvm_bindings::{
@@ -48,6 +47,7 @@ use crate::pci::config_access::{
 use crate::pci::root::GENERAL_SLOTS;
 use crate::pci::{PciRoot, PciWindows};
 use crate::resources::VmResources;
+use crate::sandbox::{self, ThreadKind};
 use crate::vcpu::{BootEntry, Vcpu};
 use crate::vcpu_control::VcpuControl;
 use crate::vfio::hotplug::VfioHotplug;
@@ -492,10 +492,9 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
         })?;
     }
     for vcpu in vcpus {
-        let handle = thread::Builder::new()
-            .name(format!("vcpu{}", vcpu.index()))
-            .spawn(move || vcpu.run())
-            .map_err(|source| {
+        let name = format!("vcpu{}", vcpu.index());
+        let handle =
+            sandbox::spawn(ThreadKind::Vcpu, name, move || vcpu.run()).map_err(|source| {
                 StartError::Threads(Box::new(Error::Os {
                     what: "vCPU thread",
                     source,

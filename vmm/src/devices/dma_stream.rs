@@ -26,6 +26,7 @@ use virtio_iommu::quiesce::ReaderSlot;
 
 use super::dma_copy::{copy_guest, DmaError};
 use crate::dma::DmaSpace;
+use crate::sandbox::{self, ThreadKind};
 
 /// One stream: what to copy where, pass after pass.
 pub struct StreamJob {
@@ -82,9 +83,9 @@ impl DmaStreamer {
         let shared = Arc::new(Shared::default());
         let reader = dma.reader();
         let s = shared.clone();
-        let thread = thread::Builder::new()
-            .name("dma-test-stream".into())
-            .spawn(move || stream_thread(&dma, reader.as_deref(), &rx, &s))?;
+        let thread = sandbox::spawn(ThreadKind::DmaStream, "dma-test-stream", move || {
+            stream_thread(&dma, reader.as_deref(), &rx, &s)
+        })?;
         Ok(Self {
             jobs: Some(tx),
             shared,

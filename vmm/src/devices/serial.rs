@@ -11,6 +11,7 @@ use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::bus::BusDevice;
+use crate::sandbox::{self, ThreadKind};
 
 /// Raises the serial interrupt by signalling an irqfd.
 pub struct EventFdTrigger(EventFd);
@@ -77,33 +78,31 @@ impl BusDevice for SerialDevice {
 
 /// Feeds stdin to the UART from a background thread until EOF.
 pub fn spawn_stdin_reader(serial: Arc<Mutex<SerialDevice>>) -> io::Result<()> {
-    thread::Builder::new()
-        .name("serial-stdin".into())
-        .spawn(move || {
-            let mut stdin = io::stdin();
-            let mut buf = [0u8; 64];
-            loop {
-                let n = match stdin.read(&mut buf) {
-                    Ok(0) => return,
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(_) => return,
-                };
-                let mut pending = buf.get(..n).unwrap_or_default();
-                while !pending.is_empty() {
-                    let taken = serial
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .enqueue_input(pending);
-                    pending = pending.get(taken..).unwrap_or_default();
-                    if !pending.is_empty() {
-                        // FIFO full: let the guest drain it.
-                        thread::sleep(Duration::from_millis(5));
-                    }
+    sandbox::spawn(ThreadKind::Serial, "serial-stdin", move || {
+        let mut stdin = io::stdin();
+        let mut buf = [0u8; 64];
+        loop {
+            let n = match stdin.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return,
+            };
+            let mut pending = buf.get(..n).unwrap_or_default();
+            while !pending.is_empty() {
+                let taken = serial
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .enqueue_input(pending);
+                pending = pending.get(taken..).unwrap_or_default();
+                if !pending.is_empty() {
+                    // FIFO full: let the guest drain it.
+                    thread::sleep(Duration::from_millis(5));
                 }
             }
-        })
-        .map(|_| ())
+        }
+    })
+    .map(|_| ())
 }
 
 #[cfg(test)]

@@ -109,6 +109,7 @@ const RUNTIME: &[i64] = &[
     libc::SYS_getrandom,
     libc::SYS_sched_yield,
     libc::SYS_sched_getaffinity,
+    libc::SYS_getcpu,
     libc::SYS_getpid,
     libc::SYS_gettid,
     libc::SYS_tgkill,
@@ -189,6 +190,14 @@ const BUILD: &[i64] = &[
     libc::SYS_sched_setaffinity,
     libc::SYS_mlock,
     libc::SYS_munlock,
+    libc::SYS_umask,
+    libc::SYS_chmod,
+    libc::SYS_fchmod,
+    libc::SYS_fchmodat,
+    libc::SYS_getuid,
+    libc::SYS_geteuid,
+    libc::SYS_getgid,
+    libc::SYS_getegid,
 ];
 
 /// ioctl type bytes (`_IOC_TYPE`, bits 8..16 of the request).

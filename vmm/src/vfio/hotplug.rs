@@ -20,7 +20,6 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread;
 
 use log::{info, warn};
 
@@ -31,6 +30,7 @@ use crate::error::Error;
 use crate::pci::root::{GENERAL_SLOTS, IOMMU_HOTPLUG_SLOTS};
 use crate::pci::PciAddress;
 use crate::resources::VmResources;
+use crate::sandbox::{self, ThreadKind};
 use crate::virtio::iommu::IommuPlatform;
 
 /// Why a hotplug request was refused or failed.
@@ -108,20 +108,18 @@ impl VfioHotplug {
             stray_eject: AtomicBool::new(false),
         });
         let worker = Arc::downgrade(&me);
-        thread::Builder::new()
-            .name("pci-hotplug".into())
-            .spawn(move || {
-                for slot in ejected {
-                    match worker.upgrade() {
-                        Some(h) => h.ejected(slot),
-                        None => return,
-                    }
+        sandbox::spawn(ThreadKind::Hotplug, "pci-hotplug", move || {
+            for slot in ejected {
+                match worker.upgrade() {
+                    Some(h) => h.ejected(slot),
+                    None => return,
                 }
-            })
-            .map_err(|source| Error::Os {
-                what: "PCI hotplug thread",
-                source,
-            })?;
+            }
+        })
+        .map_err(|source| Error::Os {
+            what: "PCI hotplug thread",
+            source,
+        })?;
         Ok(me)
     }
 
