@@ -17,6 +17,7 @@
 //! [`DmaSpace`](crate::dma::DmaSpace)), so a vIOMMU translates them too.
 
 use thiserror::Error;
+use virtio_queue::{Queue, QueueOwnedT};
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
 
 /// Descriptor flag: the chain continues at `next`.
@@ -217,6 +218,23 @@ pub fn walk_into<M: GuestMemory + ?Sized>(
     }
 }
 
+/// Takes the next available chain's head off `queue`: `Ok(None)` when the
+/// driver has offered nothing more, an error when the avail ring cannot be
+/// trusted (its index more than a queue size ahead, or unreadable).
+///
+/// WHY not `QueueT::pop_descriptor_chain`: it logs the avail ring error and
+/// returns `None`, which looks like "nothing to do" while
+/// `enable_notification` keeps saying "more to do"; a loop over the two
+/// spins on a hostile index for ever (issue 28). The error must reach the
+/// device, which then stops the queue.
+pub fn pop_head<M: GuestMemory>(
+    queue: &mut Queue,
+    mem: &M,
+) -> Result<Option<u16>, virtio_queue::Error> {
+    let mut avail = queue.iter(mem)?;
+    Ok(avail.next().map(|c| c.head_index()))
+}
+
 /// [`walk_into`] returning a fresh [`Chain`].
 pub fn walk<M: GuestMemory + ?Sized>(
     mem: &M,
@@ -355,5 +373,34 @@ mod tests {
             walk(&m, 0xffff_fff0, 8, 1),
             Err(ChainError::Unreadable(0x1_0000_0000))
         );
+    }
+
+    /// The next head, then nothing, then an error (not `None`) for an
+    /// avail index more than a queue ahead; the error stays until a reset.
+    #[test]
+    fn pop_head_reports_a_jumped_avail_index() {
+        use crate::virtio::test_ring::{leaked_ram, DriverRing, RingAddrs};
+        let mem = leaked_ram(0x10000);
+        let addrs = RingAddrs {
+            desc: 0x1000,
+            avail: 0x2000,
+            used: 0x3000,
+        };
+        let mut ring = DriverRing::new(mem, addrs, 8);
+        let mut q = ring.queue();
+        ring.offer(5);
+        assert_eq!(pop_head(&mut q, mem).unwrap(), Some(5));
+        assert_eq!(pop_head(&mut q, mem).unwrap(), None);
+        // A full queue ahead is still legal.
+        ring.set_avail_idx(1 + 8);
+        assert!(pop_head(&mut q, mem).unwrap().is_some());
+        // Two taken now: one more than a queue beyond them is not.
+        ring.set_avail_idx(2 + 8 + 1);
+        for _ in 0..2 {
+            assert!(matches!(
+                pop_head(&mut q, mem),
+                Err(virtio_queue::Error::InvalidAvailRingIndex)
+            ));
+        }
     }
 }

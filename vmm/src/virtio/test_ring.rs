@@ -8,6 +8,10 @@
 //! `end()`, which counts ring elements rather than bytes, so for a queue
 //! of 16 the used ring would overlap avail entries 8 and up.
 
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::{AvailRing, DescriptorTable, UsedRing};
@@ -15,6 +19,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestAddress;
 
 use crate::memory::GuestMemoryMmap;
+use crate::virtio::VirtioInterrupt;
 
 /// Test RAM of `size` bytes at guest address 0, leaked so that a fixture
 /// can hold both the memory and the [`DriverRing`] that borrows it (one
@@ -136,5 +141,50 @@ impl<'m> DriverRing<'m> {
         let slot = (i % u64::from(self.size)) as usize;
         let e = self.used.ring().ref_at(slot).expect("used slot").load();
         (e.id(), e.len())
+    }
+}
+
+/// How long a device may take to give up on a hostile ring. Generous for
+/// a loaded test machine; a device that spins never returns at all.
+pub const SPIN_BOUND: Duration = Duration::from_secs(1);
+
+/// Runs `f` on a thread of its own and returns its result, or `None` if it
+/// did not return within [`SPIN_BOUND`]: a device that spins on a hostile
+/// ring fails the test instead of hanging it (the spinning thread is
+/// left behind; the test binary ends with the failure).
+pub fn returns_in_bound<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(SPIN_BOUND).ok()
+}
+
+/// Counts what a device signalled.
+#[derive(Default)]
+pub struct IrqCount {
+    queue: AtomicU32,
+    needs_reset: AtomicU32,
+}
+
+impl IrqCount {
+    /// Used-buffer interrupts, all queues together.
+    pub fn queue(&self) -> u32 {
+        self.queue.load(Ordering::SeqCst)
+    }
+
+    /// DEVICE_NEEDS_RESET requests.
+    pub fn needs_reset(&self) -> u32 {
+        self.needs_reset.load(Ordering::SeqCst)
+    }
+}
+
+impl VirtioInterrupt for IrqCount {
+    fn notify_queue(&self, _: u16) {
+        self.queue.fetch_add(1, Ordering::SeqCst);
+    }
+    fn notify_config(&self) {}
+    fn set_needs_reset(&self) {
+        self.needs_reset.fetch_add(1, Ordering::SeqCst);
     }
 }

@@ -17,8 +17,9 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::{scatter, wait, wake_on};
 use crate::dma::DmaSpace;
-use crate::virtio::chain::{walk_into, Chain};
+use crate::virtio::chain::{pop_head, walk_into, Chain};
 use crate::virtio::{ActiveQueue, VirtioInterrupt};
+use crate::warn_limited;
 
 struct EventQueue {
     iommu: Arc<IommuDevice>,
@@ -63,10 +64,17 @@ impl EventQueue {
     fn deliver(&mut self) -> bool {
         let mut delivered = false;
         let ok = loop {
-            let Some(dc) = self.queue.pop_descriptor_chain(&self.mem) else {
-                break true;
+            // A hostile avail index ends the queue here, once: the error
+            // is not taken for "no buffers" (which would log it again on
+            // every kick and fault, see `chain::pop_head`).
+            let head = match pop_head(&mut self.queue, &self.mem) {
+                Ok(Some(head)) => head,
+                Ok(None) => break true,
+                Err(e) => {
+                    warn!("virtio-iommu: event queue: avail ring: {e}");
+                    break false;
+                }
             };
-            let head = dc.head_index();
             let Some(ev) = self.iommu.pop_fault_event() else {
                 // Keep the buffer for the next fault.
                 self.queue.go_to_previous_position();
@@ -80,7 +88,9 @@ impl EventQueue {
             let len = if self.write_event(&ev) {
                 FAULT_SIZE as u32
             } else {
-                warn!("virtio-iommu: event buffer too small or not writable; event dropped");
+                warn_limited!(
+                    "virtio-iommu: event buffer too small or not writable; event dropped"
+                );
                 0
             };
             if let Err(e) = self.queue.add_used(&self.mem, head, len) {
@@ -111,5 +121,53 @@ impl EventQueue {
     fn write_event(&self, ev: &[u8; FAULT_SIZE]) -> bool {
         self.chain.writable_len() >= FAULT_SIZE as u64
             && scatter(&self.mem, &self.chain.writable, ev)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use virtio_iommu::device::IommuConfig;
+
+    use super::*;
+    use crate::log_limit::counting;
+    use crate::virtio::test_ring::{leaked_ram, returns_in_bound, DriverRing, IrqCount, RingAddrs};
+
+    const SIZE: u16 = 16;
+
+    /// A driver that moves the event queue's avail index a queue and one
+    /// ahead: delivering returns, the queue is broken with one reset
+    /// request and one log line, and it is not retried on the next wake.
+    #[test]
+    fn viommu_event_avail_index_jump_breaks_the_queue_without_spinning() {
+        let mem = leaked_ram(0x100000);
+        let addrs = RingAddrs {
+            desc: 0x1000,
+            avail: 0x2000,
+            used: 0x3000,
+        };
+        let ring = DriverRing::new(mem, addrs, SIZE);
+        let irq = Arc::new(IrqCount::default());
+        let mut eq = EventQueue {
+            iommu: Arc::new(IommuDevice::new(IommuConfig::default()).unwrap()),
+            index: 1,
+            queue: ring.queue(),
+            mem: DmaSpace::identity(mem.clone()),
+            interrupt: irq.clone(),
+            chain: Chain::default(),
+        };
+        assert!(eq.deliver(), "an empty ring is fine");
+        ring.set_avail_idx(SIZE + 1);
+        let (ok, lines) = returns_in_bound(move || {
+            counting::install();
+            let before = counting::lines();
+            let ok = eq.deliver();
+            (ok, counting::lines() - before)
+        })
+        .expect("delivering on a jumped avail index spins");
+        assert!(!ok, "the event thread must end");
+        assert_eq!(irq.needs_reset(), 1);
+        assert_eq!(irq.queue(), 0);
+        assert!((1..=2).contains(&lines), "{lines} log lines");
+        assert_eq!(ring.used_idx(), 0);
     }
 }

@@ -23,6 +23,8 @@ mod event;
 pub mod options;
 pub mod platform;
 mod request;
+#[cfg(test)]
+mod ring_tests;
 
 pub use options::{IommuOptions, RequestServing};
 pub use platform::IommuPlatform;

@@ -20,8 +20,9 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::{scatter, wait, wake_on};
 use crate::dma::DmaSpace;
-use crate::virtio::chain::{walk_into, Buffer, Chain};
+use crate::virtio::chain::{pop_head, walk_into, Buffer, Chain};
 use crate::virtio::VirtioInterrupt;
+use crate::warn_limited;
 
 /// Largest device-readable part copied per request (requests are at most
 /// a few dozen bytes; the rest of a longer buffer is ignored).
@@ -185,15 +186,31 @@ impl RequestQueue {
 
     /// Handles available chains into `self.completed`, at most a queue's
     /// worth per batch so one batch stays bounded.
+    ///
+    /// Every way the guest can make the ring lie ends in [`Drain::Broken`]
+    /// with one log line, never in another round: an avail index more
+    /// than a queue ahead (the pop fails), and an index that moved back
+    /// after `enable_notification` reported it ahead (a round then finds
+    /// nothing, which a driver that only adds cannot cause).
     fn drain(&mut self) -> Drain {
         let limit = usize::from(self.queue.size()).max(1);
+        let mut promised = false;
         loop {
             if let Err(e) = self.queue.disable_notification(&self.mem) {
                 warn!("virtio-iommu: queue {}: {e}", self.index);
                 return Drain::Broken;
             }
-            while let Some(dc) = self.queue.pop_descriptor_chain(&self.mem) {
-                let head = dc.head_index();
+            let mut popped = false;
+            loop {
+                let head = match pop_head(&mut self.queue, &self.mem) {
+                    Ok(Some(head)) => head,
+                    Ok(None) => break,
+                    Err(e) => {
+                        warn!("virtio-iommu: queue {}: avail ring: {e}", self.index);
+                        return Drain::Broken;
+                    }
+                };
+                popped = true;
                 let Some(len) = self.handle(head) else {
                     return Drain::Broken;
                 };
@@ -202,8 +219,15 @@ impl RequestQueue {
                     return Drain::Full;
                 }
             }
+            if promised && !popped {
+                warn!(
+                    "virtio-iommu: queue {}: avail index moved backwards",
+                    self.index
+                );
+                return Drain::Broken;
+            }
             match self.queue.enable_notification(&self.mem) {
-                Ok(true) => continue,
+                Ok(true) => promised = true,
                 Ok(false) => return Drain::Empty,
                 Err(e) => {
                     warn!("virtio-iommu: queue {}: {e}", self.index);
@@ -227,7 +251,7 @@ impl RequestQueue {
             MAX_READABLE,
             &mut self.readable,
         ) {
-            warn!("virtio-iommu: request buffer not readable");
+            warn_limited!("virtio-iommu: request buffer not readable");
             return Some(0);
         }
         let wlen = usize::try_from(self.chain.writable_len())
@@ -240,7 +264,7 @@ impl RequestQueue {
             .handle_request(&mut self.worker, &self.readable, &mut self.writable);
         let answer = self.writable.get(..used).unwrap_or(&[]);
         if !scatter(&self.mem, &self.chain.writable, answer) {
-            warn!("virtio-iommu: reply buffer not writable");
+            warn_limited!("virtio-iommu: reply buffer not writable");
             return Some(0);
         }
         Some(u32::try_from(used).unwrap_or(0))
