@@ -28,7 +28,7 @@ pub fn run(shared: &Shared, spaces: &[DmaSpace], reader: &Arc<ReaderSlot>, mut r
         // The time a real device spends between translating and copying
         // (building an iovec, entering a syscall): a window for a
         // completion that did not wait for this section.
-        let window = rng.below(200);
+        let window = rng.below(1000);
         let section = reader.enter();
         let slices = space
             .get_slices(GuestAddress(addr), REGION as usize, Permissions::Write)
