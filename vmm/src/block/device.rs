@@ -3,7 +3,7 @@
 
 use std::mem::offset_of;
 use std::sync::Arc;
-use std::thread::{self, JoinHandle};
+use std::thread::JoinHandle;
 
 use log::{info, warn};
 use virtio_bindings::virtio_blk::{
@@ -18,6 +18,7 @@ use super::image::DiskImage;
 use super::limits::Limits;
 use super::worker::{run_worker, WorkerParts};
 use super::{MAX_DISCARD_SECTORS, MAX_DISCARD_SEGMENTS, SECTOR_SIZE};
+use crate::sandbox::{self, ThreadKind};
 use crate::virtio::{
     feature, read_config_window, ActivateContext, ActivateError, QueueSetupError, VirtioDevice,
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
@@ -166,9 +167,8 @@ impl VirtioDevice for Block {
                 queue: q,
                 stop: stop.try_clone()?,
             };
-            let handle = thread::Builder::new()
-                .name(format!("blk-q{index}"))
-                .spawn(move || run_worker(parts))?;
+            let name = format!("blk-q{index}");
+            let handle = sandbox::spawn(ThreadKind::BlockWorker, name, move || run_worker(parts))?;
             self.workers.push((stop, handle));
         }
         if self.workers.is_empty() {

@@ -1,7 +1,7 @@
 //! The virtio-net device (virtio 1.2, 5.1) on a TAP back-end.
 
 use std::sync::Arc;
-use std::thread::{self, JoinHandle};
+use std::thread::JoinHandle;
 
 use log::{info, warn};
 use thiserror::Error;
@@ -12,6 +12,7 @@ use super::queue::WorkerQueue;
 use super::rx::{MAX_FRAME, MAX_PLAIN_FRAME};
 use super::tap::{Tap, TapError, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6};
 use super::worker::{run_worker, WorkerParts};
+use crate::sandbox::{self, ThreadKind};
 use crate::virtio::{
     feature, read_config_window, ActivateContext, ActivateError, QueueSetupError, VirtioDevice,
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
@@ -229,9 +230,9 @@ impl VirtioDevice for Net {
                 },
                 stop: stop.try_clone()?,
             };
-            let handle = thread::Builder::new()
-                .name(format!("net-q{i}"))
-                .spawn(move || run_worker(parts))?;
+            let handle = sandbox::spawn(ThreadKind::NetWorker, format!("net-q{i}"), move || {
+                run_worker(parts)
+            })?;
             self.workers.push((stop, handle));
         }
         if self.workers.is_empty() {

@@ -15,7 +15,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::thread::{self, JoinHandle};
+use std::thread::JoinHandle;
 
 use log::{info, warn};
 use thiserror::Error;
@@ -36,6 +36,7 @@ use crate::memory::GuestMemoryMmap;
 use crate::net::device::{config_space, features as net_features, VIRTIO_ID_NET};
 use crate::net::queue::WorkerQueue;
 use crate::net::NetConfig;
+use crate::sandbox::{self, ThreadKind};
 use crate::virtio::{
     feature, read_config_window, ActivateContext, ActivateError, QueueSetupError, VirtioDevice,
     VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX,
@@ -262,10 +263,10 @@ impl VhostUserNet {
             drop(theirs);
             let reader = ours.try_clone().map_err(os)?;
             let served = iotlb.clone();
-            let handle = thread::Builder::new()
-                .name("vhost-user-iotlb".into())
-                .spawn(move || serve_backend_channel(reader, served))
-                .map_err(os)?;
+            let handle = sandbox::spawn(ThreadKind::VhostUser, "vhost-user-iotlb", move || {
+                serve_backend_channel(reader, served)
+            })
+            .map_err(os)?;
             Some((iotlb, ours, handle))
         } else {
             None
@@ -382,9 +383,9 @@ impl VhostUserNet {
                 pairs_used: self.pairs_used.clone(),
                 stop: stop.try_clone()?,
             };
-            let handle = thread::Builder::new()
-                .name("vhost-user-ctrl".into())
-                .spawn(move || run_ctrl_queue(server))?;
+            let handle = sandbox::spawn(ThreadKind::VhostUser, "vhost-user-ctrl", move || {
+                run_ctrl_queue(server)
+            })?;
             self.ctrl = Some((stop, handle));
         }
         let stop = EventFd::new(libc::EFD_NONBLOCK)?;
@@ -395,9 +396,9 @@ impl VhostUserNet {
             interrupt: ctx.interrupt.clone(),
             socket: self.socket.clone(),
         };
-        let handle = thread::Builder::new()
-            .name("vhost-user-call".into())
-            .spawn(move || run_call_forwarder(forwarder))?;
+        let handle = sandbox::spawn(ThreadKind::VhostUser, "vhost-user-call", move || {
+            run_call_forwarder(forwarder)
+        })?;
         self.forwarder = Some((stop, handle));
         if !ctx.mem.bus_master() {
             self.bus_master_changed(false);
