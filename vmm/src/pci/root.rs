@@ -10,6 +10,7 @@ use super::config::{BarKind, BarReprogram};
 use super::host_bridge::HostBridge;
 use super::SharedPciDevice;
 use crate::devices::bus::{Bus, BusDevice, BusError};
+use crate::warn_limited;
 
 /// Number of device slots on bus 0.
 pub const NUM_SLOTS: usize = 32;
@@ -373,9 +374,13 @@ impl PciRoot {
                 "PCI {addr}: BAR {} moved {:#x} -> {:#x}",
                 m.index, m.old_addr, m.new_addr
             ),
-            Err(e) => warn!(
+            // The guest can aim a BAR at a taken range as often as it
+            // likes: its own budget of lines.
+            Err(e) => warn_limited!(
                 "PCI {addr}: BAR {} move {:#x} -> {:#x} not applied: {e}",
-                m.index, m.old_addr, m.new_addr
+                m.index,
+                m.old_addr,
+                m.new_addr
             ),
         }
     }
@@ -572,6 +577,36 @@ mod tests {
         let mut b = [0u8; 1];
         assert!(!mmio.read(0xc000_0000, &mut b));
         assert!(mmio.read(0xd000_0000, &mut b));
+    }
+
+    /// A guest that keeps aiming a BAR at another device's range gets
+    /// refused every time, and the host log a burst of lines, not one per
+    /// write (issue 28).
+    #[test]
+    fn refused_bar_moves_log_a_bounded_number_of_lines() {
+        let (root, mmio, _) = root();
+        let first = root.add_device(test_device()).unwrap();
+        let second = root.add_device(test_device()).unwrap();
+        assert_ne!(first, second);
+        let own = root.config_read(second, 4) & !0xf;
+        assert_ne!(own, 0xc000_0000);
+        crate::log_limit::counting::install();
+        let before = crate::log_limit::counting::lines();
+        for i in 0..100u32 {
+            // Onto the first device's BAR 0, and back: every write is a
+            // move the bus refuses (the second device's range stays put).
+            let to = if i % 2 == 0 { 0xc000_0000 } else { own };
+            root.config_write(second, 4, 0, &to.to_le_bytes());
+        }
+        let lines = crate::log_limit::counting::lines() - before;
+        assert!(
+            (1..=crate::log_limit::BURST as usize).contains(&lines),
+            "{lines} lines"
+        );
+        // The first device still answers at its BAR.
+        let mut b = [0u8; 1];
+        assert!(mmio.read(0xc000_0000, &mut b));
+        assert_eq!(b[0], 0);
     }
 
     #[test]

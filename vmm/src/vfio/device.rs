@@ -36,6 +36,7 @@ use crate::pci::{
     merge_write, BarKind, BarReprogram, PciConfigError, PciConfiguration, PciDevice, PciHeader,
 };
 use crate::virtio::msix::{MsiSink, MsixState, MSIX_CAP_ID, MSIX_ENABLE};
+use crate::warn_limited;
 
 /// Why an MSI change the guest wrote could not be carried out (logged; the
 /// vector stays as it was).
@@ -327,7 +328,7 @@ impl VfioPciDevice {
                 .filter(|b| b.addr != 0 && self.config.bar_decodes(d.bar()))
                 .map(|b| b.addr);
             if let Err(e) = d.place(&self.vm, want) {
-                warn!("vfio {}: {e}; the BAR stays trapped", self.name);
+                warn_limited!("vfio {}: {e}; the BAR stays trapped", self.name);
             }
         }
     }
@@ -367,7 +368,7 @@ impl VfioPciDevice {
                     if want { "on" } else { "off" }
                 );
             }
-            Err(e) => warn!(
+            Err(e) => warn_limited!(
                 "vfio {}: MSI-X {}: {e}",
                 self.name,
                 if want { "on" } else { "off" }
@@ -397,7 +398,7 @@ impl VfioPciDevice {
                 m.live = m.cap.enabled();
                 debug!("vfio {}: MSI {change:?}", self.name);
             }
-            Err(e) => warn!("vfio {}: MSI {change:?}: {e}", self.name),
+            Err(e) => warn_limited!("vfio {}: MSI {change:?}: {e}", self.name),
         }
     }
 
