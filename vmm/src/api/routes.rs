@@ -637,6 +637,32 @@ mod tests {
     }
 
     #[test]
+    fn only_reads_and_shutdowns_are_answered_on_the_loop() {
+        for url in [
+            "/api/v1/vmm.ping",
+            "/api/v1/vmm.shutdown",
+            "/api/v1/vm.info?x=1",
+            "/api/v1/vm.counters",
+            "/api/v1/vm.shutdown",
+            "/nope",
+        ] {
+            assert!(answers_at_once(url), "{url}");
+        }
+        for url in [
+            "/api/v1/vm.boot",
+            "/api/v1/vm.pause",
+            "/api/v1/vm.resume",
+            "/api/v1/vm.create",
+            "/api/v1/vm.delete",
+            "/api/v1/vm.reboot",
+            "/api/v1/vm.add-device",
+            "/api/v1/vm.remove-device",
+        ] {
+            assert!(!answers_at_once(url), "{url}");
+        }
+    }
+
+    #[test]
     fn shutdowns_answer_204_then_shut_down() {
         let (vmm, _vm) = FakeVmm::running();
         for url in ["/api/v1/vmm.shutdown", "/api/v1/vm.shutdown"] {

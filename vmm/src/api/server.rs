@@ -148,7 +148,7 @@ impl Server {
     }
 
     /// One wait and what it found.
-    fn turn(&mut self) -> std::io::Result<()> {
+    pub(super) fn turn(&mut self) -> std::io::Result<()> {
         let mut fds = Vec::with_capacity(self.clients.len() + 2);
         let pollfd = |fd, events| libc::pollfd {
             fd,
@@ -203,6 +203,16 @@ impl Server {
         self.expire(now);
         self.clients.retain(|c| !c.closed);
         Ok(())
+    }
+
+    /// Open connections that are not idle (mid-request, waiting for the
+    /// worker, or with an unsent reply).
+    #[cfg(test)]
+    pub(super) fn busy_connections(&self) -> usize {
+        self.clients
+            .iter()
+            .filter(|c| !c.closed && !c.idle())
+            .count()
     }
 
     /// Milliseconds until the nearest deadline, at most one second.
