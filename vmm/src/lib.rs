@@ -7,6 +7,8 @@
 pub mod acpi;
 pub mod api;
 pub mod api_socket;
+#[cfg(test)]
+mod avail_jump_tests;
 pub mod block;
 pub mod boot;
 pub mod cli;
