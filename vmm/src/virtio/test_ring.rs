@@ -2,6 +2,8 @@
 //! `virtio-queue`'s mock ring types: descriptors, offers and used entries
 //! are typed stores and loads, and hostile values (indices out of range,
 //! loops, avail index jumps) are written exactly as a test gives them.
+//! [`returns_in_bound`] runs the device's side so that a device spinning
+//! on such a ring fails its test instead of hanging the test binary.
 //!
 //! WHY the ring types at explicit addresses and not `MockSplitQueue`'s
 //! layout: in virtio-queue 0.18 it puts the used ring at the avail ring's
