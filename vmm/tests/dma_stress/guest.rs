@@ -128,10 +128,12 @@ impl<'a> Guest<'a> {
     /// Reattaches `kind`'s endpoint after checking that nothing reached
     /// its regions while it was detached.
     fn reattach(&mut self, kind: Kind) {
+        let before = self.shared.violations();
         for s in 0..SLOTS {
             self.shared
                 .check_poison(gpa(self.index, s), kind, "its endpoint's DETACH");
         }
+        self.count_detach_violations(before);
         let req = self.attach_req(kind);
         self.kick(&[req]);
         self.attached[kind as usize] = true;
@@ -151,6 +153,7 @@ impl<'a> Guest<'a> {
             .collect();
         self.kick(&reqs);
         let done = self.shared.ticket();
+        let before = self.shared.violations();
         let domain_gone = kinds.len() == self.attached.iter().filter(|a| **a).count();
         for k in kinds {
             self.attached[*k as usize] = false;
@@ -176,9 +179,18 @@ impl<'a> Guest<'a> {
                 format_args!("container still maps after a completed DETACH"),
             );
         }
+        self.count_detach_violations(before);
         self.shared
             .detaches
             .fetch_add(kinds.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Counts the violations found since `before` as found after a DETACH.
+    fn count_detach_violations(&self, before: u64) {
+        let found = self.shared.violations().saturating_sub(before);
+        self.shared
+            .detach_violations
+            .fetch_add(found, Ordering::Relaxed);
     }
 
     /// One kick of 1-4 MAPs and UNMAPs of distinct random slots.

@@ -160,6 +160,9 @@ pub struct Shared {
     pub unmaps: AtomicU64,
     /// DETACH requests completed.
     pub detaches: AtomicU64,
+    /// Of the violations, those found by the checks after a DETACH (the
+    /// rest by those after an UNMAP; both kinds count in [`KindStats`]).
+    pub detach_violations: AtomicU64,
     /// Requests answered with another status than OK (a harness bug).
     pub bad_status: AtomicU64,
     /// Per guest thread: the IOVA it is about to unmap, plus one (0: none).
@@ -182,6 +185,7 @@ impl Shared {
             unmaps: AtomicU64::new(0),
             detaches: AtomicU64::new(0),
             bad_status: AtomicU64::new(0),
+            detach_violations: AtomicU64::new(0),
             unmap_hints: (0..guests).map(|_| AtomicU64::new(0)).collect(),
             stop: Default::default(),
         }

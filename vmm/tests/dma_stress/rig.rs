@@ -259,6 +259,7 @@ impl Rig {
             "refused": per_kind(|k| &k.refused),
             "violations": per_kind(|k| &k.violations),
             "violations_total": sh.violations(),
+            "violations_after_detach": sh.detach_violations.load(Ordering::Relaxed),
             "quiesce_waits": q.waits,
             "quiesce_waited_for_reader": q.waited_for_reader,
             "iotlb_misses": self.iotlb_sum(|i| i.stats.misses.load(Ordering::Relaxed)),
