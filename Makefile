@@ -8,6 +8,8 @@ CARGO ?= cargo
 FUZZ_SECONDS ?= 60
 # make soak: rounds, and the cases each round runs (resources/soak --help).
 N ?= 20
+# make soak: seconds of the native DMA-protection stress test (make test: 60).
+STRESS_SECONDS ?= 600
 BENCH_ARGS ?=
 SOAK_CASES ?= dmavisor-strict,dmavisor-lazy,qemu-strict,qemu-lazy,dmavisor-matrix
 export CARGO_TERM_COLOR ?= never
@@ -79,7 +81,16 @@ integration: build
 references: build
 	DMAVISOR_REFERENCES=1 CARGO=$(CARGO) resources/test-lanes --only vhost_user,vfio,virtio_blk
 
-test: deps check-fresh lint unit loom guest-driver fuzz integration
+# check-fresh waits mostly on downloads and dpkg, so it runs (niced) beside
+# the CPU-bound steps before the guests; its log is printed whole if it
+# fails. The integration lanes start only when everything else passed.
+test: deps
+	@mkdir -p build; \
+	nice -n 10 resources/check-fresh >build/check-fresh.log 2>&1 & fresh=$$!; \
+	rc=0; $(MAKE) lint unit loom guest-driver fuzz || rc=$$?; \
+	if wait $$fresh; then tail -n 2 build/check-fresh.log; \
+	else cat build/check-fresh.log; rc=1; fi; \
+	[ $$rc = 0 ] && $(MAKE) integration
 
 demo: deps build
 	resources/demo
@@ -92,9 +103,11 @@ bench-host:
 bench-guest: deps build
 	DMAVISOR_REFERENCES=1 resources/bench-guest $(BENCH_ARGS)
 
-# Not part of `make test`: N rounds of the guest cases that used to crash
-# or stall, counting runs, crashes and stalls per case (QEMU as control).
+# Not part of `make test`: the native DMA-protection stress test for
+# STRESS_SECONDS, then N rounds of the guest cases that used to crash or
+# stall, counting runs, crashes and stalls per case (QEMU as control).
 soak: deps build
+	DMAVISOR_STRESS_SECONDS=$(STRESS_SECONDS) $(CARGO) test -p vmm --test dma_protection_stress -- --nocapture
 	DMAVISOR_REFERENCES=1 resources/soak --runs $(N) --cases $(SOAK_CASES)
 
 clean:
