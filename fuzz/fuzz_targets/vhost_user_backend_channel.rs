@@ -14,6 +14,7 @@ use virtio_iommu::device::{IommuConfig, IommuDevice};
 use vmm::memory::{create_guest_memory, GuestMemoryMmap};
 use vmm::vhost_user::client::Client;
 use vmm::vhost_user::iotlb::{serve_backend_channel, BackendIotlb};
+use vmm::vhost_user::stop::BackendStop;
 
 fn setup() -> &'static (IommuDevice, GuestMemoryMmap) {
     static S: OnceLock<(IommuDevice, GuestMemoryMmap)> = OnceLock::new();
@@ -30,7 +31,15 @@ fuzz_target!(|data: &[u8]| {
     let (mut feed, theirs) = UnixStream::pair().expect("socketpair");
     let (front, _back_end) = UnixStream::pair().expect("socketpair");
     let client = Client::from_stream(front).expect("client");
-    let iotlb = Arc::new(BackendIotlb::new(Arc::new(Mutex::new(client)), mem.clone()));
+    // No invalidation is sent here, so no stop may be needed.
+    let stop = Arc::new(BackendStop::new(Box::new(|why| {
+        panic!("back-end stop in the channel fuzzer: {why}")
+    })));
+    let iotlb = Arc::new(BackendIotlb::new(
+        Arc::new(Mutex::new(client)),
+        stop,
+        mem.clone(),
+    ));
     iotlb.set_endpoint(dev.endpoint_dma(1).expect("endpoint dma"));
     let served = iotlb.clone();
     let server = std::thread::spawn(move || serve_backend_channel(theirs, served));
@@ -39,7 +48,13 @@ fuzz_target!(|data: &[u8]| {
     let mut replies = Vec::new();
     let _ = feed.read_to_end(&mut replies);
     server.join().expect("the channel thread panicked");
-    let refused = iotlb.stats.refused.load(std::sync::atomic::Ordering::Relaxed);
-    let misses = iotlb.stats.misses.load(std::sync::atomic::Ordering::Relaxed);
+    let refused = iotlb
+        .stats
+        .refused
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let misses = iotlb
+        .stats
+        .misses
+        .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(refused, misses, "an unattached endpoint translated a miss");
 });
