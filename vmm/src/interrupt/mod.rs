@@ -221,6 +221,7 @@ impl GsiRouter {
             gsi,
             evt,
             routed: None,
+            attached: true,
         })
     }
 }
@@ -231,6 +232,8 @@ pub struct MsiVector {
     gsi: u32,
     evt: EventFd,
     routed: Option<MsiMessage>,
+    /// The eventfd is KVM's irqfd for the GSI (false while masked).
+    attached: bool,
 }
 
 impl MsiVector {
@@ -256,6 +259,36 @@ impl MsiVector {
         }
     }
 
+    /// Masks or unmasks the vector at its source. WHY the irqfd and not
+    /// the route: an assigned function signals the eventfd from the host
+    /// kernel, past any check of the VMM's, and an irqfd on a GSI without
+    /// a route still consumes the signal (lost: no pending bit could be
+    /// set). Detached, the eventfd only counts, and
+    /// [`Self::take_signals`] turns the count into the pending bit.
+    pub fn set_masked(&mut self, masked: bool) -> Result<(), InterruptError> {
+        if masked != self.attached {
+            return Ok(());
+        }
+        let r = if masked {
+            self.router.vm.unregister_irqfd(&self.evt, self.gsi)
+        } else {
+            self.router.vm.register_irqfd(&self.evt, self.gsi)
+        };
+        r.map_err(|source| InterruptError::Kvm {
+            what: "KVM_IRQFD",
+            source,
+        })?;
+        self.attached = !masked;
+        Ok(())
+    }
+
+    /// Whether the eventfd was signalled since the last call, consuming
+    /// the count. Only meaningful while masked (attached, KVM consumes
+    /// the signals itself).
+    pub fn take_signals(&self) -> bool {
+        !self.attached && self.evt.read().is_ok_and(|n| n > 0)
+    }
+
     /// Another handle to the irqfd, for a thread that triggers it.
     pub fn try_clone_eventfd(&self) -> std::io::Result<EventFd> {
         self.evt.try_clone()
@@ -264,6 +297,10 @@ impl MsiVector {
 
 impl Drop for MsiVector {
     fn drop(&mut self) {
+        if !self.attached {
+            self.router.release(self.gsi);
+            return;
+        }
         if let Err(e) = self.router.vm.unregister_irqfd(&self.evt, self.gsi) {
             log::debug!("unregistering irqfd of GSI {}: {e}", self.gsi);
         }

@@ -7,9 +7,10 @@
 //!   interrupt line/pin (no INTx is offered) and the command register,
 //!   which is kept in our copy and forwarded to the device;
 //! - the MSI-X capability's control word and the MSI-X table and PBA,
-//!   emulated with [`MsixState`]: every vector gets a GSI whose irqfd is
+//!   emulated with [`MsixBlock`]: every vector gets a GSI whose irqfd is
 //!   handed to VFIO, so the device's interrupts reach the guest without the
-//!   VMM on the path;
+//!   VMM on the path (while the vector is unmasked: a masked vector's
+//!   irqfd is detached and its signals become pending bits);
 //! - the MSI capability, emulated with [`MsiCap`] (one vector, its GSI and
 //!   irqfd handed to VFIO in the same way), for guests and devices that use
 //!   MSI rather than MSI-X.
@@ -32,10 +33,11 @@ use super::direct_bar::DirectBar;
 #[cfg(test)]
 use super::msi::STATUS_CAP_LIST;
 use super::msi::{find_capability, MsiCap, MsiChange};
+use super::msix_block::{MsixAccess, MsixBlock};
 use crate::pci::{
     merge_write, BarKind, BarReprogram, PciConfigError, PciConfiguration, PciDevice, PciHeader,
 };
-use crate::virtio::msix::{MsiSink, MsixState, MSIX_CAP_ID, MSIX_ENABLE};
+use crate::virtio::msix::{MsiSink, MSIX_CAP_ID};
 use crate::warn_limited;
 
 /// Why an MSI change the guest wrote could not be carried out (logged; the
@@ -54,23 +56,6 @@ enum MsiSwitchError {
 const HEADER_REGS: usize = 16;
 /// Size of the configuration space the guest sees (no extended space).
 const CONFIG_SIZE: usize = 256;
-
-/// Where the MSI-X structures of the function are, and their emulation.
-pub struct MsixBlock {
-    /// Byte offset of the capability in configuration space.
-    cap: usize,
-    table_bar: usize,
-    table_offset: u64,
-    table_len: u64,
-    pba_bar: usize,
-    pba_offset: u64,
-    pba_len: u64,
-    state: MsixState,
-    /// The vectors' irqfds, handed to VFIO when the guest enables MSI-X.
-    irqfds: Vec<EventFd>,
-    /// MSI-X is enabled in VFIO.
-    live: bool,
-}
 
 /// Where a function's MSI-X capability and structures are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -242,28 +227,14 @@ impl VfioPciDevice {
                 pba: (pb, po),
                 vectors: n,
             }) => {
-                let mut sinks = Vec::with_capacity(n);
-                let mut irqfds = Vec::with_capacity(n);
+                let mut lines = Vec::with_capacity(n);
                 for _ in 0..n {
-                    let (sink, fd) = vectors().ok_or_else(|| VfioPciError::NoGsi {
+                    lines.push(vectors().ok_or_else(|| VfioPciError::NoGsi {
                         name: name.clone(),
                         what: "MSI-X vector",
-                    })?;
-                    sinks.push(sink);
-                    irqfds.push(fd);
+                    })?);
                 }
-                Some(MsixBlock {
-                    cap,
-                    table_bar: tb,
-                    table_offset: to,
-                    table_len: n as u64 * 16,
-                    pba_bar: pb,
-                    pba_offset: po,
-                    pba_len: (n as u64).div_ceil(64) * 8,
-                    state: MsixState::new(sinks),
-                    irqfds,
-                    live: false,
-                })
+                Some(MsixBlock::new(cap, (tb, to), (pb, po), lines))
             }
             None => None,
         };
@@ -296,7 +267,7 @@ impl VfioPciDevice {
             w(2),
             b(0x0b),
             b(0x0a),
-            msix.as_ref().map_or(0, |m| m.state.len()),
+            msix.as_ref().map_or(0, MsixBlock::vectors),
             if msi.is_some() { "1 vector" } else { "no" },
             direct.iter().map(DirectBar::bar).collect::<Vec<_>>()
         );
@@ -343,36 +314,11 @@ impl VfioPciDevice {
             .region_write(VFIO_PCI_CONFIG_REGION_INDEX, data, offset);
     }
 
-    /// The guest wrote the MSI-X control word: mirror it and switch the
-    /// device's MSI-X on or off in VFIO.
+    /// The guest wrote the MSI-X control word: mask, unmask and enable
+    /// follow in the emulation and in VFIO.
     fn set_msix_control(&mut self, control: u16) {
-        let Some(m) = self.msix.as_mut() else {
-            return;
-        };
-        m.state.set_control(control);
-        let want = control & MSIX_ENABLE != 0;
-        if want == m.live {
-            return;
-        }
-        let r = if want {
-            self.device.enable_msix(m.irqfds.iter().collect())
-        } else {
-            self.device.disable_msix()
-        };
-        match r {
-            Ok(()) => {
-                m.live = want;
-                debug!(
-                    "vfio {}: MSI-X {}",
-                    self.name,
-                    if want { "on" } else { "off" }
-                );
-            }
-            Err(e) => warn_limited!(
-                "vfio {}: MSI-X {}: {e}",
-                self.name,
-                if want { "on" } else { "off" }
-            ),
+        if let Some(m) = self.msix.as_mut() {
+            m.set_control(&self.name, &*self.device, control);
         }
     }
 
@@ -402,22 +348,10 @@ impl VfioPciDevice {
         }
     }
 
-    /// `(block, offset in table)` or `(block, offset in PBA)` of a BAR access.
+    /// Which MSI-X structure a BAR access hits, if any.
     fn msix_target(&self, bar: usize, offset: u64) -> Option<MsixAccess> {
-        let m = self.msix.as_ref()?;
-        if bar == m.table_bar && offset >= m.table_offset && offset < m.table_offset + m.table_len {
-            return Some(MsixAccess::Table(offset - m.table_offset));
-        }
-        if bar == m.pba_bar && offset >= m.pba_offset && offset < m.pba_offset + m.pba_len {
-            return Some(MsixAccess::Pba(offset - m.pba_offset));
-        }
-        None
+        self.msix.as_ref()?.target(bar, offset)
     }
-}
-
-enum MsixAccess {
-    Table(u64),
-    Pba(u64),
 }
 
 impl PciDevice for VfioPciDevice {
@@ -464,8 +398,7 @@ impl PciDevice for VfioPciDevice {
                 }
                 match &self.msix {
                     Some(m) if r == m.cap / 4 => {
-                        let control = (dev >> 16) as u16 & 0x07ff
-                            | if m.state.enabled() { MSIX_ENABLE } else { 0 };
+                        let control = m.control((dev >> 16) as u16);
                         (dev & 0xffff) | (u32::from(control) << 16)
                     }
                     _ => dev,
@@ -522,31 +455,16 @@ impl PciDevice for VfioPciDevice {
     }
 
     fn read_bar(&mut self, bar: usize, offset: u64, data: &mut [u8]) {
-        match self.msix_target(bar, offset) {
-            Some(MsixAccess::Table(o)) => {
-                if let Some(m) = &self.msix {
-                    m.state.read_table(o, data);
-                }
-            }
-            Some(MsixAccess::Pba(o)) => {
-                if let Some(m) = &self.msix {
-                    m.state.read_pba(o, data);
-                }
-            }
-            None => self.device.region_read(bar as u32, data, offset),
+        match (self.msix_target(bar, offset), self.msix.as_mut()) {
+            (Some(at), Some(m)) => m.read(at, data),
+            _ => self.device.region_read(bar as u32, data, offset),
         }
     }
 
     fn write_bar(&mut self, bar: usize, offset: u64, data: &[u8]) {
-        match self.msix_target(bar, offset) {
-            Some(MsixAccess::Table(o)) => {
-                if let Some(m) = self.msix.as_mut() {
-                    m.state.write_table(o, data);
-                }
-            }
-            // The PBA is read-only.
-            Some(MsixAccess::Pba(_)) => {}
-            None => self.device.region_write(bar as u32, data, offset),
+        match (self.msix_target(bar, offset), self.msix.as_mut()) {
+            (Some(at), Some(m)) => m.write(at, data),
+            _ => self.device.region_write(bar as u32, data, offset),
         }
     }
 }
@@ -561,7 +479,7 @@ impl Drop for VfioPciDevice {
             let _ = d.place(&self.vm, None);
         }
         self.direct.clear();
-        if self.msix.as_ref().is_some_and(|m| m.live) {
+        if self.msix.as_ref().is_some_and(MsixBlock::live) {
             let _ = self.device.disable_msix();
         }
         if self.msi.as_ref().is_some_and(|m| m.live) {

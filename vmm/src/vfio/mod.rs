@@ -17,6 +17,7 @@ pub mod mirror;
 #[cfg(test)]
 mod mirror_tests;
 pub mod msi;
+pub mod msix_block;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

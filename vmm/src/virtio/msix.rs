@@ -3,11 +3,13 @@
 //! The table lives in a BAR; each entry the guest unmasks is routed to its
 //! own GSI ([`MsiVector`]). Device threads call [`MsixState::signal`]: a
 //! masked vector records a pending bit instead and fires on unmask, as the
-//! spec requires.
-
-use log::warn;
+//! spec requires. An assigned function signals its vectors from the host
+//! kernel, past [`MsixState::signal`]: for it masking is carried out at
+//! the sink ([`MsiSink::set_masked`]), whose held-back signals become
+//! pending bits when the PBA is read or the vector unmasked.
 
 use crate::interrupt::{InterruptError, MsiMessage, MsiVector};
+use crate::warn_limited;
 
 /// PCI capability id of MSI-X.
 pub const MSIX_CAP_ID: u8 = 0x11;
@@ -27,6 +29,15 @@ pub trait MsiSink: Send {
     fn route(&mut self, msg: MsiMessage) -> Result<(), InterruptError>;
     /// Injects the interrupt.
     fn trigger(&self);
+    /// Stops (true) or resumes (false) delivery of signals that reach the
+    /// vector without [`MsixState::signal`] (an assigned function's).
+    fn set_masked(&mut self, _masked: bool) -> Result<(), InterruptError> {
+        Ok(())
+    }
+    /// Whether such a signal arrived while masked (consumes it).
+    fn take_signals(&mut self) -> bool {
+        false
+    }
 }
 
 impl MsiSink for MsiVector {
@@ -35,6 +46,12 @@ impl MsiSink for MsiVector {
     }
     fn trigger(&self) {
         MsiVector::trigger(self)
+    }
+    fn set_masked(&mut self, masked: bool) -> Result<(), InterruptError> {
+        MsiVector::set_masked(self, masked)
+    }
+    fn take_signals(&mut self) -> bool {
+        MsiVector::take_signals(self)
     }
 }
 
@@ -63,6 +80,8 @@ pub struct MsixState {
     entries: Vec<Entry>,
     pending: Vec<bool>,
     vectors: Vec<Box<dyn MsiSink>>,
+    /// Per vector, whether its sink delivers (told by `set_masked`).
+    open: Vec<bool>,
     enabled: bool,
     function_masked: bool,
 }
@@ -71,13 +90,23 @@ impl MsixState {
     /// A table of `vectors.len()` entries, each backed by one vector.
     pub fn new(vectors: Vec<Box<dyn MsiSink>>) -> Self {
         let n = vectors.len();
-        Self {
+        let mut s = Self {
             entries: vec![Entry::default(); n],
             pending: vec![false; n],
             vectors,
+            open: vec![true; n],
             enabled: false,
             function_masked: false,
-        }
+        };
+        // Entries come out of reset masked, and MSI-X disabled: the sinks
+        // are closed until the guest says otherwise.
+        s.sync_all();
+        s
+    }
+
+    /// Whether the guest set the function mask.
+    pub fn function_masked(&self) -> bool {
+        self.function_masked
     }
 
     /// Number of table entries.
@@ -103,12 +132,43 @@ impl MsixState {
                 .is_none_or(|e| e.ctrl & ENTRY_MASKED != 0)
     }
 
-    /// Points the vector's GSI at the entry's message and fires a pending
-    /// interrupt if the entry is now deliverable.
-    fn sync(&mut self, v: usize) {
-        if !self.enabled || self.masked(v) {
+    /// Closes the sink of a vector that may not deliver, keeping what it
+    /// held back as pending.
+    fn close(&mut self, v: usize) {
+        let (Some(open), Some(vec)) = (self.open.get_mut(v), self.vectors.get_mut(v)) else {
+            return;
+        };
+        if !*open {
             return;
         }
+        match vec.set_masked(true) {
+            Ok(()) => *open = false,
+            // The guest keeps receiving this vector's interrupts while
+            // masked: wrong, but no memory is at stake.
+            Err(err) => warn_limited!("MSI-X vector {v}: masking: {err}"),
+        }
+    }
+
+    /// Collects the signals a closed sink held back into the PBA.
+    fn collect(&mut self, v: usize) {
+        if self.open.get(v).copied().unwrap_or(true) {
+            return;
+        }
+        if let (Some(vec), Some(p)) = (self.vectors.get_mut(v), self.pending.get_mut(v)) {
+            if vec.take_signals() {
+                *p = true;
+            }
+        }
+    }
+
+    /// Points the vector's GSI at the entry's message and fires a pending
+    /// interrupt if the entry is now deliverable; closes its sink if not.
+    fn sync(&mut self, v: usize) {
+        if !self.enabled || self.masked(v) {
+            self.close(v);
+            return;
+        }
+        self.collect(v);
         let (Some(e), Some(vec)) = (self.entries.get(v), self.vectors.get_mut(v)) else {
             return;
         };
@@ -117,8 +177,14 @@ impl MsixState {
             data: e.data,
         };
         if let Err(err) = vec.route(msg) {
-            warn!("MSI-X vector {v}: {err}");
+            warn_limited!("MSI-X vector {v}: {err}");
             return;
+        }
+        if let Some(open) = self.open.get_mut(v).filter(|o| !**o) {
+            match vec.set_masked(false) {
+                Ok(()) => *open = true,
+                Err(err) => warn_limited!("MSI-X vector {v}: unmasking: {err}"),
+            }
         }
         if let Some(p) = self.pending.get_mut(v) {
             if *p {
@@ -212,7 +278,10 @@ impl MsixState {
     }
 
     /// Guest read of the pending bit array at `offset`.
-    pub fn read_pba(&self, offset: u64, data: &mut [u8]) {
+    pub fn read_pba(&mut self, offset: u64, data: &mut [u8]) {
+        for v in 0..self.entries.len() {
+            self.collect(v);
+        }
         for (i, b) in data.iter_mut().enumerate() {
             let first = (offset as usize + i) * 8;
             *b = (0..8).fold(0u8, |acc, bit| {
