@@ -133,8 +133,14 @@ const RUNTIME: &[i64] = &[
     libc::SYS_eventfd2,
 ];
 
-/// Starting threads (virtio activation starts device workers).
-const SPAWN: &[i64] = &[libc::SYS_clone, libc::SYS_clone3, libc::SYS_prlimit64];
+/// Starting threads (virtio activation starts device workers), which then
+/// install their own filter (`seccomp`, only ever narrowing).
+const SPAWN: &[i64] = &[
+    libc::SYS_clone,
+    libc::SYS_clone3,
+    libc::SYS_prlimit64,
+    libc::SYS_seccomp,
+];
 
 /// Positioned and vectored I/O on images and VFIO regions, and syncing.
 const FILE_IO: &[i64] = &[

@@ -1,0 +1,139 @@
+//! What every thread kind does besides its device work, run natively under
+//! its real filter in `--seccomp true` mode: the wait loop of
+//! `virtio::wake`, locks and condition variables, large allocations,
+//! sleeping, clones of eventfds, stderr; a vCPU starting a device worker
+//! (the worker's filter stacks on the vCPU's); a block worker's image I/O.
+//!
+//! WHY in a child process: a refused call ends the process (SIGSYS handler),
+//! which must not be the test runner. No guest can run here, so this is
+//! how the lists are checked outside the nested runner.
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use vmm::block::DiskImage;
+use vmm::sandbox::{self, SeccompMode, ThreadKind};
+use vmm::virtio::wake::Wake;
+use vmm_sys_util::eventfd::EventFd;
+
+const CHILD_ENV: &str = "DMAVISOR_SANDBOX_THREADS_CHILD";
+const DONE: &str = "SANDBOX-THREADS-DONE";
+
+/// The part of every thread's life that is not its device.
+fn runtime_work(name: &str) {
+    let kick = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    let stop = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    let clone = kick.try_clone().unwrap();
+    let wake = Wake::new(&[&kick], &stop).unwrap();
+    clone.write(1).unwrap();
+    assert!(wake.wait().unwrap());
+    stop.write(1).unwrap();
+    assert!(!wake.wait().unwrap());
+
+    let pair = Arc::new((Mutex::new(false), Condvar::new()));
+    let (lock, cv) = &*pair;
+    let guard = lock.lock().unwrap();
+    let _ = cv.wait_timeout(guard, Duration::from_millis(1)).unwrap();
+
+    let mut big: Vec<u8> = Vec::with_capacity(1 << 20);
+    big.resize(16 << 20, 1);
+    big.shrink_to(1 << 20);
+    drop(big);
+    let mut map = HashMap::new();
+    map.insert(name.to_string(), 1);
+    std::thread::sleep(Duration::from_millis(1));
+    eprintln!("{name}: runtime ok");
+}
+
+fn block_work(image: &DiskImage) {
+    let mut data = vec![0x5au8; 8192];
+    let mut iov = [libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    }];
+    image.write_at(&mut iov, 4096).unwrap();
+    image.flush().unwrap();
+    let mut back = vec![0u8; 8192];
+    let mut iov = [libc::iovec {
+        iov_base: back.as_mut_ptr().cast(),
+        iov_len: back.len(),
+    }];
+    image.read_at(&mut iov, 4096).unwrap();
+    assert_eq!(back, data);
+    // Either may be unsupported by the file system; the call is what counts.
+    let _ = image.discard(0, 4096);
+    let _ = image.write_zeroes(8192, 4096);
+}
+
+fn child() {
+    sandbox::set_no_new_privs().unwrap();
+    sandbox::seccomp::set_mode(SeccompMode::Enforce).unwrap();
+    let file = tempfile_image();
+    let image = Arc::new(DiskImage::from_file(file, "scratch", false, None).unwrap());
+    for kind in ThreadKind::ALL {
+        let image = image.clone();
+        let name = format!("t-{}", kind.short_name());
+        let t = sandbox::spawn(kind, name.clone(), move || {
+            runtime_work(&name);
+            match kind {
+                ThreadKind::BlockWorker => block_work(&image),
+                ThreadKind::Vcpu => {
+                    // DRIVER_OK on a vCPU starts the device's workers.
+                    let w = sandbox::spawn(ThreadKind::NetWorker, "t-vcpu-net", || {
+                        runtime_work("t-vcpu-net")
+                    })
+                    .unwrap();
+                    w.join().unwrap();
+                }
+                _ => {}
+            }
+        })
+        .unwrap();
+        t.join().unwrap();
+    }
+    println!("{DONE}");
+}
+
+fn tempfile_image() -> std::fs::File {
+    let path = std::env::temp_dir().join(format!("dmavisor-sandbox-img-{}", std::process::id()));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    file.set_len(1 << 20).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    file
+}
+
+#[test]
+fn every_thread_kind_lives_under_its_filter() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        child();
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args([
+            "--exact",
+            "every_thread_kind_lives_under_its_filter",
+            "--nocapture",
+        ])
+        .env(CHILD_ENV, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("error: seccomp"), "{stderr}");
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains(DONE), "{stdout}\n{stderr}");
+    for kind in ThreadKind::ALL {
+        let line = format!("t-{}: runtime ok", kind.short_name());
+        assert!(stderr.contains(&line), "{line}: {stderr}");
+    }
+    assert!(stderr.contains("t-vcpu-net: runtime ok"), "{stderr}");
+}
