@@ -38,6 +38,7 @@ use log::info;
 
 pub use crate::api_socket::ApiSocket;
 use crate::error::Error;
+use crate::sandbox::{self, ThreadKind};
 pub use routes::{VmApi, VmmApi};
 use server::{Limits, Server};
 
@@ -77,13 +78,14 @@ pub(crate) fn spawn_thread(
     kind: ApiThread,
     body: impl FnOnce() + Send + 'static,
 ) -> Result<thread::JoinHandle<()>, Error> {
-    thread::Builder::new()
-        .name(kind.name().into())
-        .spawn(body)
-        .map_err(|source| Error::Os {
-            what: "API thread",
-            source,
-        })
+    let sandboxed = match kind {
+        ApiThread::Server => ThreadKind::ApiServer,
+        ApiThread::Worker => ThreadKind::Api,
+    };
+    sandbox::spawn(sandboxed, kind.name(), body).map_err(|source| Error::Os {
+        what: "API thread",
+        source,
+    })
 }
 
 /// Starts serving the API on `socket` for `vmm`.

@@ -37,8 +37,11 @@ pub enum ThreadKind {
     /// vhost-user helpers: the back-end's IOTLB channel, the control
     /// queue, the call-to-interrupt forwarder.
     VhostUser,
-    /// The REST API: creates, boots and changes VMs.
+    /// The REST API's worker: creates, boots and changes VMs.
     Api,
+    /// The REST API's server loop: accepts connections and parses
+    /// requests (client bytes), hands them to the worker.
+    ApiServer,
     /// PCI hot-unplug completion (VFIO functions torn down).
     Hotplug,
     /// stdin to the serial port.
@@ -49,7 +52,7 @@ pub enum ThreadKind {
 
 impl ThreadKind {
     /// Every kind.
-    pub const ALL: [ThreadKind; 10] = [
+    pub const ALL: [ThreadKind; 11] = [
         ThreadKind::Vcpu,
         ThreadKind::NetWorker,
         ThreadKind::BlockWorker,
@@ -57,6 +60,7 @@ impl ThreadKind {
         ThreadKind::IommuEvent,
         ThreadKind::VhostUser,
         ThreadKind::Api,
+        ThreadKind::ApiServer,
         ThreadKind::Hotplug,
         ThreadKind::Serial,
         ThreadKind::DmaStream,
@@ -72,6 +76,7 @@ impl ThreadKind {
             ThreadKind::IommuEvent => "viommu-evt",
             ThreadKind::VhostUser => "vhost-user",
             ThreadKind::Api => "api",
+            ThreadKind::ApiServer => "api-server",
             ThreadKind::Hotplug => "hotplug",
             ThreadKind::Serial => "serial",
             ThreadKind::DmaStream => "dma-stream",
@@ -206,8 +211,9 @@ const BUILD: &[i64] = &[
     libc::SYS_getegid,
 ];
 
-/// ioctl type bytes (`_IOC_TYPE`, bits 8..16 of the request).
-const IOC_TUN: u64 = b'T' as u64;
+/// ioctl type bytes (`_IOC_TYPE`, bits 8..16 of the request). 'T': TUN's
+/// ioctls, and the generic FIONBIO of std's `set_nonblocking`.
+const IOC_T: u64 = b'T' as u64;
 const IOC_KVM: u64 = 0xae;
 
 /// The rules of one thread kind: each number maps to the rules of which
@@ -221,6 +227,7 @@ pub fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, Backen
         Api => calls.extend([SPAWN, FILE_IO, SOCKET_IO, BUILD, &[libc::SYS_ioctl]]),
         BlockWorker => calls.push(FILE_IO),
         VhostUser => calls.push(SOCKET_IO),
+        ApiServer => calls.extend([SOCKET_IO, &[libc::SYS_accept4]]),
         NetWorker | IommuEvent | Serial | DmaStream => {}
     }
     let mut map: BTreeMap<i64, Vec<SeccompRule>> = calls
@@ -229,9 +236,11 @@ pub fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, Backen
         .map(|&nr| (nr, Vec::new()))
         .collect();
     // The kinds without every ioctl: TAP offloads (the control queue) and
-    // KVM (an irqfd unregistered when a worker drops the last vector).
+    // KVM (an irqfd unregistered when a worker drops the last vector);
+    // the API's loop only sets sockets non-blocking (FIONBIO, type 'T').
     let ioctl_types: &[u64] = match kind {
-        NetWorker => &[IOC_TUN, IOC_KVM],
+        NetWorker => &[IOC_T, IOC_KVM],
+        ApiServer => &[IOC_T],
         BlockWorker | VhostUser | IommuEvent | Serial | DmaStream => &[IOC_KVM],
         Vcpu | IommuRequest | Hotplug | Api => &[],
     };

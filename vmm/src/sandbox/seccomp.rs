@@ -92,8 +92,8 @@ pub fn install(kind: ThreadKind, program: &BpfProgram) -> Result<(), SandboxErro
         .map_err(|source| SandboxError::SeccompInstall { kind, source })
 }
 
-/// Test-only: `DMAVISOR_SECCOMP_PROBE=<thread name prefix>` makes every
-/// thread started through [`super::spawn`] whose name starts with it call
+/// Test-only: `DMAVISOR_SECCOMP_PROBE=<thread name>` (or `<prefix>*`)
+/// makes every thread started through [`super::spawn`] of that name call
 /// `ptrace` (with an invalid request: harmless where it is let through),
 /// which no thread kind allows, right after its filter is in place. It
 /// proves, from the outside, that the filter is installed and that a
@@ -103,10 +103,11 @@ pub fn probe_hook() {
     let Some(prefix) = probe_prefix() else {
         return;
     };
-    if std::thread::current()
-        .name()
-        .is_some_and(|n| n.starts_with(&prefix))
-    {
+    let matches = |name: &str| match prefix.strip_suffix('*') {
+        Some(p) => name.starts_with(p),
+        None => name == prefix,
+    };
+    if std::thread::current().name().is_some_and(matches) {
         // SAFETY: request -1 is invalid: the kernel answers EIO without
         // looking at the other arguments (when the filter lets it through).
         unsafe { libc::syscall(libc::SYS_ptrace, -1i64, 0, 0, 0) };
