@@ -93,6 +93,21 @@ pub struct BarReprogram {
     pub kind: BarKind,
 }
 
+/// Why a function could not decode a moved BAR at its new address outside
+/// the buses (e.g. KVM refused the memory slot of a directly mapped BAR):
+/// the root then refuses the whole move.
+#[derive(Debug, Error)]
+#[error("BAR {bar} cannot be placed at {addr:#x}: {source}")]
+pub struct BarPlaceError {
+    /// BAR index.
+    pub bar: usize,
+    /// Where the guest asked for it.
+    pub addr: u64,
+    /// Why not.
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
 /// Identity of a PCI function (the read-only part of a type 0 header).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PciHeader {

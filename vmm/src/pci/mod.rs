@@ -26,8 +26,10 @@
 //!   [`PciDevice::write_config_register`]; the defaults forward to the
 //!   embedded [`PciConfiguration`]. Override them to react to capability
 //!   writes (e.g. MSI-X enable), then call the default logic for the rest.
-//!   If the guest moves a BAR the write returns a [`BarReprogram`] and the
-//!   root moves the bus range.
+//!   If the guest moves a BAR the write returns a [`BarReprogram`]; the
+//!   root takes the new range from its window, moves the bus range and
+//!   calls [`PciDevice::bars_moved`], or, if any of these refuses, puts
+//!   the BAR back where it was in all of them.
 //! - Interrupts: devices are expected to use MSI-X routed through KVM irqfds
 //!   (see the VM's interrupt routing); legacy INTx is not wired.
 //! - Windows (also published in the DSDT `_CRS`): see
@@ -40,7 +42,8 @@ pub mod host_bridge;
 pub mod root;
 
 pub use config::{
-    merge_write, Bar, BarKind, BarReprogram, PciConfigError, PciConfiguration, PciHeader,
+    merge_write, Bar, BarKind, BarPlaceError, BarReprogram, PciConfigError, PciConfiguration,
+    PciHeader,
 };
 pub use root::{PciAddress, PciError, PciRoot, PciWindows};
 
@@ -75,6 +78,15 @@ pub trait PciDevice: Send {
 
     /// Guest write of `data` at `offset` inside BAR `bar`.
     fn write_bar(&mut self, bar: usize, offset: u64, data: &[u8]);
+
+    /// The guest moved a BAR and the root moved its bus range: put what
+    /// else decodes the function's BARs (a KVM slot mapping a BAR straight
+    /// into the guest) where the configuration space now says. An error
+    /// refuses the move: the root puts the bus range and the configuration
+    /// back and calls this again, so that every view of the BAR agrees.
+    fn bars_moved(&mut self) -> Result<(), BarPlaceError> {
+        Ok(())
+    }
 
     /// The function is leaving the root complex (hot-unplug): give up
     /// every guest-physical range it decodes outside the buses, such as

@@ -6,10 +6,11 @@ use log::{debug, warn};
 use thiserror::Error;
 use vm_allocator::{AddressAllocator, AllocPolicy, Error as AllocatorError, RangeInclusive};
 
-use super::config::{BarKind, BarReprogram};
+use super::config::{BarKind, BarPlaceError, BarReprogram};
 use super::host_bridge::HostBridge;
-use super::SharedPciDevice;
+use super::{PciDevice, SharedPciDevice};
 use crate::devices::bus::{Bus, BusDevice, BusError};
+use crate::log_limit::RateLimit;
 use crate::warn_limited;
 
 /// Number of device slots on bus 0.
@@ -53,6 +54,30 @@ pub enum PciError {
     /// Registering a BAR on a bus failed.
     #[error("cannot map BAR: {0}")]
     Bus(#[from] BusError),
+}
+
+/// Why a guest's BAR move was refused (the BAR stays where it was, in the
+/// configuration space, on the bus and in any KVM slot).
+#[derive(Debug, Error)]
+enum MoveError {
+    /// The new range is outside the BAR's windows or overlaps another
+    /// allocated range.
+    #[error("range not free in the {0:?} window")]
+    Window(Window),
+    /// The bus refused the range (taken by a device outside the windows).
+    #[error("{0}")]
+    Bus(#[from] BusError),
+    /// The function could not decode the BAR there.
+    #[error("{0}")]
+    Place(#[from] BarPlaceError),
+}
+
+/// The window a range comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Window {
+    Io,
+    Mmio32,
+    Mmio64,
 }
 
 /// A bus/device/function triple.
@@ -121,6 +146,27 @@ impl WindowAllocator {
         }
     }
 
+    /// Takes exactly `[start, start + size)`, if it lies in the window and
+    /// is free (a BAR the guest moves there).
+    fn allocate_at(&mut self, start: u64, size: u64) -> Option<RangeInclusive> {
+        self.0
+            .as_mut()?
+            .allocate(size, size, AllocPolicy::ExactMatch(start))
+            .ok()
+    }
+
+    /// Whether `[start, start + size)` lies in the window.
+    fn holds(&self, start: u64, size: u64) -> bool {
+        let Some(a) = self.0.as_ref() else {
+            return false;
+        };
+        let base = a.base();
+        start >= base
+            && start
+                .checked_add(size)
+                .is_some_and(|end| end - base <= a.end() - base + 1)
+    }
+
     /// Returns `range` (from [`Self::allocate`]) to the window.
     fn free(&mut self, range: &RangeInclusive) -> Result<(), AllocatorError> {
         match self.0.as_mut() {
@@ -134,32 +180,53 @@ struct Allocators {
     io: WindowAllocator,
     mmio32: WindowAllocator,
     mmio64: WindowAllocator,
-    /// Per slot, the ranges its function's BARs were allocated (not where
-    /// the guest may have moved them since): what removal frees.
-    by_slot: Vec<Vec<(BarKind, RangeInclusive)>>,
+    /// Per slot, the range each BAR of its function holds in a window:
+    /// where it was allocated, then where the guest moved it (a move
+    /// takes the new range and frees the old). What removal frees.
+    by_slot: Vec<Vec<(usize, Window, RangeInclusive)>>,
 }
 
 impl Allocators {
-    fn window(&mut self, kind: BarKind) -> &mut WindowAllocator {
-        match kind {
-            BarKind::Io => &mut self.io,
-            BarKind::Mem32 => &mut self.mmio32,
-            BarKind::Mem64 { .. } => &mut self.mmio64,
+    fn window(&mut self, w: Window) -> &mut WindowAllocator {
+        match w {
+            Window::Io => &mut self.io,
+            Window::Mmio32 => &mut self.mmio32,
+            Window::Mmio64 => &mut self.mmio64,
         }
     }
 
     /// Frees `ranges`; a range the window does not know is logged (it
     /// would be a bookkeeping bug here, not something a guest can cause).
-    fn free_all(&mut self, slot: usize, ranges: Vec<(BarKind, RangeInclusive)>) {
-        for (kind, range) in ranges {
-            if let Err(e) = self.window(kind).free(&range) {
+    fn free_all(&mut self, slot: usize, ranges: Vec<(usize, Window, RangeInclusive)>) {
+        for (bar, w, range) in ranges {
+            if let Err(e) = self.window(w).free(&range) {
                 warn!(
-                    "PCI slot {slot}: freeing {kind:?} range {:#x}..={:#x}: {e}",
+                    "PCI slot {slot}: freeing BAR {bar}'s {w:?} range {:#x}..={:#x}: {e}",
                     range.start(),
                     range.end()
                 );
             }
         }
+    }
+
+    /// The window a BAR of `kind` may be moved to at `[start, +size)`: a
+    /// 64-bit BAR may also live below 4 GiB, as on hardware.
+    fn window_for_move(&self, kind: BarKind, start: u64, size: u64) -> Window {
+        match kind {
+            BarKind::Io => Window::Io,
+            BarKind::Mem32 => Window::Mmio32,
+            BarKind::Mem64 { .. } if self.mmio32.holds(start, size) => Window::Mmio32,
+            BarKind::Mem64 { .. } => Window::Mmio64,
+        }
+    }
+}
+
+/// The window a BAR of `kind` is allocated from at plug time.
+fn window_of(kind: BarKind) -> Window {
+    match kind {
+        BarKind::Io => Window::Io,
+        BarKind::Mem32 => Window::Mmio32,
+        BarKind::Mem64 { .. } => Window::Mmio64,
     }
 }
 
@@ -195,6 +262,10 @@ pub struct PciRoot {
     allocators: Mutex<Allocators>,
     mmio_bus: Arc<Bus>,
     pio_bus: Arc<Bus>,
+    /// The budget of lines for refused BAR moves. One per root rather
+    /// than per call site (`warn_limited!`), so each VM's guest, and each
+    /// test's root, spends its own.
+    refusals: RateLimit,
 }
 
 impl PciRoot {
@@ -212,6 +283,7 @@ impl PciRoot {
             }),
             mmio_bus,
             pio_bus,
+            refusals: RateLimit::new(),
         }
     }
 
@@ -242,13 +314,14 @@ impl PciRoot {
         let mut mapped = Vec::new();
         let result = (|| {
             for (index, bar) in bars {
+                let window = window_of(bar.kind);
                 let range = self
                     .allocators
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .window(bar.kind)
+                    .window(window)
                     .allocate(bar.kind, bar.size)?;
-                allocated.push((bar.kind, range));
+                allocated.push((index, window, range));
                 let addr = range.start();
                 device
                     .lock()
@@ -291,9 +364,11 @@ impl PciRoot {
     /// Unplugs the function at `addr`: its BARs leave the buses and its
     /// slot reads as empty. Returns it, so the caller decides when it is
     /// dropped (a guest access already dispatched holds it until done).
-    /// The ranges its BARs were allocated go back to their windows, for
-    /// the next function plugged (a BAR the guest moved leaves the bus at
-    /// its current address; the window gets back what it handed out).
+    /// The ranges its BARs hold go back to their windows, for the next
+    /// function plugged. The bus ranges leave under the function's lock,
+    /// so a BAR move cannot slip in between reading where a BAR is and
+    /// removing it there (that left a range on the bus holding the
+    /// function, and its VFIO fd and container, open for good).
     pub fn remove_device(&self, addr: PciAddress) -> Result<SharedPciDevice, PciError> {
         if addr.bus != 0 || addr.function != 0 || addr.device == 0 {
             return Err(PciError::NoDevice(addr));
@@ -303,17 +378,16 @@ impl PciRoot {
             .get_mut(usize::from(addr.device))
             .and_then(Option::take)
             .ok_or(PciError::NoDevice(addr))?;
-        let bars: Vec<_> = {
+        {
             let mut dev = device.lock().unwrap_or_else(|e| e.into_inner());
             dev.unplugged();
-            dev.config().bars().collect()
-        };
-        for (index, bar) in bars {
-            if let Err(e) = self.bus_for(bar.kind).remove(bar.addr) {
-                warn!(
-                    "PCI {addr}: BAR {index} at {:#x} was not on the bus: {e}",
-                    bar.addr
-                );
+            for (index, bar) in dev.config().bars() {
+                if let Err(e) = self.bus_for(bar.kind).remove(bar.addr) {
+                    warn!(
+                        "PCI {addr}: BAR {index} at {:#x} was not on the bus: {e}",
+                        bar.addr
+                    );
+                }
             }
         }
         let slot = usize::from(addr.device);
@@ -354,35 +428,96 @@ impl PciRoot {
     }
 
     /// Writes `data` at byte `offset` of register `reg` of `addr`; writes to
-    /// absent functions are dropped.
+    /// absent functions are dropped. A BAR move is carried out in full or
+    /// not at all, under the function's lock (see [`Self::move_bar`]).
     pub fn config_write(&self, addr: PciAddress, reg: usize, offset: u64, data: &[u8]) {
         let Some(dev) = self.device_at(addr) else {
             return;
         };
-        let moved = dev
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .write_config_register(reg, offset, data);
-        if let Some(m) = moved {
-            self.move_bar(addr, m);
-        }
-    }
-
-    fn move_bar(&self, addr: PciAddress, m: BarReprogram) {
-        match self.bus_for(m.kind).relocate(m.old_addr, m.new_addr) {
+        let mut guard = dev.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(m) = guard.write_config_register(reg, offset, data) else {
+            return;
+        };
+        match self.move_bar(usize::from(addr.device), &mut *guard, m) {
             Ok(()) => debug!(
                 "PCI {addr}: BAR {} moved {:#x} -> {:#x}",
                 m.index, m.old_addr, m.new_addr
             ),
-            // The guest can aim a BAR at a taken range as often as it
-            // likes: its own budget of lines.
-            Err(e) => warn_limited!(
-                "PCI {addr}: BAR {} move {:#x} -> {:#x} not applied: {e}",
-                m.index,
-                m.old_addr,
-                m.new_addr
-            ),
+            Err(e) => {
+                guard.config_mut().set_bar_address(m.index, m.old_addr);
+                if let Err(e) = guard.bars_moved() {
+                    warn_limited!("PCI {addr}: BAR {} back at {:#x}: {e}", m.index, m.old_addr);
+                }
+                // The guest can aim a BAR at a taken range as often as it
+                // likes: its own budget of lines.
+                let line = format_args!(
+                    "PCI {addr}: BAR {} move {:#x} -> {:#x} refused: {e}",
+                    m.index, m.old_addr, m.new_addr
+                );
+                match self.refusals.allow() {
+                    Some(0) => warn!("{line}"),
+                    Some(n) => warn!("{line} ({n} similar lines suppressed)"),
+                    None => {}
+                }
+            }
         }
+    }
+
+    /// Moves BAR `m` of the function in `slot` (whose lock the caller
+    /// holds, its configuration already at the new address) everywhere
+    /// else: the window's bookkeeping, the bus, then the function's own
+    /// mappings. Each step undoes the earlier ones when a later one
+    /// refuses, so that on `Err` the caller only puts the configuration
+    /// back. WHY refuse rather than follow the guest halfway: a bus range
+    /// or KVM slot left at the old address outlives the BAR there, and
+    /// the window hands that range to the next function plugged.
+    fn move_bar(
+        &self,
+        slot: usize,
+        dev: &mut dyn PciDevice,
+        m: BarReprogram,
+    ) -> Result<(), MoveError> {
+        let mut alloc = self.allocators.lock().unwrap_or_else(|e| e.into_inner());
+        let at = alloc.by_slot.get(slot).and_then(|bars| {
+            bars.iter()
+                .position(|(bar, _, r)| *bar == m.index && r.start() == m.old_addr)
+        });
+        // A function removed meanwhile has no ranges left: nothing moves.
+        let Some(at) = at else {
+            return Err(MoveError::Bus(BusError::NotFound(m.old_addr)));
+        };
+        let window = alloc.window_for_move(m.kind, m.new_addr, m.size);
+        let new = alloc
+            .window(window)
+            .allocate_at(m.new_addr, m.size)
+            .ok_or(MoveError::Window(window))?;
+        let undo_alloc = |alloc: &mut Allocators| {
+            if let Err(e) = alloc.window(window).free(&new) {
+                warn!("PCI slot {slot}: giving back {:#x}: {e}", new.start());
+            }
+        };
+        if let Err(e) = self.bus_for(m.kind).relocate(m.old_addr, m.new_addr) {
+            undo_alloc(&mut alloc);
+            return Err(e.into());
+        }
+        if let Err(e) = dev.bars_moved() {
+            if let Err(back) = self.bus_for(m.kind).relocate(m.new_addr, m.old_addr) {
+                // Cannot happen: the old range is still ours in the window.
+                warn!(
+                    "PCI slot {slot}: BAR {} back to {:#x}: {back}",
+                    m.index, m.old_addr
+                );
+            }
+            undo_alloc(&mut alloc);
+            return Err(e.into());
+        }
+        if let Some(entry) = alloc.by_slot.get_mut(slot).and_then(|b| b.get_mut(at)) {
+            let (_, old_window, old) = std::mem::replace(entry, (m.index, window, new));
+            if let Err(e) = alloc.window(old_window).free(&old) {
+                warn!("PCI slot {slot}: freeing {:#x}: {e}", old.start());
+            }
+        }
+        Ok(())
     }
 }
 
@@ -396,7 +531,17 @@ mod tests {
         config: PciConfiguration,
         last_write: Option<(usize, u64, Vec<u8>)>,
         unplugged: usize,
+        /// A fake KVM slot mapping BAR 0 straight into the guest, as an
+        /// assigned function's: where it maps now.
+        direct: Option<u64>,
+        /// An address the fake KVM refuses a slot at.
+        refuse: Option<u64>,
     }
+
+    /// What a refused slot leaves (as `DirectBar::place` does).
+    #[derive(Debug, thiserror::Error)]
+    #[error("slot refused")]
+    struct Refused;
 
     impl PciDevice for TestDevice {
         fn config(&self) -> &PciConfiguration {
@@ -413,6 +558,20 @@ mod tests {
         }
         fn unplugged(&mut self) {
             self.unplugged += 1;
+        }
+        fn bars_moved(&mut self) -> Result<(), BarPlaceError> {
+            let want = self.config.bar(0).map(|b| b.addr);
+            if want.is_some() && want == self.refuse {
+                // The old slot went before the new one was refused.
+                self.direct = None;
+                return Err(BarPlaceError {
+                    bar: 0,
+                    addr: want.unwrap_or(0),
+                    source: Box::new(Refused),
+                });
+            }
+            self.direct = want;
+            Ok(())
         }
     }
 
@@ -458,6 +617,8 @@ mod tests {
             config,
             last_write: None,
             unplugged: 0,
+            direct: None,
+            refuse: None,
         }))
     }
 
@@ -607,6 +768,101 @@ mod tests {
         let mut b = [0u8; 1];
         assert!(mmio.read(0xc000_0000, &mut b));
         assert_eq!(b[0], 0);
+    }
+
+    /// Which device a write at `at` of the MMIO bus reaches, if any.
+    fn owner_of(mmio: &Bus, at: u64, devs: &[&Arc<Mutex<TestDevice>>]) -> Option<usize> {
+        for d in devs {
+            d.lock().unwrap().last_write = None;
+        }
+        if !mmio.write(at, &[0x5a]) {
+            return None;
+        }
+        devs.iter()
+            .position(|d| d.lock().unwrap().last_write.is_some())
+    }
+
+    /// Issue 28: a BAR move the root cannot honour leaves the BAR at its
+    /// old address in the configuration space, on the bus and in the
+    /// function's KVM slot; an accepted one moves all three, and the
+    /// windows' bookkeeping with them.
+    #[test]
+    fn bar_move_refused_consistently() {
+        let (root, mmio, pio) = root();
+        let first = test_device();
+        let second = test_device();
+        root.add_device(first.clone()).unwrap();
+        let addr = root.add_device(second.clone()).unwrap();
+        let own = u64::from(root.config_read(addr, 4));
+        assert_eq!(own, 0xc000_1000);
+        second.lock().unwrap().direct = Some(own);
+        second.lock().unwrap().refuse = Some(0xd000_0000);
+        let devs = [&first, &second];
+        let stays = |what: &str| {
+            assert_eq!(u64::from(root.config_read(addr, 4)), own, "{what}: config");
+            assert_eq!(owner_of(&mmio, own, &devs), Some(1), "{what}: bus");
+            assert_eq!(second.lock().unwrap().direct, Some(own), "{what}: slot");
+        };
+        let write = |to: u32| root.config_write(addr, 4, 0, &to.to_le_bytes());
+
+        // Onto the first device's BAR.
+        write(0xc000_0000);
+        stays("overlap");
+        assert_eq!(owner_of(&mmio, 0xc000_0000, &devs), Some(0));
+        // Outside the 32-bit window, where the bus has nothing.
+        write(0x8000_0000);
+        stays("outside the window");
+        assert_eq!(owner_of(&mmio, 0x8000_0000, &devs), None);
+        // Where the function's slot cannot go.
+        write(0xd000_0000);
+        stays("slot refused");
+        assert_eq!(owner_of(&mmio, 0xd000_0000, &devs), None);
+        // An I/O BAR outside the I/O window.
+        root.config_write(addr, 8, 0, &0x10u32.to_le_bytes());
+        assert_eq!(root.config_read(addr, 8), 0x1041);
+        let mut b = [0u8; 1];
+        assert!(pio.read(0x1040, &mut b) && !pio.read(0x10, &mut b));
+
+        // The refused ranges were not kept: the first device may move
+        // where the second's slot could not go.
+        root.config_write(at(1), 4, 0, &0xd000_0000u32.to_le_bytes());
+        assert_eq!(root.config_read(at(1), 4), 0xd000_0000);
+        assert_eq!(owner_of(&mmio, 0xd000_0000, &devs), Some(0));
+        assert_eq!(owner_of(&mmio, 0xc000_0000, &devs), None);
+
+        // Accepted: config, bus and slot move together.
+        write(0xd010_0000);
+        assert_eq!(root.config_read(addr, 4), 0xd010_0000);
+        assert_eq!(owner_of(&mmio, 0xd010_0000, &devs), Some(1));
+        assert_eq!(owner_of(&mmio, own, &devs), None);
+        assert_eq!(second.lock().unwrap().direct, Some(0xd010_0000));
+        // And the ranges left behind go to the next function plugged.
+        let third = root.add_device(test_device()).unwrap();
+        assert_eq!(root.config_read(third, 4), 0xc000_0000);
+        // The moved BARs' ranges are taken: nothing else may move there.
+        root.config_write(third, 4, 0, &0xd010_0000u32.to_le_bytes());
+        assert_eq!(root.config_read(third, 4), 0xc000_0000);
+    }
+
+    /// Issue 28: after a refused move, ejecting the function leaves no
+    /// range on the bus holding it (its VFIO fd and container would stay
+    /// open), and its ranges go back to the window once.
+    #[test]
+    fn eject_after_a_refused_move_releases_the_function() {
+        let (root, mmio, _) = root();
+        let dev = test_device();
+        let addr = root.add_device(dev.clone()).unwrap();
+        root.config_write(addr, 4, 0, &0x8000_0000u32.to_le_bytes());
+        let removed = root.remove_device(addr).unwrap();
+        let mut b = [0u8; 1];
+        assert!(!mmio.read(0xc000_0000, &mut b));
+        assert!(!mmio.read(0x8000_0000, &mut b));
+        drop(removed);
+        assert_eq!(Arc::strong_count(&dev), 1, "a bus range still holds it");
+        let again = root.add_device(test_device()).unwrap();
+        assert_eq!(root.config_read(again, 4), 0xc000_0000);
+        let next = root.add_device(test_device()).unwrap();
+        assert_eq!(root.config_read(next, 4), 0xc000_1000);
     }
 
     #[test]

@@ -35,7 +35,8 @@ use super::msi::STATUS_CAP_LIST;
 use super::msi::{find_capability, MsiCap, MsiChange};
 use super::msix_block::{MsixAccess, MsixBlock};
 use crate::pci::{
-    merge_write, BarKind, BarReprogram, PciConfigError, PciConfiguration, PciDevice, PciHeader,
+    merge_write, BarKind, BarPlaceError, BarReprogram, PciConfigError, PciConfiguration, PciDevice,
+    PciHeader,
 };
 use crate::virtio::msix::{MsiSink, MSIX_CAP_ID};
 use crate::warn_limited;
@@ -175,6 +176,9 @@ pub struct VfioPciDevice {
     /// Guest writes of the command register pass through it, so a
     /// function stopped after a failed unmap keeps bus mastering off.
     gate: Arc<BusMasterGate>,
+    /// Left the root complex: no KVM slot may map its BARs again (a
+    /// guest config write still in flight must not bring one back).
+    unplugged: bool,
 }
 
 impl VfioPciDevice {
@@ -280,6 +284,7 @@ impl VfioPciDevice {
             vm,
             direct,
             gate: Arc::default(),
+            unplugged: false,
         })
     }
 
@@ -290,17 +295,29 @@ impl VfioPciDevice {
     }
 
     /// Puts each directly mapped BAR's slot where the guest's configuration
-    /// says (absent while the BAR has no address or memory space is off).
-    fn place_direct_bars(&mut self) {
+    /// says (absent while the BAR has no address or memory space is off,
+    /// and for good once unplugged). Stops at the first slot KVM refuses.
+    fn try_place_direct_bars(&mut self) -> Result<(), BarPlaceError> {
         for d in &mut self.direct {
             let want = self
                 .config
                 .bar(d.bar())
-                .filter(|b| b.addr != 0 && self.config.bar_decodes(d.bar()))
+                .filter(|b| !self.unplugged && b.addr != 0 && self.config.bar_decodes(d.bar()))
                 .map(|b| b.addr);
-            if let Err(e) = d.place(&self.vm, want) {
-                warn_limited!("vfio {}: {e}; the BAR stays trapped", self.name);
-            }
+            d.place(&self.vm, want).map_err(|e| BarPlaceError {
+                bar: d.bar(),
+                addr: want.unwrap_or(0),
+                source: Box::new(e),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::try_place_direct_bars`] after a command write: a slot KVM
+    /// refuses leaves that BAR trapped, which still reaches the device.
+    fn place_direct_bars(&mut self) {
+        if let Err(e) = self.try_place_direct_bars() {
+            warn_limited!("vfio {}: {e}; the BAR stays trapped", self.name);
         }
     }
 
@@ -362,6 +379,7 @@ impl PciDevice for VfioPciDevice {
     /// The BARs mapped straight into the guest leave it now, while their
     /// ranges are still allocated (their mmaps stay until the drop).
     fn unplugged(&mut self) {
+        self.unplugged = true;
         for d in &mut self.direct {
             if let Err(e) = d.place(&self.vm, None) {
                 warn!("vfio: removing the slot of BAR {}: {e}", d.bar());
@@ -371,6 +389,12 @@ impl PciDevice for VfioPciDevice {
 
     fn config_mut(&mut self) -> &mut PciConfiguration {
         &mut self.config
+    }
+
+    /// A moved BAR's slot follows it; KVM refusing the slot (an address
+    /// over guest RAM, say) refuses the move.
+    fn bars_moved(&mut self) -> Result<(), BarPlaceError> {
+        self.try_place_direct_bars()
     }
 
     fn read_config_register(&mut self, reg: usize) -> u32 {
@@ -428,8 +452,11 @@ impl PciDevice for VfioPciDevice {
                     });
                 }
             }
-            // The command word or a BAR changed: the slots follow.
-            self.place_direct_bars();
+            // The command word changed: the slots follow. A BAR move is
+            // the root's to accept first (`bars_moved`).
+            if moved.is_none() {
+                self.place_direct_bars();
+            }
             return moved;
         }
         if self.msi.as_ref().is_some_and(|m| m.cap.covers(reg)) {
