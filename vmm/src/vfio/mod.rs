@@ -184,7 +184,7 @@ pub fn add_vfio_device(
     let mut vectors = || -> Option<(Box<dyn MsiSink>, vmm_sys_util::eventfd::EventFd)> {
         let v = router.new_vector().ok()?;
         let fd = v.try_clone_eventfd().ok()?;
-        Some((Box::new(v), fd))
+        Some((Box::new(msix_block::ExternalVector(v)), fd))
     };
     let dev = VfioPciDevice::new(name.clone(), device.clone(), res.vm.clone(), &mut vectors)
         .map_err(VfioError::from)?;

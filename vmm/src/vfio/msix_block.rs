@@ -11,6 +11,7 @@ use log::debug;
 use vfio_ioctls::{VfioDevice, VfioError};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::interrupt::{InterruptError, MsiMessage, MsiVector};
 use crate::virtio::msix::{MsiSink, MsixState, MSIX_ENABLE, MSIX_FUNCTION_MASK};
 use crate::warn_limited;
 
@@ -28,6 +29,25 @@ impl MsixSwitch for VfioDevice {
     }
     fn disable_msix(&self) -> Result<(), VfioError> {
         VfioDevice::disable_msix(self)
+    }
+}
+
+/// A vector the host kernel signals straight into its irqfd (VFIO):
+/// masking must detach the irqfd, as nothing of the VMM's is on the path.
+pub struct ExternalVector(pub MsiVector);
+
+impl MsiSink for ExternalVector {
+    fn route(&mut self, msg: MsiMessage) -> Result<(), InterruptError> {
+        self.0.route(msg)
+    }
+    fn trigger(&self) {
+        self.0.trigger()
+    }
+    fn set_masked(&mut self, masked: bool) -> Result<(), InterruptError> {
+        self.0.set_masked(masked)
+    }
+    fn take_signals(&mut self) -> bool {
+        self.0.take_signals()
     }
 }
 
