@@ -243,6 +243,43 @@ impl PciConfiguration {
         }
     }
 
+    /// Keeps BAR `index` decoding at `addr` (its bus range, its slots)
+    /// while its registers hold what the guest wrote. Only for a BAR that
+    /// does not decode: a 64-bit BAR is written one half at a time, and
+    /// the address between the two writes may be one the root refuses;
+    /// the second write then moves it from `addr` to where the guest
+    /// meant. [`Self::settle_bars`] ends it when decoding is turned on.
+    pub fn park_bar(&mut self, index: usize, addr: u64) {
+        if let Some(bar) = self.bars.get_mut(index).and_then(Option::as_mut) {
+            bar.addr = addr;
+        }
+    }
+
+    /// The address BAR `index`'s registers hold.
+    fn register_addr(&self, index: usize) -> Option<u64> {
+        let bar = self.bar(index)?;
+        let reg = BAR0_REG + index;
+        let mut addr = u64::from(self.regs[reg] & self.writable[reg]);
+        if matches!(bar.kind, BarKind::Mem64 { .. }) {
+            addr |= u64::from(self.regs[reg + 1]) << 32;
+        }
+        Some(addr)
+    }
+
+    /// Puts the registers of every decoding BAR back at the address it
+    /// decodes (a parked BAR, or one left mid size-probe, when the
+    /// guest turns decoding on): what the guest reads is where it is.
+    pub fn settle_bars(&mut self) {
+        let stale: Vec<(usize, u64)> = self
+            .bars()
+            .filter(|(i, b)| self.bar_decodes(*i) && self.register_addr(*i) != Some(b.addr))
+            .map(|(i, b)| (i, b.addr))
+            .collect();
+        for (index, addr) in stale {
+            self.set_bar_address(index, addr);
+        }
+    }
+
     /// Appends a capability with id `id`; `body` is everything after the
     /// 2-byte (id, next) header. Returns the capability's byte offset.
     pub fn add_capability(&mut self, id: u8, body: &[u8]) -> Result<usize, PciConfigError> {
@@ -326,11 +363,7 @@ impl PciConfiguration {
             },
             None => return None,
         };
-        let reg = BAR0_REG + index;
-        let mut new_addr = u64::from(self.regs[reg] & self.writable[reg]);
-        if matches!(bar.kind, BarKind::Mem64 { .. }) {
-            new_addr |= u64::from(self.regs[reg + 1]) << 32;
-        }
+        let new_addr = self.register_addr(index)?;
         if new_addr == bar.addr {
             return None;
         }

@@ -435,7 +435,13 @@ impl PciRoot {
             return;
         };
         let mut guard = dev.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(m) = guard.write_config_register(reg, offset, data) else {
+        let moved = guard.write_config_register(reg, offset, data);
+        if reg == 1 {
+            // Decoding may have come on: no BAR register may then say
+            // anything but where the BAR decodes.
+            guard.config_mut().settle_bars();
+        }
+        let Some(m) = moved else {
             return;
         };
         match self.move_bar(usize::from(addr.device), &mut *guard, m) {
@@ -443,6 +449,17 @@ impl PciRoot {
                 "PCI {addr}: BAR {} moved {:#x} -> {:#x}",
                 m.index, m.old_addr, m.new_addr
             ),
+            Err(e) if !guard.config().bar_decodes(m.index) => {
+                // Decoding off: maybe the first half of a 64-bit move.
+                guard.config_mut().park_bar(m.index, m.old_addr);
+                if let Err(e) = guard.bars_moved() {
+                    warn_limited!("PCI {addr}: BAR {} back at {:#x}: {e}", m.index, m.old_addr);
+                }
+                debug!(
+                    "PCI {addr}: BAR {} stays at {:#x} while it does not decode ({:#x}: {e})",
+                    m.index, m.old_addr, m.new_addr
+                );
+            }
             Err(e) => {
                 guard.config_mut().set_bar_address(m.index, m.old_addr);
                 if let Err(e) = guard.bars_moved() {
@@ -842,6 +859,49 @@ mod tests {
         // The moved BARs' ranges are taken: nothing else may move there.
         root.config_write(third, 4, 0, &0xd010_0000u32.to_le_bytes());
         assert_eq!(root.config_read(third, 4), 0xc000_0000);
+    }
+
+    /// A 64-bit BAR moved one half at a time with memory decoding off
+    /// (as Linux does) lands where the guest meant even if the address
+    /// between the two writes is refused; a half-written BAR left so when
+    /// decoding comes back on reads where it decodes.
+    #[test]
+    fn a_64_bit_bar_moves_one_half_at_a_time() {
+        let (root, mmio, _) = root();
+        let first = test_device();
+        let second = test_device();
+        root.add_device(first).unwrap();
+        let addr = root.add_device(second.clone()).unwrap();
+        // The first device's 64-bit BAR is at 0x1_0000_0000, the
+        // second's at 0x1_0000_4000; the second goes to 0x2_0000_0000.
+        assert_eq!(root.config_read(addr, 6), 0x4004);
+        root.config_write(addr, 1, 0, &[0x1, 0]);
+        root.config_write(addr, 6, 0, &0x4u32.to_le_bytes());
+        // In between: 0x1_0000_0000, the first device's. Parked.
+        assert_eq!(root.config_read(addr, 6), 0x4);
+        root.config_write(addr, 7, 0, &2u32.to_le_bytes());
+        root.config_write(addr, 1, 0, &[0x3, 0]);
+        assert_eq!(root.config_read(addr, 6), 0x4);
+        assert_eq!(root.config_read(addr, 7), 2);
+        let mut b = [0u8; 1];
+        assert!(mmio.read(0x2_0000_0000, &mut b));
+        assert!(!mmio.read(0x1_0000_4000, &mut b));
+        assert!(mmio.read(0x1_0000_0000, &mut b), "the first stays");
+
+        // Half written onto the first device's BAR, then decoding on:
+        // the registers go back to where the BAR decodes.
+        root.config_write(addr, 1, 0, &[0x1, 0]);
+        root.config_write(addr, 7, 0, &1u32.to_le_bytes());
+        assert_eq!(root.config_read(addr, 7), 1);
+        root.config_write(addr, 1, 0, &[0x3, 0]);
+        assert_eq!(root.config_read(addr, 6), 0x4);
+        assert_eq!(root.config_read(addr, 7), 2);
+        assert!(mmio.read(0x2_0000_0000, &mut b));
+        // A size probe with decoding on still reads the size.
+        root.config_write(addr, 6, 0, &[0xff; 4]);
+        assert_eq!(root.config_read(addr, 6), 0xffff_c004);
+        root.config_write(addr, 6, 0, &0x4u32.to_le_bytes());
+        assert_eq!(root.config_read(addr, 6), 0x4);
     }
 
     /// Issue 28: after a refused move, ejecting the function leaves no
