@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
-use vmm::dma::DmaSpace;
+use vmm::dma::{DmaSpace, ThreadDma};
 use vmm::memory::GuestMemoryMmap;
 use vmm::net::ctrl::{serve_ctrl_queue, CtrlCommand};
 use vmm::net::queue::WorkerQueue;
@@ -241,6 +241,7 @@ fuzz_target!(|data: &[u8]| {
         base: host as usize,
     };
     let dma = DmaSpace::identity(mem.clone());
+    let mut thread_dma = ThreadDma::new(dma.clone()).expect("identity space");
     let Some(mut rxq) = make_queue(size, 0, event_idx) else {
         return;
     };
@@ -345,7 +346,7 @@ fuzz_target!(|data: &[u8]| {
             6 => {
                 let before = txq.queue().next_used();
                 let sent = sink.frames.get();
-                process_tx(&mut txq, &dma, &irq, None, &mut tx, &sink);
+                process_tx(&mut txq, &mut thread_dma, &irq, &mut tx, &sink);
                 let entries = used(&mem, USED[1], size, before, txq.queue().next_used());
                 check_ids(&entries, size);
                 assert!(entries.iter().all(|e| e.1 == 0), "transmit used length");
@@ -354,7 +355,7 @@ fuzz_target!(|data: &[u8]| {
             }
             7 => {
                 let before = cq.queue().next_used();
-                serve_ctrl_queue(&mut cq, &dma, &irq, None, &mut chain, &mut |cmd| {
+                serve_ctrl_queue(&mut cq, &mut thread_dma, &irq, &mut chain, &mut |cmd| {
                     let CtrlCommand::SetQueuePairs(_) = cmd;
                     ctrl_ok
                 });

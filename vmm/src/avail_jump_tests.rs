@@ -21,7 +21,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::block::limits::Limits;
 use crate::block::worker::QueueServer;
 use crate::block::DiskImage;
-use crate::dma::DmaSpace;
+use crate::dma::{DmaSpace, ThreadDma};
 use crate::log_limit::counting;
 use crate::net::ctrl::serve_ctrl_queue;
 use crate::net::queue::WorkerQueue;
@@ -73,8 +73,9 @@ fn net_avail_index_jump_breaks_the_queue_without_spinning() {
         counting::install();
         let before = counting::lines();
         let (mut q, mut st) = (q, TxState::default());
+        let mut dma = ThreadDma::new(mem).unwrap();
         for _ in 0..2 {
-            process_tx(&mut q, &mem, &*i, None, &mut st, &Sink);
+            process_tx(&mut q, &mut dma, &*i, &mut st, &Sink);
         }
         (q, counting::lines() - before)
     })
@@ -91,8 +92,9 @@ fn net_avail_index_jump_breaks_the_queue_without_spinning() {
         counting::install();
         let before = counting::lines();
         let (mut q, mut chain, mut executed) = (q, Chain::default(), 0);
+        let mut dma = ThreadDma::new(mem).unwrap();
         for _ in 0..2 {
-            serve_ctrl_queue(&mut q, &mem, &*i, None, &mut chain, &mut |_| {
+            serve_ctrl_queue(&mut q, &mut dma, &*i, &mut chain, &mut |_| {
                 executed += 1;
                 true
             });

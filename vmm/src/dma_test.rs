@@ -62,12 +62,11 @@
 use std::sync::{Arc, Mutex};
 
 use log::debug;
-use virtio_iommu::quiesce::ReaderSlot;
 
 use crate::devices::dma_copy::copy_guest;
 pub use crate::devices::dma_copy::DmaError;
 use crate::devices::dma_stream::{DmaStreamer, StreamJob};
-use crate::dma::DmaSpace;
+use crate::dma::{DmaSpace, ThreadDma};
 use crate::error::Error;
 use crate::memory::GuestMemoryMmap;
 use crate::options::parse_on_off;
@@ -214,10 +213,14 @@ pub fn add_dma_test(
 /// The DMA test device.
 pub struct DmaTestDevice {
     config: PciConfiguration,
+    /// The device's DMA space, for the bus-master bit and the stream
+    /// thread's own handle.
     dma: Option<DmaSpace>,
-    /// Quiescence slot behind a vIOMMU. One per device: the device's lock
-    /// serialises its DMAs, so sections never overlap.
-    reader: Option<Arc<ReaderSlot>>,
+    /// The device's way to guest memory for single commands. One per
+    /// device: the device's lock serialises its DMAs, so sections never
+    /// overlap. `None` past the vIOMMU's reader limit: the device then
+    /// refuses every command as with bus mastering off.
+    access: Option<ThreadDma>,
     /// The stream thread, started at the first streaming command.
     streamer: Option<DmaStreamer>,
     buffer: Box<[u8; DMA_BUF_SIZE]>,
@@ -283,7 +286,7 @@ impl DmaTestDevice {
         Self {
             config,
             dma: None,
-            reader: None,
+            access: None,
             streamer: None,
             buffer: Box::new([0; DMA_BUF_SIZE]),
             liveness: 0,
@@ -304,7 +307,8 @@ impl DmaTestDevice {
     /// Gives the device its DMA address space.
     pub fn set_dma(&mut self, dma: DmaSpace) {
         dma.set_bus_master(self.config.bus_master_enabled());
-        self.reader = dma.reader();
+        // A failure is logged by the space, which refuses every access.
+        self.access = ThreadDma::new(dma.clone()).ok();
         self.dma = Some(dma);
     }
 
@@ -399,12 +403,7 @@ impl DmaTestDevice {
     }
 
     fn run_dma(&mut self) {
-        // Translate and copy inside one section: an UNMAP that completes
-        // meanwhile waits until the copy is done.
-        let reader = self.reader.clone();
-        let section = reader.as_deref().map(ReaderSlot::enter);
         self.error = self.transfer();
-        drop(section);
         self.cmd &= !CMD_RUN;
         if self.cmd & CMD_IRQ != 0 {
             self.irq_status |= IRQ_DMA;
@@ -423,13 +422,19 @@ impl DmaTestDevice {
         }
         let to_ram = self.cmd & CMD_TO_RAM != 0;
         let iova = self.guest_address();
-        let Some(dma) = &self.dma else {
+        if self.dma.is_none() {
             return DmaError::NotRam;
+        }
+        let Some(access) = self.access.as_mut() else {
+            return DmaError::BusMasterOff;
         };
         let Some(buf) = self.buffer.get_mut(off..off + count) else {
             return DmaError::BadDeviceRange;
         };
-        match copy_guest(dma, buf, iova, to_ram) {
+        // Translate and copy inside one section: an UNMAP that completes
+        // meanwhile waits until the copy is done.
+        let copied = copy_guest(&access.access(), buf, iova, to_ram);
+        match copied {
             DmaError::None => {
                 self.bytes = self.bytes.saturating_add(count as u64);
                 DmaError::None

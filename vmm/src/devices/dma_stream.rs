@@ -22,10 +22,8 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 
-use virtio_iommu::quiesce::ReaderSlot;
-
 use super::dma_copy::{copy_guest, DmaError};
-use crate::dma::DmaSpace;
+use crate::dma::{DmaSpace, ThreadDma};
 use crate::sandbox::{self, ThreadKind};
 
 /// One stream: what to copy where, pass after pass.
@@ -77,14 +75,15 @@ pub struct DmaStreamer {
 }
 
 impl DmaStreamer {
-    /// Starts the (idle) thread; its DMA goes through `dma`.
+    /// Starts the (idle) thread; its DMA goes through `dma`. Fails past
+    /// the vIOMMU's reader limit: a stream no UNMAP waits for must not run.
     pub fn spawn(dma: DmaSpace) -> std::io::Result<Self> {
         let (tx, rx) = channel();
         let shared = Arc::new(Shared::default());
-        let reader = dma.reader();
+        let mut dma = ThreadDma::new(dma).map_err(std::io::Error::other)?;
         let s = shared.clone();
         let thread = sandbox::spawn(ThreadKind::DmaStream, "dma-test-stream", move || {
-            stream_thread(&dma, reader.as_deref(), &rx, &s)
+            stream_thread(&mut dma, &rx, &s)
         })?;
         Ok(Self {
             jobs: Some(tx),
@@ -135,20 +134,14 @@ impl Drop for DmaStreamer {
     }
 }
 
-fn stream_thread(
-    dma: &DmaSpace,
-    reader: Option<&ReaderSlot>,
-    jobs: &Receiver<StreamJob>,
-    shared: &Shared,
-) {
+fn stream_thread(dma: &mut ThreadDma, jobs: &Receiver<StreamJob>, shared: &Shared) {
     while let Ok(mut job) = jobs.recv() {
         let len = job.data.len() as u64;
         let mut bytes = 0u64;
         let mut error = DmaError::None;
         while !shared.stop.load(Ordering::SeqCst) {
-            let section = reader.map(ReaderSlot::enter);
-            let result = copy_guest(dma, &mut job.data, job.iova, job.to_ram);
-            drop(section);
+            // One pass per section.
+            let result = copy_guest(&dma.access(), &mut job.data, job.iova, job.to_ram);
             if result != DmaError::None {
                 // Bus mastering cleared under a pass: the device asked for
                 // the stop first, so this is that stop, not a fault.

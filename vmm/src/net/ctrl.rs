@@ -11,10 +11,9 @@
 use vm_memory::{Bytes, GuestAddress};
 
 use super::queue::{break_queue, pop_head, signal_used, WorkerQueue};
-use crate::dma::DmaSpace;
+use crate::dma::{DmaSpace, ThreadDma};
 use crate::virtio::chain::{walk_into, Chain};
 use crate::virtio::VirtioInterrupt;
-use virtio_iommu::quiesce::ReaderSlot;
 use virtio_queue::QueueT;
 
 /// Class MQ, command VQ_PAIRS_SET.
@@ -62,24 +61,26 @@ fn read_command(mem: &DmaSpace, chain: &Chain) -> Option<CtrlCommand> {
 /// Serves every command waiting on `c`: each goes to `exec`, which carries
 /// it out and says whether it succeeded; the acknowledgement is written
 /// into the chain's first writable byte and the chain returned used.
-/// `reader` is the thread's quiescence slot behind a vIOMMU (each chain is
-/// translated and completed inside one section).
+/// Each chain is translated and completed inside one section of the
+/// thread's `dma` handle; ring-index accesses between chains in sections
+/// of their own.
 pub fn serve_ctrl_queue(
     c: &mut WorkerQueue,
-    mem: &DmaSpace,
+    dma: &mut ThreadDma,
     interrupt: &dyn VirtioInterrupt,
-    reader: Option<&ReaderSlot>,
     chain: &mut Chain,
     exec: &mut dyn FnMut(CtrlCommand) -> bool,
 ) {
     let mut used_any = false;
     'outer: while !c.broken {
-        if let Err(e) = c.queue.disable_notification(mem) {
+        let disabled = c.queue.disable_notification(&*dma.access());
+        if let Err(e) = disabled {
             break_queue(c, interrupt, &format!("ring: {e}"));
             break;
         }
         loop {
-            let _section = reader.map(ReaderSlot::enter);
+            let guard = dma.access();
+            let mem: &DmaSpace = &guard;
             let head = match pop_head(&mut c.queue, mem) {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
@@ -110,7 +111,8 @@ pub fn serve_ctrl_queue(
         }
         // Ask for the next kick (EVENT_IDX: moves avail_event); loop if
         // commands arrived meanwhile.
-        match c.queue.enable_notification(mem) {
+        let enabled = c.queue.enable_notification(&*dma.access());
+        match enabled {
             Ok(true) => continue,
             Ok(false) => break,
             Err(e) => {
@@ -120,7 +122,7 @@ pub fn serve_ctrl_queue(
         }
     }
     if used_any {
-        signal_used(c, mem, interrupt);
+        signal_used(c, &dma.access(), interrupt);
     }
 }
 

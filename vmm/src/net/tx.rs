@@ -12,14 +12,13 @@
 use std::io;
 
 use log::debug;
-use virtio_iommu::quiesce::ReaderSlot;
 use virtio_queue::QueueT;
 use vm_memory::Permissions;
 
 use super::iov::append_iovecs;
 use super::queue::{break_queue, pop_head, signal_used, WorkerQueue};
 use super::tap::{Tap, VNET_HDR_LEN};
-use crate::dma::DmaSpace;
+use crate::dma::{DmaSpace, ThreadDma};
 use crate::virtio::chain::{walk_into, Chain, MAX_CHAIN_DESCRIPTORS};
 use crate::virtio::VirtioInterrupt;
 
@@ -83,14 +82,15 @@ impl TxState {
 }
 
 /// Sends every chain waiting on the transmit queue `q`, one chain per
-/// quiescence section on `reader` (translate, send, mark used), then
+/// section of the thread's `dma` handle (translate, send, mark used), then
 /// re-enables notifications (looping if chains arrived meanwhile) and
-/// interrupts the driver if it asked to be.
+/// interrupts the driver if it asked to be. Ring-index accesses between
+/// chains run in sections of their own: the handle lends guest memory
+/// only inside one.
 pub fn process_tx(
     q: &mut WorkerQueue,
-    mem: &DmaSpace,
+    dma: &mut ThreadDma,
     interrupt: &dyn VirtioInterrupt,
-    reader: Option<&ReaderSlot>,
     st: &mut TxState,
     sink: &dyn FrameSink,
 ) {
@@ -99,13 +99,14 @@ pub fn process_tx(
     }
     let mut used_any = false;
     loop {
-        if let Err(e) = q.queue.disable_notification(mem) {
+        let disabled = q.queue.disable_notification(&*dma.access());
+        if let Err(e) = disabled {
             break_queue(q, interrupt, &format!("ring: {e}"));
             return;
         }
         loop {
-            let _section = reader.map(ReaderSlot::enter);
-            let head = match pop_head(&mut q.queue, mem) {
+            let mem = dma.access();
+            let head = match pop_head(&mut q.queue, &mem) {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
                 Err(e) => {
@@ -114,22 +115,23 @@ pub fn process_tx(
                 }
             };
             let (table, size) = (q.queue.desc_table(), q.queue.size());
-            if let Err(e) = walk_into(mem, table, size, head, &mut st.chain) {
+            if let Err(e) = walk_into(&*mem, table, size, head, &mut st.chain) {
                 break_queue(q, interrupt, &format!("transmit chain {head}: {e}"));
                 return;
             }
-            if !st.send_chain(mem, sink) {
+            if !st.send_chain(&mem, sink) {
                 let why = format!("transmit chain {head}: buffer not accessible");
                 break_queue(q, interrupt, &why);
                 return;
             }
-            if let Err(e) = q.queue.add_used(mem, head, 0) {
+            if let Err(e) = q.queue.add_used(&*mem, head, 0) {
                 break_queue(q, interrupt, &format!("used ring: {e}"));
                 return;
             }
             used_any = true;
         }
-        match q.queue.enable_notification(mem) {
+        let enabled = q.queue.enable_notification(&*dma.access());
+        match enabled {
             Ok(true) => continue,
             Ok(false) => break,
             Err(e) => {
@@ -139,7 +141,7 @@ pub fn process_tx(
         }
     }
     if used_any {
-        signal_used(q, mem, interrupt);
+        signal_used(q, &dma.access(), interrupt);
     }
 }
 

@@ -84,14 +84,8 @@ impl Fixture {
     }
 
     fn run(&mut self) {
-        process_tx(
-            &mut self.q,
-            &self.dma,
-            &self.irq,
-            None,
-            &mut self.st,
-            &self.sink,
-        );
+        let mut dma = ThreadDma::new(self.dma.clone()).unwrap();
+        process_tx(&mut self.q, &mut dma, &self.irq, &mut self.st, &self.sink);
     }
 }
 

@@ -16,7 +16,6 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use log::{debug, warn};
-use virtio_iommu::quiesce::ReaderSlot;
 use virtio_queue::QueueT;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
@@ -26,7 +25,7 @@ use super::queue::{break_queue, signal_used, WorkerQueue};
 use super::rx::{arm_rx_kick, RxBuffers, RxStep};
 use super::tap::Tap;
 use super::tx::{process_tx, TxState};
-use crate::dma::DmaSpace;
+use crate::dma::{DmaSpace, ThreadDma};
 use crate::virtio::chain::Chain;
 use crate::virtio::wake::epoll_on;
 use crate::virtio::VirtioInterrupt;
@@ -80,9 +79,9 @@ struct QueuePairWorker {
     /// The transmit side's chain, iovecs and counters.
     tx: TxState,
     tap_polled: bool,
-    /// This thread's quiescence slot (behind a vIOMMU): every chain is
-    /// translated and used inside one section.
-    reader: Option<Arc<ReaderSlot>>,
+    /// This thread's way to guest memory: every frame or chain is
+    /// translated and used inside one of its sections.
+    dma: ThreadDma,
 }
 
 impl QueuePairWorker {
@@ -97,10 +96,12 @@ impl QueuePairWorker {
             fds.push((c.kick.as_raw_fd(), TOKEN_CTRL));
         }
         let epoll = epoll_on(&fds)?;
-        let reader = pair.mem.reader();
+        // Past the quiescer's reader limit the worker must not run: no
+        // UNMAP would wait for it.
+        let dma = ThreadDma::new(pair.mem.clone()).map_err(io::Error::other)?;
         let rx_buffers = RxBuffers::new(pair.mrg_rxbuf, pair.max_frame);
         Ok(Self {
-            reader,
+            dma,
             pair,
             epoll,
             rx_buffers,
@@ -137,7 +138,7 @@ impl QueuePairWorker {
     fn run(mut self) {
         let mut events = vec![EpollEvent::default(); 8];
         // Buffers or frames may already be waiting.
-        if self.pair.mem.bus_master() {
+        if self.dma.bus_master() {
             self.process_tx();
             self.process_rx();
         }
@@ -182,7 +183,7 @@ impl QueuePairWorker {
                     }
                     _ => {}
                 }
-                if !self.pair.mem.bus_master() {
+                if !self.dma.bus_master() {
                     // No DMA without bus mastering: the rings stay as they
                     // are and frames wait in the TAP until the transport
                     // kicks every queue when the bit is set again.
@@ -206,9 +207,8 @@ impl QueuePairWorker {
     fn process_tx(&mut self) {
         process_tx(
             &mut self.pair.tx,
-            &self.pair.mem,
+            &mut self.dma,
             &*self.pair.interrupt,
-            self.reader.as_deref(),
             &mut self.tx,
             &*self.pair.tap,
         );
@@ -220,8 +220,8 @@ impl QueuePairWorker {
             return;
         }
         let mut used_any = false;
-        let reader = self.reader.clone();
-        if let Err(e) = self.pair.rx.queue.disable_notification(&self.pair.mem) {
+        let disabled = self.pair.rx.queue.disable_notification(&*self.dma.access());
+        if let Err(e) = disabled {
             break_queue(
                 &mut self.pair.rx,
                 &*self.pair.interrupt,
@@ -232,13 +232,11 @@ impl QueuePairWorker {
         }
         loop {
             // One frame per section: translate, read, mark used.
-            let section = reader.as_deref().map(ReaderSlot::enter);
-            let step = self.rx_buffers.receive_one(
-                &mut self.pair.rx.queue,
-                &self.pair.mem,
-                &*self.pair.tap,
-            );
-            drop(section);
+            let mem = self.dma.access();
+            let step = self
+                .rx_buffers
+                .receive_one(&mut self.pair.rx.queue, &mem, &*self.pair.tap);
+            drop(mem);
             match step {
                 RxStep::Delivered => used_any = true,
                 RxStep::Dropped(used) => used_any |= used,
@@ -254,10 +252,11 @@ impl QueuePairWorker {
                     // Hand over what was delivered so the driver can refill,
                     // then ask for a kick on its next buffer.
                     if used_any {
-                        signal_used(&mut self.pair.rx, &self.pair.mem, &*self.pair.interrupt);
+                        signal_used(&mut self.pair.rx, &self.dma.access(), &*self.pair.interrupt);
                         used_any = false;
                     }
-                    match arm_rx_kick(&mut self.pair.rx.queue, &self.pair.mem, looked_at) {
+                    let armed = arm_rx_kick(&mut self.pair.rx.queue, &self.dma.access(), looked_at);
+                    match armed {
                         Ok(true) => continue,
                         Ok(false) => {
                             self.set_tap_polling(false);
@@ -282,7 +281,7 @@ impl QueuePairWorker {
             }
         }
         if used_any {
-            signal_used(&mut self.pair.rx, &self.pair.mem, &*self.pair.interrupt);
+            signal_used(&mut self.pair.rx, &self.dma.access(), &*self.pair.interrupt);
         }
     }
 
@@ -293,9 +292,8 @@ impl QueuePairWorker {
         let (taps, kicks) = (&self.pair.all_taps, &self.pair.all_rx_kicks);
         serve_ctrl_queue(
             &mut c,
-            &self.pair.mem,
+            &mut self.dma,
             &*self.pair.interrupt,
-            self.reader.as_deref(),
             &mut self.chain,
             &mut |cmd| set_queue_pairs(taps, kicks, cmd),
         );

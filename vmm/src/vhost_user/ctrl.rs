@@ -24,7 +24,7 @@ use vmm_sys_util::epoll::EpollEvent;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::client::Client;
-use crate::dma::DmaSpace;
+use crate::dma::{DmaSpace, ThreadDma};
 use crate::net::ctrl::{serve_ctrl_queue, CtrlCommand};
 use crate::net::queue::WorkerQueue;
 use crate::virtio::chain::Chain;
@@ -90,7 +90,16 @@ pub fn run_ctrl_queue(mut s: CtrlQueueServer) {
             return;
         }
     };
-    let reader = s.mem.reader();
+    // Past the quiescer's reader limit the thread must not run: no UNMAP
+    // would wait for it.
+    let mut dma = match ThreadDma::new(s.mem.clone()) {
+        Ok(d) => d,
+        Err(e) => {
+            warn!("vhost-user-net control queue: {e}");
+            s.interrupt.set_needs_reset();
+            return;
+        }
+    };
     let mut chain = Chain::default();
     let mut events = [EpollEvent::default(); 2];
     loop {
@@ -110,16 +119,15 @@ pub fn run_ctrl_queue(mut s: CtrlQueueServer) {
             let _ = s.queue.kick.read();
             // No DMA without bus mastering; the transport kicks every
             // queue when the bit is set again.
-            if !s.mem.bus_master() {
+            if !dma.bus_master() {
                 continue;
             }
             let offered = s.pairs;
             let mut wanted = None;
             serve_ctrl_queue(
                 &mut s.queue,
-                &s.mem,
+                &mut dma,
                 &*s.interrupt,
-                reader.as_deref(),
                 &mut chain,
                 &mut |cmd| match cmd {
                     CtrlCommand::SetQueuePairs(n) => {
