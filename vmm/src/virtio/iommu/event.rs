@@ -17,6 +17,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::{scatter, wait, wake_on};
 use crate::dma::DmaSpace;
+use crate::sandbox::{self, ThreadKind};
 use crate::virtio::chain::{pop_head, walk_into, Chain};
 use crate::virtio::{ActiveQueue, VirtioInterrupt};
 use crate::warn_limited;
@@ -48,14 +49,12 @@ pub(super) fn spawn(
         chain: Chain::default(),
     };
     let kick = q.kick;
-    std::thread::Builder::new()
-        .name("viommu-event".into())
-        .spawn(move || {
-            let Some(wake) = wake_on(&[&kick, &faults], &stop) else {
-                return;
-            };
-            while eq.deliver() && wait(&wake) {}
-        })
+    sandbox::spawn(ThreadKind::IommuEvent, "viommu-event", move || {
+        let Some(wake) = wake_on(&[&kick, &faults], &stop) else {
+            return;
+        };
+        while eq.deliver() && wait(&wake) {}
+    })
 }
 
 impl EventQueue {

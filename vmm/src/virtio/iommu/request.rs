@@ -20,6 +20,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::{scatter, wait, wake_on};
 use crate::dma::DmaSpace;
+use crate::sandbox::{self, ThreadKind};
 use crate::virtio::chain::{pop_head, walk_into, Buffer, Chain};
 use crate::virtio::VirtioInterrupt;
 use crate::warn_limited;
@@ -99,15 +100,14 @@ impl RequestQueue {
         kick: EventFd,
         stop: Arc<EventFd>,
     ) -> std::io::Result<JoinHandle<()>> {
-        std::thread::Builder::new()
-            .name(format!("viommu-req{}", self.index))
-            .spawn(move || {
-                let Some(wake) = wake_on(&[&kick], &stop) else {
-                    return;
-                };
-                // Buffers may already be there when the driver set DRIVER_OK.
-                while self.process() && wait(&wake) {}
-            })
+        let name = format!("viommu-req{}", self.index);
+        sandbox::spawn(ThreadKind::IommuRequest, name, move || {
+            let Some(wake) = wake_on(&[&kick], &stop) else {
+                return;
+            };
+            // Buffers may already be there when the driver set DRIVER_OK.
+            while self.process() && wait(&wake) {}
+        })
     }
 }
 
