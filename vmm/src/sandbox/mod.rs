@@ -30,8 +30,9 @@ pub use filters::ThreadKind;
 pub use landlock::{LandlockAccess, LandlockRule};
 pub use seccomp::SeccompMode;
 
-/// `--seccomp`'s default. See the crate README: `log` until every thread
-/// kind's list has been proved complete by the guest-booting suite.
+/// `--seccomp`'s default: `log` (nothing refused, violations in the kernel
+/// log) until every thread kind's list has been proved complete by the
+/// guest-booting suite run with `true` (docs/sandbox.md says what has been).
 pub const DEFAULT_SECCOMP: &str = "log";
 
 /// Why the sandbox could not be put in place; the VMM refuses to run
