@@ -184,6 +184,10 @@ struct Allocators {
     /// where it was allocated, then where the guest moved it (a move
     /// takes the new range and frees the old). What removal frees.
     by_slot: Vec<Vec<(usize, Window, RangeInclusive)>>,
+    /// Per slot, the function those ranges are for ([`identity`], 0 for
+    /// none): a config write still in flight for a function ejected
+    /// meanwhile must not move the BAR of the one plugged in its place.
+    owners: Vec<usize>,
 }
 
 impl Allocators {
@@ -219,6 +223,12 @@ impl Allocators {
             BarKind::Mem64 { .. } => Window::Mmio64,
         }
     }
+}
+
+/// A function's identity while a reference to it is held (its address:
+/// no other function can be allocated there meanwhile).
+fn identity(device: &SharedPciDevice) -> usize {
+    Arc::as_ptr(device).cast::<()>() as usize
 }
 
 /// The window a BAR of `kind` is allocated from at plug time.
@@ -280,6 +290,7 @@ impl PciRoot {
                 mmio32: WindowAllocator::new(windows.mmio32),
                 mmio64: WindowAllocator::new(windows.mmio64),
                 by_slot: vec![Vec::new(); NUM_SLOTS],
+                owners: vec![0; NUM_SLOTS],
             }),
             mmio_bus,
             pio_bus,
@@ -352,6 +363,9 @@ impl PciRoot {
         if let Some(entry) = alloc.by_slot.get_mut(slot) {
             *entry = allocated;
         }
+        if let Some(owner) = alloc.owners.get_mut(slot) {
+            *owner = identity(&device);
+        }
         drop(alloc);
         slots[slot] = Some(device);
         Ok(PciAddress {
@@ -395,6 +409,9 @@ impl PciRoot {
         let ranges = alloc.by_slot.get_mut(slot).map(std::mem::take);
         if let Some(ranges) = ranges {
             alloc.free_all(slot, ranges);
+        }
+        if let Some(owner) = alloc.owners.get_mut(slot) {
+            *owner = 0;
         }
         Ok(device)
     }
@@ -444,7 +461,8 @@ impl PciRoot {
         let Some(m) = moved else {
             return;
         };
-        match self.move_bar(usize::from(addr.device), &mut *guard, m) {
+        let who = (usize::from(addr.device), identity(&dev));
+        match self.move_bar(who, &mut *guard, m) {
             Ok(()) => debug!(
                 "PCI {addr}: BAR {} moved {:#x} -> {:#x}",
                 m.index, m.old_addr, m.new_addr
@@ -490,15 +508,19 @@ impl PciRoot {
     /// the window hands that range to the next function plugged.
     fn move_bar(
         &self,
-        slot: usize,
+        (slot, owner): (usize, usize),
         dev: &mut dyn PciDevice,
         m: BarReprogram,
     ) -> Result<(), MoveError> {
         let mut alloc = self.allocators.lock().unwrap_or_else(|e| e.into_inner());
-        let at = alloc.by_slot.get(slot).and_then(|bars| {
-            bars.iter()
-                .position(|(bar, _, r)| *bar == m.index && r.start() == m.old_addr)
-        });
+        let at = alloc
+            .by_slot
+            .get(slot)
+            .filter(|_| alloc.owners.get(slot) == Some(&owner))
+            .and_then(|bars| {
+                bars.iter()
+                    .position(|(bar, _, r)| *bar == m.index && r.start() == m.old_addr)
+            });
         // A function removed meanwhile has no ranges left: nothing moves.
         let Some(at) = at else {
             return Err(MoveError::Bus(BusError::NotFound(m.old_addr)));
@@ -859,6 +881,36 @@ mod tests {
         // The moved BARs' ranges are taken: nothing else may move there.
         root.config_write(third, 4, 0, &0xd010_0000u32.to_le_bytes());
         assert_eq!(root.config_read(third, 4), 0xc000_0000);
+    }
+
+    /// A config write that reached a function just before it was ejected
+    /// does not move the BAR of the function plugged into its slot next.
+    #[test]
+    fn a_late_bar_move_of_an_ejected_function_moves_nothing() {
+        let (root, mmio, _) = root();
+        let gone = test_device();
+        let addr = root.add_device(gone.clone()).unwrap();
+        drop(root.remove_device(addr).unwrap());
+        let next = test_device();
+        assert_eq!(root.add_device(next.clone()).unwrap(), addr);
+        // The write, dispatched to the ejected function before removal,
+        // lands now (what `config_write` does after `device_at`).
+        let mut guard = gone.lock().unwrap();
+        let m = guard
+            .write_config_register(4, 0, &0xd000_0000u32.to_le_bytes())
+            .unwrap();
+        let who = (
+            usize::from(addr.device),
+            identity(&(gone.clone() as SharedPciDevice)),
+        );
+        assert!(root.move_bar(who, &mut *guard, m).is_err());
+        drop(guard);
+        let mut b = [0u8; 1];
+        assert!(mmio.read(0xc000_0000, &mut b), "the next one stays");
+        assert!(!mmio.read(0xd000_0000, &mut b));
+        // And the function plugged there moves its own BAR.
+        root.config_write(addr, 4, 0, &0xd000_0000u32.to_le_bytes());
+        assert!(mmio.read(0xd000_0000, &mut b));
     }
 
     /// A 64-bit BAR moved one half at a time with memory decoding off
