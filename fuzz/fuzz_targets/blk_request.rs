@@ -24,7 +24,7 @@ use vmm::block::limits::Limits;
 use vmm::block::request::{serve, Request, RequestIo};
 use vmm::block::section::Section;
 use vmm::block::DiskImage;
-use vmm::dma::DmaSpace;
+use vmm::dma::{DmaSpace, ThreadDma};
 use vmm::memory::GuestMemoryMmap;
 use vmm::virtio::chain::walk;
 
@@ -83,13 +83,14 @@ fuzz_target!(|data: &[u8]| {
     let mut req = Request::default();
     let mut iov = Vec::new();
     let mut failure = None;
-    let mut section = Section::enter(None);
+    let mut thread_dma = ThreadDma::new(dma.clone()).expect("identity space");
+    let mut section = Section::enter(&mut thread_dma);
     let mut io = RequestIo {
         limits,
         iov: &mut iov,
         section: &mut section,
     };
-    let served = serve(&dma, disk, &chain, &mut req, &mut io, &mut failure);
+    let served = serve(disk, &chain, &mut req, &mut io, &mut failure);
     let mut refused_write = false;
     if let Ok(served) = served {
         assert!(served.status <= 2, "status {}", served.status);

@@ -275,7 +275,6 @@ struct Cursor {
 /// per quiescence section: the iovecs of a section are used up before it
 /// is left, and the next chunk is translated in the next one.
 fn transfer(
-    mem: &DmaSpace,
     disk: &DiskImage,
     bufs: &[Buffer],
     offset: u64,
@@ -316,7 +315,7 @@ fn transfer(
             let piece = addr;
             let bad = || RequestError::DataInaccessible(piece);
             let len = usize::try_from(n).map_err(|_| bad())?;
-            for s in mem
+            for s in section
                 .get_slices(GuestAddress(piece), len, access)
                 .map_err(|_| bad())?
             {
@@ -430,7 +429,6 @@ pub struct RequestIo<'r, 'a> {
 /// Executes a parsed request; returns how many data bytes it wrote into
 /// the guest's writable buffers (the status byte not counted).
 pub fn execute(
-    mem: &DmaSpace,
     disk: &DiskImage,
     req: &Request,
     io: &mut RequestIo<'_, '_>,
@@ -440,7 +438,7 @@ pub fn execute(
             io.limits.check(&req.writable)?;
             let bytes = total(&req.writable);
             let offset = check_range(req.sector, bytes, disk.sectors())?;
-            transfer(mem, disk, &req.writable, offset, false, io)?;
+            transfer(disk, &req.writable, offset, false, io)?;
             // The chain walker bounds a chain's total to 32 bits.
             Ok(u32::try_from(bytes).unwrap_or(u32::MAX))
         }
@@ -451,7 +449,7 @@ pub fn execute(
             io.limits.check(&req.readable)?;
             let bytes = total(&req.readable);
             let offset = check_range(req.sector, bytes, disk.sectors())?;
-            transfer(mem, disk, &req.readable, offset, true, io)?;
+            transfer(disk, &req.readable, offset, true, io)?;
             Ok(0)
         }
         RequestType::Flush => {
@@ -467,15 +465,16 @@ pub fn execute(
                 }
                 let n = (b.len as usize).min(left.len());
                 let (now, rest) = left.split_at(n);
-                mem.write_slice(now, GuestAddress(b.addr))
+                io.section
+                    .write_slice(now, GuestAddress(b.addr))
                     .map_err(|_| RequestError::DataInaccessible(b.addr))?;
                 left = rest;
                 written += n as u32;
             }
             Ok(written)
         }
-        RequestType::Discard => discard_or_zero(mem, disk, req, false).map(|()| 0),
-        RequestType::WriteZeroes => discard_or_zero(mem, disk, req, true).map(|()| 0),
+        RequestType::Discard => discard_or_zero(io.section, disk, req, false).map(|()| 0),
+        RequestType::WriteZeroes => discard_or_zero(io.section, disk, req, true).map(|()| 0),
         RequestType::Other(t) => Err(RequestError::Unsupported(t)),
     }
 }
@@ -495,14 +494,13 @@ pub struct Served {
 /// `failure` receives the error a request was answered with, for the
 /// caller's log.
 pub fn serve(
-    mem: &DmaSpace,
     disk: &DiskImage,
     chain: &Chain,
     req: &mut Request,
     io: &mut RequestIo<'_, '_>,
     failure: &mut Option<RequestError>,
 ) -> Result<Served, RequestError> {
-    let outcome = parse(mem, chain, req).and_then(|()| execute(mem, disk, req, io));
+    let outcome = parse(io.section, chain, req).and_then(|()| execute(disk, req, io));
     let (status, written) = match outcome {
         Ok(n) => (VIRTIO_BLK_S_OK as u8, n),
         Err(RequestError::NoStatus) => return Err(RequestError::NoStatus),
@@ -515,7 +513,8 @@ pub fn serve(
             (s, 0)
         }
     };
-    mem.write_obj(status, GuestAddress(req.status))
+    io.section
+        .write_obj(status, GuestAddress(req.status))
         .map_err(|_| RequestError::StatusUnwritable(req.status))?;
     Ok(Served {
         status,

@@ -13,6 +13,7 @@ use crate::block::image::DiskImage;
 use crate::block::limits::Limits;
 use crate::block::test_util::{pattern, temp_image, Recorder, Ring, SIZE};
 use crate::block::worker::QueueServer;
+use crate::dma::ThreadDma;
 use crate::virtio::chain::{VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
 use crate::virtio::test_ring::put_desc;
 
@@ -70,8 +71,8 @@ impl Fixture {
     }
 
     fn run(&mut self) {
-        self.server
-            .process(&self.ring.dma, &self.disk, &self.irq, None);
+        let mut dma = ThreadDma::new(self.ring.dma.clone()).unwrap();
+        self.server.process(&mut dma, &self.disk, &self.irq);
     }
 
     /// Runs the queue; returns (status byte, used length) of the only new

@@ -10,14 +10,16 @@
 //! chunk; the chunk after it is translated anew and fails if its buffer
 //! is gone.
 
-use virtio_iommu::quiesce::{ReadSection, ReaderSlot};
+use std::ops::Deref;
+
+use crate::dma::{DmaGuard, DmaSpace, ThreadDma};
 
 /// A worker's section for one request: entered at creation, renewed
-/// between chunks, ended when dropped. Without a slot (no quiescing
-/// vIOMMU) it only counts.
+/// between chunks, ended when dropped; the request's guest memory is
+/// reachable only through it (it dereferences to the worker's
+/// [`DmaSpace`]). Without a quiescing vIOMMU it only counts.
 pub struct Section<'a> {
-    slot: Option<&'a ReaderSlot>,
-    guard: Option<ReadSection<'a>>,
+    guard: DmaGuard<'a>,
     renewals: u64,
     /// Run between two sections (tests: an UNMAP there must not wait).
     #[cfg(test)]
@@ -25,11 +27,10 @@ pub struct Section<'a> {
 }
 
 impl<'a> Section<'a> {
-    /// Enters a section on `slot` (none without a slot).
-    pub fn enter(slot: Option<&'a ReaderSlot>) -> Self {
+    /// Enters a section of the worker's `dma` handle.
+    pub fn enter(dma: &'a mut ThreadDma) -> Self {
         Self {
-            slot,
-            guard: slot.map(ReaderSlot::enter),
+            guard: dma.access(),
             renewals: 0,
             #[cfg(test)]
             between: None,
@@ -39,12 +40,14 @@ impl<'a> Section<'a> {
     /// Ends the section and enters a new one. Nothing translated before
     /// may be used after: callers finish their I/O first.
     pub fn renew(&mut self) {
-        self.guard = None;
         #[cfg(test)]
-        if let Some(f) = self.between.as_mut() {
-            f();
-        }
-        self.guard = self.slot.map(ReaderSlot::enter);
+        let between = self.between.as_mut();
+        self.guard.renew_with(|| {
+            #[cfg(test)]
+            if let Some(f) = between {
+                f();
+            }
+        });
         self.renewals += 1;
     }
 
@@ -55,13 +58,21 @@ impl<'a> Section<'a> {
 
     /// Whether a quiescence slot is behind this section.
     pub fn guarded(&self) -> bool {
-        self.guard.is_some()
+        self.guard.guarded()
     }
 
     /// Sets what runs between two sections (tests).
     #[cfg(test)]
     pub fn set_between(&mut self, f: Box<dyn FnMut() + 'a>) {
         self.between = Some(f);
+    }
+}
+
+impl Deref for Section<'_> {
+    type Target = DmaSpace;
+
+    fn deref(&self) -> &DmaSpace {
+        &self.guard
     }
 }
 

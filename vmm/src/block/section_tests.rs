@@ -20,7 +20,7 @@ use crate::block::limits::Limits;
 use crate::block::request::{serve, Request, RequestIo};
 use crate::block::test_util::{pattern, temp_image, Ring};
 use crate::dma::test_iommu::{TestIommu, RW};
-use crate::dma::DmaSpace;
+use crate::dma::{DmaSpace, ThreadDma};
 use crate::virtio::chain::{walk, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
 
 const HDR: u64 = 0x8000;
@@ -37,18 +37,19 @@ fn limits() -> Limits {
     }
 }
 
-/// Serves the request at head 0 of `ring` in a section on `slot` with
-/// `between` run between sections; (status, renewals).
+/// Serves the request at head 0 of `ring` in a section of a thread
+/// handle over `mem` (with a reader slot of its own when `mem` is behind
+/// a quiescer) with `between` run between sections; (status, renewals).
 fn serve_with(
     ring: &Ring,
     mem: &DmaSpace,
     disk: &DiskImage,
-    slot: Option<&virtio_iommu::quiesce::ReaderSlot>,
     between: Box<dyn FnMut() + '_>,
 ) -> (u8, u64) {
     let q = ring.queue();
-    let chain = walk(mem, q.desc_table(), q.size(), 0).expect("chain");
-    let mut section = Section::enter(slot);
+    let mut dma = ThreadDma::new(mem.clone()).expect("reader");
+    let chain = walk(&*dma.access(), q.desc_table(), q.size(), 0).expect("chain");
+    let mut section = Section::enter(&mut dma);
     section.set_between(between);
     let mut iov = Vec::new();
     let mut io = RequestIo {
@@ -57,7 +58,7 @@ fn serve_with(
         section: &mut section,
     };
     let (mut req, mut failure) = (Request::default(), None);
-    let served = serve(mem, disk, &chain, &mut req, &mut io, &mut failure).expect("answered");
+    let served = serve(disk, &chain, &mut req, &mut io, &mut failure).expect("answered");
     let renewals = section.renewals();
     (served.status, renewals)
 }
@@ -100,7 +101,7 @@ fn blk_long_io_is_split_into_bounded_sections() {
         seen.borrow_mut().push(n);
     });
     let dma = ring.dma.clone();
-    let (status, renewals) = serve_with(&ring, &dma, &disk, None, probe);
+    let (status, renewals) = serve_with(&ring, &dma, &disk, probe);
     assert_eq!(status, VIRTIO_BLK_S_OK as u8);
     assert_eq!(renewals, LEN / CHUNK - 1);
     // The pattern may repeat a byte of the canary, so "landed" may run a
@@ -129,7 +130,7 @@ fn blk_long_io_is_split_into_bounded_sections() {
         ring.desc(i, *addr, *len, VIRTQ_DESC_F_NEXT, i + 1);
     }
     ring.offer(0);
-    let (status, renewals) = serve_with(&ring, &dma, &disk, None, Box::new(|| {}));
+    let (status, renewals) = serve_with(&ring, &dma, &disk, Box::new(|| {}));
     assert_eq!((status, renewals), (VIRTIO_BLK_S_OK as u8, 3));
     let img = std::fs::read(&path).unwrap();
     assert_eq!(&img[..LEN as usize], &got[..]);
@@ -158,7 +159,6 @@ fn an_unmap_between_chunks_waits_for_no_chunk_and_stops_the_request() {
             iommu.map(1, 0x100000 + p * CHUNK, CHUNK, DATA + p * CHUNK, RW);
         }
         let dma = iommu.space(ring.mem).with_quiescer(q.clone());
-        let slot = dma.reader().expect("reader");
         ring.header(HDR, VIRTIO_BLK_T_IN, 0);
         ring.desc(0, HDR, 16, VIRTQ_DESC_F_NEXT, 1);
         ring.desc(
@@ -181,7 +181,7 @@ fn an_unmap_between_chunks_waits_for_no_chunk_and_stops_the_request() {
                 unmapper.unmap(1, 0x100000 + 2 * CHUNK, CHUNK);
             }
         });
-        let (status, _) = serve_with(&ring, &dma, &disk, Some(&slot), between);
+        let (status, _) = serve_with(&ring, &dma, &disk, between);
         let mut page = vec![0u8; CHUNK as usize];
         ring.mem
             .read_slice(&mut page, GuestAddress(DATA + 2 * CHUNK))

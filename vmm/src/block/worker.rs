@@ -18,7 +18,6 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use log::{debug, warn};
-use virtio_iommu::quiesce::ReaderSlot;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vmm_sys_util::epoll::EpollEvent;
 use vmm_sys_util::eventfd::EventFd;
@@ -27,7 +26,7 @@ use super::image::DiskImage;
 use super::limits::Limits;
 use super::request::{serve, Request, RequestError, RequestIo};
 use super::section::Section;
-use crate::dma::DmaSpace;
+use crate::dma::{DmaSpace, ThreadDma};
 use crate::virtio::chain::{walk_into, Chain, ChainError};
 use crate::virtio::wake::epoll_on;
 use crate::virtio::{ActiveQueue, VirtioInterrupt};
@@ -145,25 +144,26 @@ impl QueueServer {
     /// (looping if requests arrived meanwhile), then signals the guest.
     pub fn process(
         &mut self,
-        mem: &DmaSpace,
+        dma: &mut ThreadDma,
         disk: &DiskImage,
         interrupt: &dyn VirtioInterrupt,
-        reader: Option<&ReaderSlot>,
     ) {
         if self.broken {
             return;
         }
         let mut used_any = false;
         loop {
-            if let Err(e) = self.queue.disable_notification(mem) {
+            let disabled = self.queue.disable_notification(&*dma.access());
+            if let Err(e) = disabled {
                 self.break_queue(interrupt, &format!("ring: {e}"));
                 break;
             }
-            if let Err(why) = self.drain(mem, disk, reader, &mut used_any) {
+            if let Err(why) = self.drain(dma, disk, &mut used_any) {
                 self.break_queue(interrupt, &why.to_string());
                 break;
             }
-            match self.queue.enable_notification(mem) {
+            let enabled = self.queue.enable_notification(&*dma.access());
+            match enabled {
                 Ok(true) => continue,
                 Ok(false) => break,
                 Err(e) => {
@@ -173,7 +173,12 @@ impl QueueServer {
             }
         }
         // On a ring error, notify anyway: a spurious interrupt is harmless.
-        if used_any && self.queue.needs_notification(mem).unwrap_or(true) {
+        if used_any
+            && self
+                .queue
+                .needs_notification(&*dma.access())
+                .unwrap_or(true)
+        {
             interrupt.notify_queue(self.index);
         }
     }
@@ -181,20 +186,20 @@ impl QueueServer {
     /// Serves requests until none is available.
     fn drain(
         &mut self,
-        mem: &DmaSpace,
+        dma: &mut ThreadDma,
         disk: &DiskImage,
-        reader: Option<&ReaderSlot>,
         used_any: &mut bool,
     ) -> Result<(), QueueError> {
         loop {
             // A request's sections: translate, transfer a chunk at a
             // time, answer.
-            let mut section = Section::enter(reader);
-            let Some(head) = pop_head(&mut self.queue, mem).map_err(QueueError::AvailRing)? else {
+            let mut section = Section::enter(dma);
+            let Some(head) = pop_head(&mut self.queue, &section).map_err(QueueError::AvailRing)?
+            else {
                 return Ok(());
             };
             let (table, size) = (self.queue.desc_table(), self.queue.size());
-            walk_into(mem, table, size, head, &mut self.chain)
+            walk_into(&*section, table, size, head, &mut self.chain)
                 .map_err(|source| QueueError::Chain { head, source })?;
             let mut failure = None;
             let mut io = RequestIo {
@@ -202,14 +207,14 @@ impl QueueServer {
                 iov: &mut self.iov,
                 section: &mut section,
             };
-            let served = serve(mem, disk, &self.chain, &mut self.req, &mut io, &mut failure)
+            let served = serve(disk, &self.chain, &mut self.req, &mut io, &mut failure)
                 .map_err(|source| QueueError::Request { head, source })?;
             if let Some(e) = failure {
                 self.note_failure(&e);
             }
             self.stats.served += 1;
             self.queue
-                .add_used(mem, head, served.used_len)
+                .add_used(&*section, head, served.used_len)
                 .map_err(QueueError::UsedRing)?;
             *used_any = true;
         }
@@ -241,12 +246,21 @@ pub fn run_worker(p: WorkerParts) {
             return;
         }
     };
-    let reader = p.mem.reader();
+    // Past the quiescer's reader limit the worker must not run: no
+    // UNMAP would wait for it.
+    let mut dma = match ThreadDma::new(p.mem.clone()) {
+        Ok(d) => d,
+        Err(e) => {
+            warn!("virtio-blk worker could not start: {e}");
+            p.interrupt.set_needs_reset();
+            return;
+        }
+    };
     let mut server = QueueServer::new(p.queue.index, p.queue.queue, p.limits);
     let mut events = vec![EpollEvent::default(); 4];
     // Requests may already be waiting.
-    if p.mem.bus_master() {
-        server.process(&p.mem, &p.disk, &*p.interrupt, reader.as_deref());
+    if dma.bus_master() {
+        server.process(&mut dma, &p.disk, &*p.interrupt);
     }
     loop {
         let n = match epoll.wait(-1, &mut events) {
@@ -271,8 +285,8 @@ pub fn run_worker(p: WorkerParts) {
                     let _ = p.queue.kick.read();
                     // No DMA without bus mastering: the transport kicks
                     // every queue when the bit is set again.
-                    if p.mem.bus_master() {
-                        server.process(&p.mem, &p.disk, &*p.interrupt, reader.as_deref());
+                    if dma.bus_master() {
+                        server.process(&mut dma, &p.disk, &*p.interrupt);
                     }
                 }
                 _ => {}

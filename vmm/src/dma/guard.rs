@@ -29,7 +29,8 @@ pub struct ThreadDma {
 /// [`DmaSpace`]; the section ends when the guard is dropped.
 pub struct DmaGuard<'a> {
     space: &'a DmaSpace,
-    _section: Option<ReadSection<'a>>,
+    slot: Option<&'a ReaderSlot>,
+    section: Option<ReadSection<'a>>,
 }
 
 impl ThreadDma {
@@ -44,9 +45,11 @@ impl ThreadDma {
 
     /// Opens a section and lends the memory for its duration.
     pub fn access(&mut self) -> DmaGuard<'_> {
+        let slot = self.slot.as_deref();
         DmaGuard {
             space: &self.space,
-            _section: self.slot.as_deref().map(ReaderSlot::enter),
+            slot,
+            section: slot.map(ReaderSlot::enter),
         }
     }
 
@@ -54,6 +57,25 @@ impl ThreadDma {
     /// e.g. before a worker waits for work).
     pub fn bus_master(&self) -> bool {
         self.space.bus_master()
+    }
+}
+
+impl DmaGuard<'_> {
+    /// Ends the section and opens a new one on the same guard, so that a
+    /// long job (a virtio-blk request's data, a chunk at a time) makes an
+    /// UNMAP wait for one chunk only. `&mut self`: no slice borrowed from
+    /// the guard survives; raw pointers taken from it (iovecs) must be
+    /// used up before. `between` runs with no section open (tests).
+    pub fn renew_with(&mut self, between: impl FnOnce()) {
+        self.section = None;
+        between();
+        self.section = self.slot.map(ReaderSlot::enter);
+    }
+
+    /// Whether a quiescence section is held (the space is behind a
+    /// quiescing vIOMMU).
+    pub fn guarded(&self) -> bool {
+        self.section.is_some()
     }
 }
 
