@@ -1,27 +1,26 @@
-//! Emulated device threads: they reach guest memory only through each
-//! endpoint's `DmaSpace`, translating and then copying inside a section of
-//! their reader slot, as virtio-net and the DMA test device do.
+//! Emulated device threads: they reach guest memory only through a
+//! `ThreadDma` handle per endpoint, translating and then copying inside
+//! one access guard (which opens the quiescence section), as virtio-net,
+//! virtio-blk and the DMA test device do.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
-use virtio_iommu::quiesce::ReaderSlot;
 use vm_memory::{GuestAddress, GuestMemory, Permissions};
-use vmm::dma::DmaSpace;
+use vmm::dma::ThreadDma;
 
 use super::rng::Rng;
 use super::{iova, Kind, Shared, REGION, SLOTS};
 
 /// One device thread serving every guest thread's emulated endpoint
-/// (`spaces[guest]`) until the run stops.
-pub fn run(shared: &Shared, spaces: &[DmaSpace], reader: &Arc<ReaderSlot>, mut rng: Rng) {
+/// (`spaces[guest]`, this thread's handle on it) until the run stops.
+pub fn run(shared: &Shared, mut spaces: Vec<ThreadDma>, mut rng: Rng) {
     let stats = shared.kind(Kind::Emulated);
     let mut buf = vec![0u8; REGION as usize];
     let guests = spaces.len() as u64;
     let mut n = 0u64;
     while !shared.stopped() {
         super::pace(&mut n);
-        let Some(space) = spaces.get(rng.below(guests) as usize) else {
+        let Some(dma) = spaces.get_mut(rng.below(guests) as usize) else {
             continue;
         };
         let addr = iova(rng.below(SLOTS)) + Kind::Emulated.offset();
@@ -29,7 +28,7 @@ pub fn run(shared: &Shared, spaces: &[DmaSpace], reader: &Arc<ReaderSlot>, mut r
         // (building an iovec, entering a syscall): a window for a
         // completion that did not wait for this section.
         let window = rng.below(1000);
-        let section = reader.enter();
+        let space = dma.access();
         let slices = space
             .get_slices(GuestAddress(addr), REGION as usize, Permissions::Write)
             .and_then(|it| it.collect::<Result<Vec<_>, _>>());
@@ -56,6 +55,6 @@ pub fn run(shared: &Shared, spaces: &[DmaSpace], reader: &Arc<ReaderSlot>, mut r
                 stats.refused.fetch_add(1, Ordering::Relaxed);
             }
         }
-        drop(section);
+        drop(space);
     }
 }

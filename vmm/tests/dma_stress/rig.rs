@@ -11,7 +11,7 @@ use virtio_iommu::device::{IommuConfig, IommuDevice};
 use virtio_iommu::quiesce::Quiescer;
 use virtio_iommu::wire::feature;
 use vmm::dma::iommu::IommuTranslate;
-use vmm::dma::DmaSpace;
+use vmm::dma::{DmaSpace, ThreadDma};
 use vmm::memory::create_guest_memory;
 use vmm::vfio::VfioMirror;
 use vmm::vhost_user::client::Client;
@@ -180,9 +180,13 @@ impl Rig {
                 s.spawn(move || vhost::run(shared, &cache, chan, hint, rng));
             }
             for _ in 0..DEVICE_THREADS {
-                let reader = self.spaces[0].reader().expect("a reader slot");
-                let (spaces, rng) = (&self.spaces, next());
-                s.spawn(move || emulated::run(shared, spaces, &reader, rng));
+                let handles = self
+                    .spaces
+                    .iter()
+                    .map(|sp| ThreadDma::new(sp.clone()).expect("a reader slot"))
+                    .collect();
+                let rng = next();
+                s.spawn(move || emulated::run(shared, handles, rng));
             }
             let (hosts, rng) = (&self.hosts, next());
             s.spawn(move || vfio::run(shared, hosts, rng));
