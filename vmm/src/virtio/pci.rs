@@ -36,7 +36,9 @@ use super::{
 };
 use crate::dma::DmaSpace;
 use crate::interrupt::{GsiRouter, InterruptError};
-use crate::pci::{BarKind, BarReprogram, PciConfigError, PciConfiguration, PciDevice, PciHeader};
+use crate::pci::{
+    BarKind, BarPlaceError, BarReprogram, PciConfigError, PciConfiguration, PciDevice, PciHeader,
+};
 
 /// PCI vendor id of virtio devices.
 pub const VIRTIO_PCI_VENDOR_ID: u16 = 0x1af4;
@@ -550,15 +552,26 @@ impl PciDevice for VirtioPciDevice {
                 .unwrap_or_else(|e| e.into_inner())
                 .set_control(control);
         }
-        if let Some(m) = moved {
-            if m.index == VIRTIO_BAR && !self.ioevents.is_empty() {
-                // The notify addresses moved with the BAR.
-                let queues: Vec<usize> = self.ioevents.iter().map(|(_, q)| *q).collect();
-                self.unregister_ioevents();
-                self.register_ioevents(&queues);
-            }
-        }
+        // A BAR move waits for the root to accept it (`bars_moved`).
         moved
+    }
+
+    /// The notify addresses' ioeventfds (KVM's, outside the bus) follow
+    /// the BAR once the root accepted its move, or come back with it when
+    /// the move was refused. Never refuses: a kick whose ioeventfd could
+    /// not be registered still arrives through the MMIO exit.
+    fn bars_moved(&mut self) -> Result<(), BarPlaceError> {
+        let base = self.bar_addr();
+        let stale = self.ioevents.iter().any(|(addr, q)| {
+            base.map(|b| b + NOTIFY_OFFSET + *q as u64 * u64::from(NOTIFY_OFF_MULTIPLIER))
+                != Some(*addr)
+        });
+        if stale {
+            let queues: Vec<usize> = self.ioevents.iter().map(|(_, q)| *q).collect();
+            self.unregister_ioevents();
+            self.register_ioevents(&queues);
+        }
+        Ok(())
     }
 
     fn read_bar(&mut self, bar: usize, offset: u64, data: &mut [u8]) {
@@ -764,5 +777,66 @@ mod tests {
         );
         dev.write_bar(VIRTIO_BAR, NOTIFY_OFFSET, &0u16.to_le_bytes());
         assert_eq!(served.load(Ordering::SeqCst), 1, "no service after reset");
+    }
+
+    /// Issue 28: the notify ioeventfds move with the BAR only once the
+    /// root accepted the move (`bars_moved`), not when the guest wrote
+    /// the register: a refused move must not leave them at the new
+    /// address, over another device's range.
+    #[test]
+    fn notify_ioeventfds_follow_only_accepted_bar_moves() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let rec = Arc::new(Recorder::default());
+        let fake = Fake {
+            started: false,
+            served: Arc::default(),
+        };
+        let sinks: Vec<Box<dyn MsiSink>> = (0..3).map(|_| Box::new(NoMsi) as _).collect();
+        let mut dev = VirtioPciDevice::with_sinks(
+            Box::new(fake),
+            rec.clone(),
+            sinks,
+            DmaSpace::identity(mem),
+            false,
+        )
+        .unwrap();
+        dev.config_mut().set_bar_address(VIRTIO_BAR, BAR);
+        dev.write_config_register(1, 0, &[0x6, 0]);
+        common(&mut dev, 0x14, &[ACKNOWLEDGE | DRIVER]);
+        common(&mut dev, 0x08, &1u32.to_le_bytes());
+        common(&mut dev, 0x0c, &1u32.to_le_bytes());
+        common(&mut dev, 0x14, &[ACKNOWLEDGE | DRIVER | FEATURES_OK]);
+        common(&mut dev, 0x16, &1u16.to_le_bytes());
+        common(&mut dev, 0x20, &0x4000u64.to_le_bytes());
+        common(&mut dev, 0x28, &0x5000u64.to_le_bytes());
+        common(&mut dev, 0x30, &0x6000u64.to_le_bytes());
+        common(&mut dev, 0x1c, &1u16.to_le_bytes());
+        common(
+            &mut dev,
+            0x14,
+            &[ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK],
+        );
+        let notify = |bar: u64| bar + NOTIFY_OFFSET + u64::from(NOTIFY_OFF_MULTIPLIER);
+        assert_eq!(*rec.0.lock().unwrap(), vec![(true, notify(BAR))]);
+        let reg = crate::pci::config::BAR0_REG + VIRTIO_BAR;
+        let moved = dev.write_config_register(reg + 1, 0, &2u32.to_le_bytes());
+        assert!(moved.is_some());
+        assert_eq!(rec.0.lock().unwrap().len(), 1, "moved before accepted");
+        // Refused: the root puts the configuration back.
+        dev.config_mut().set_bar_address(VIRTIO_BAR, BAR);
+        dev.bars_moved().unwrap();
+        assert_eq!(rec.0.lock().unwrap().len(), 1);
+        // Accepted.
+        dev.write_config_register(reg + 1, 0, &2u32.to_le_bytes());
+        dev.bars_moved().unwrap();
+        let to = BAR + 0x1_0000_0000;
+        assert_eq!(
+            *rec.0.lock().unwrap(),
+            vec![
+                (true, notify(BAR)),
+                (false, notify(BAR)),
+                (true, notify(to))
+            ]
+        );
     }
 }
