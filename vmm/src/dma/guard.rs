@@ -10,13 +10,38 @@
 //! second section while one is live (sections do not nest: the inner one
 //! ending would end the outer one too). Registration past the quiescer's
 //! limit fails here, so the device fails its setup instead of running.
+//!
+//! The rule is enforced, not only offered: a space behind a quiescing
+//! vIOMMU refuses any access made on a thread that holds no guard (the
+//! guards alive on a thread are counted in a thread-local; a guard is not
+//! `Send`). A device path that forgot its guard fails its DMA instead of
+//! racing an UNMAP.
 
+use std::cell::Cell;
+use std::marker::PhantomData;
 use std::ops::Deref;
 use std::sync::Arc;
 
 use virtio_iommu::quiesce::{ReadSection, ReaderSlot, TooManyReaders};
 
 use super::DmaSpace;
+
+thread_local! {
+    /// Open sections of access guards alive on this thread (see
+    /// [`in_guard`]).
+    static OPEN_GUARDS: Cell<u32> = const { Cell::new(0) };
+}
+
+fn count_open(delta: i32) {
+    OPEN_GUARDS.with(|g| g.set(g.get().saturating_add_signed(delta)));
+}
+
+/// Whether this thread holds an access guard with an open section: a
+/// quiescing space checks it so that an access outside one is refused. A
+/// guard over a space without a quiescer opens nothing and counts not.
+pub(super) fn in_guard() -> bool {
+    OPEN_GUARDS.with(|g| g.get() > 0)
+}
 
 /// One device thread's DMA handle (see the module doc).
 pub struct ThreadDma {
@@ -31,6 +56,9 @@ pub struct DmaGuard<'a> {
     space: &'a DmaSpace,
     slot: Option<&'a ReaderSlot>,
     section: Option<ReadSection<'a>>,
+    /// Not `Send`: the guard counts in its thread's [`OPEN_GUARDS`] and
+    /// must end on the thread that opened it.
+    _not_send: PhantomData<*const ()>,
 }
 
 impl ThreadDma {
@@ -46,10 +74,14 @@ impl ThreadDma {
     /// Opens a section and lends the memory for its duration.
     pub fn access(&mut self) -> DmaGuard<'_> {
         let slot = self.slot.as_deref();
+        if slot.is_some() {
+            count_open(1);
+        }
         DmaGuard {
             space: &self.space,
             slot,
             section: slot.map(ReaderSlot::enter),
+            _not_send: PhantomData,
         }
     }
 
@@ -67,15 +99,28 @@ impl DmaGuard<'_> {
     /// the guard survives; raw pointers taken from it (iovecs) must be
     /// used up before. `between` runs with no section open (tests).
     pub fn renew_with(&mut self, between: impl FnOnce()) {
-        self.section = None;
+        if self.section.take().is_some() {
+            count_open(-1);
+        }
         between();
         self.section = self.slot.map(ReaderSlot::enter);
+        if self.section.is_some() {
+            count_open(1);
+        }
     }
 
     /// Whether a quiescence section is held (the space is behind a
     /// quiescing vIOMMU).
     pub fn guarded(&self) -> bool {
         self.section.is_some()
+    }
+}
+
+impl Drop for DmaGuard<'_> {
+    fn drop(&mut self) {
+        if self.section.is_some() {
+            count_open(-1);
+        }
     }
 }
 
@@ -139,6 +184,37 @@ mod tests {
         );
         assert!(dma.access().write_obj(8u64, GuestAddress(0x10000)).is_err());
         assert_eq!(mem.read_obj::<u64>(GuestAddress(0x40000)).unwrap(), 7);
+    }
+
+    /// Behind a quiescing vIOMMU the space refuses an access made outside
+    /// a guard (on a thread that holds none with an open section, even one
+    /// over an unprotected space), and between two sections of a renewed
+    /// guard; inside one it passes.
+    #[test]
+    fn an_access_outside_a_guard_is_refused() {
+        let iommu = TestIommu::new(0x18);
+        let q = Quiescer::new();
+        iommu.dev.add_invalidator(q.clone());
+        let mem = ram();
+        let space = iommu.space(&mem).with_quiescer(q.clone());
+        let mut dma = ThreadDma::new(space.clone()).unwrap();
+        let mut plain = ThreadDma::new(DmaSpace::identity(mem.clone())).unwrap();
+        iommu.attach(1);
+        iommu.map(1, 0x10000, 0x1000, 0x40000, RW);
+        assert!(space.write_obj(1u64, GuestAddress(0x10000)).is_err());
+        let unprotected = plain.access();
+        assert!(space.write_obj(2u64, GuestAddress(0x10000)).is_err());
+        drop(unprotected);
+        let mut access = dma.access();
+        access.write_obj(3u64, GuestAddress(0x10000)).unwrap();
+        let outside = std::cell::Cell::new(true);
+        access.renew_with(|| outside.set(space.write_obj(4u64, GuestAddress(0x10000)).is_err()));
+        assert!(outside.get(), "an access between two sections passed");
+        assert!(access.guarded());
+        access.write_obj(5u64, GuestAddress(0x10000)).unwrap();
+        drop(access);
+        assert!(space.write_obj(6u64, GuestAddress(0x10000)).is_err());
+        assert_eq!(mem.read_obj::<u64>(GuestAddress(0x40000)).unwrap(), 5);
     }
 
     /// Past the reader limit the handle is refused: the device fails its

@@ -10,7 +10,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::iommu::IommuTranslate;
 use crate::dma::test_iommu::{TestIommu, RW};
-use crate::dma::DmaSpace;
+use crate::dma::{DmaSpace, ThreadDma};
 use crate::memory::GuestMemoryMmap;
 use virtio_iommu::device::{IommuConfig, IommuDevice};
 use virtio_iommu::wire::feature;
@@ -76,12 +76,14 @@ fn unmap_completion_waits_for_a_device_section() {
     let q = Quiescer::new();
     dev.dev.add_invalidator(q.clone());
     let space = space.with_quiescer(q.clone());
-    let reader = space.reader().expect("a reader behind a quiescing vIOMMU");
+    let mut dma = ThreadDma::new(space.clone()).expect("a reader behind a quiescing vIOMMU");
     assert!(DmaSpace::identity(mem).reader().is_none());
     dev.attach(1);
     dev.map(1, 0x10000, 0x1000, 0x40000, RW);
-    let section = reader.enter();
-    space.write_obj(7u64, GuestAddress(0x10000)).unwrap();
+    // Outside a guard the mapped page is refused: no UNMAP would wait.
+    assert!(space.write_obj(6u64, GuestAddress(0x10000)).is_err());
+    let section = dma.access();
+    section.write_obj(7u64, GuestAddress(0x10000)).unwrap();
     let device_done = Arc::new(AtomicBool::new(false));
     let unmapper = {
         let (dev, device_done) = (dev.clone(), device_done.clone());
@@ -105,7 +107,7 @@ fn unmap_completion_waits_for_a_device_section() {
         unmapper.join().unwrap(),
         "UNMAP completed before the section ended"
     );
-    assert!(space.write_obj(8u64, GuestAddress(0x10000)).is_err());
+    assert!(dma.access().write_obj(8u64, GuestAddress(0x10000)).is_err());
     assert_eq!(q.stats().waited_for_reader, 1);
 }
 

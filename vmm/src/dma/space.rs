@@ -66,10 +66,12 @@ impl DmaSpace {
     }
 
     /// A reader slot for one device thread (or for one device whose
-    /// accesses a lock serialises). Every translate-and-use must then run
-    /// inside `slot.enter()`: an UNMAP the guest sees completed can no
-    /// longer be in use by this thread. `None` when the space is not behind
-    /// a quiescing vIOMMU (nothing to wait for).
+    /// accesses a lock serialises): tests only; devices get theirs through
+    /// [`ThreadDma`](super::ThreadDma), whose guard enters it. Behind a
+    /// quiescing vIOMMU the space refuses any access made on a thread that
+    /// holds no access guard, so that no device path can translate outside
+    /// a section. `None` when the space is not behind a quiescing vIOMMU
+    /// (nothing to wait for).
     ///
     /// When the quiescer's reader limit is reached the device must not
     /// run: a thread without a slot is one no UNMAP waits for. The space
@@ -77,13 +79,16 @@ impl DmaSpace {
     /// once, and this returns `None`; the device's DMA fails as with bus
     /// mastering off. A caller that can fail its setup instead (device not
     /// started, DEVICE_NEEDS_RESET) uses [`try_reader`](Self::try_reader).
-    pub fn reader(&self) -> Option<Arc<ReaderSlot>> {
+    #[cfg(test)]
+    pub(crate) fn reader(&self) -> Option<Arc<ReaderSlot>> {
         self.try_reader().unwrap_or(None)
     }
 
     /// As [`reader`](Self::reader), and also tells the caller when the
     /// limit was reached (the space refuses every access from then on).
-    pub fn try_reader(&self) -> Result<Option<Arc<ReaderSlot>>, TooManyReaders> {
+    /// Only [`ThreadDma`](super::ThreadDma) takes slots outside tests:
+    /// device code gets its sections from its access guard.
+    pub(crate) fn try_reader(&self) -> Result<Option<Arc<ReaderSlot>>, TooManyReaders> {
         let Some(q) = self.quiescer.as_ref() else {
             return Ok(None);
         };
@@ -160,6 +165,14 @@ impl GuestMemory for DmaSpace {
         if count > 0 && !self.bus_master() {
             return Err(MemError::InvalidGuestAddress(addr));
         }
+        // Behind a quiescing vIOMMU an access outside an access guard is
+        // one no UNMAP waits for: refused, as with bus mastering off.
+        if count > 0 && self.quiescer.is_some() && !super::guard::in_guard() {
+            if !UNGUARDED_LOGGED.swap(true, Ordering::Relaxed) {
+                error!("device DMA outside an access guard refused (a bug; logged once)");
+            }
+            return Err(MemError::InvalidGuestAddress(addr));
+        }
         Ok(DmaSliceIter {
             space: self,
             iova: addr.0,
@@ -179,6 +192,10 @@ impl GuestMemory for DmaSpace {
         }
     }
 }
+
+/// Whether an access outside a guard was logged (once per process: only
+/// a bug in the VMM can cause one, not the guest).
+static UNGUARDED_LOGGED: AtomicBool = AtomicBool::new(false);
 
 /// The host slices backing one translated access, in order. Ends after the
 /// first error (a fault or an address outside guest RAM).
