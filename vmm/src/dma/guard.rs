@@ -139,7 +139,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use virtio_iommu::quiesce::{Quiescer, MAX_READERS};
-    use vm_memory::{Bytes, GuestAddress};
+    use vm_memory::{Bytes, GuestAddress, GuestMemory};
 
     use super::*;
     use crate::dma::test_iommu::{TestIommu, RW};
@@ -202,6 +202,21 @@ mod tests {
         iommu.attach(1);
         iommu.map(1, 0x10000, 0x1000, 0x40000, RW);
         assert!(space.write_obj(1u64, GuestAddress(0x10000)).is_err());
+        // A range check lets no slice out: allowed (the transport checks
+        // a queue's rings this way at activation, outside any guard).
+        let rw = vm_memory::Permissions::ReadWrite;
+        assert!(GuestMemory::check_range(
+            &space,
+            GuestAddress(0x10000),
+            8,
+            rw
+        ));
+        assert!(!GuestMemory::check_range(
+            &space,
+            GuestAddress(0x11000),
+            8,
+            rw
+        ));
         let unprotected = plain.access();
         assert!(space.write_obj(2u64, GuestAddress(0x10000)).is_err());
         drop(unprotected);

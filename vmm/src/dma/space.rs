@@ -137,6 +137,27 @@ impl DmaSpace {
         self.faults.load(Ordering::Relaxed)
     }
 
+    /// The translated slices of an access, without the guard check (see
+    /// [`GuestMemory::get_slices`] and [`GuestMemory::check_range`]).
+    fn slices(
+        &self,
+        addr: GuestAddress,
+        count: usize,
+        access: Permissions,
+    ) -> MemResult<DmaSliceIter<'_>> {
+        if count > 0 && !self.bus_master() {
+            return Err(MemError::InvalidGuestAddress(addr));
+        }
+        Ok(DmaSliceIter {
+            space: self,
+            iova: addr.0,
+            remaining: count as u64,
+            access: access.into(),
+            current: None,
+            done: count == 0,
+        })
+    }
+
     fn record_fault(&self, fault: DmaFault) {
         if self.faults.fetch_add(1, Ordering::Relaxed) == 0 {
             // Later faults are only counted: a guest can cause them at will.
@@ -149,8 +170,12 @@ impl GuestMemory for DmaSpace {
     type PhysicalMemory = GuestMemoryMmap;
     type Bitmap = ();
 
+    /// Allowed outside an access guard: it only says whether the range is
+    /// mapped now and lets no slice out, so there is nothing for an UNMAP
+    /// to wait for (the transport checks a queue's rings at activation on
+    /// the vCPU thread this way).
     fn check_range(&self, addr: GuestAddress, count: usize, access: Permissions) -> bool {
-        match self.get_slices(addr, count, access) {
+        match self.slices(addr, count, access) {
             Ok(mut it) => it.all(|s| s.is_ok()),
             Err(_) => false,
         }
@@ -162,9 +187,6 @@ impl GuestMemory for DmaSpace {
         count: usize,
         access: Permissions,
     ) -> MemResult<impl GuestMemorySliceIterator<'a, BS<'a, Self::Bitmap>>> {
-        if count > 0 && !self.bus_master() {
-            return Err(MemError::InvalidGuestAddress(addr));
-        }
         // Behind a quiescing vIOMMU an access outside an access guard is
         // one no UNMAP waits for: refused, as with bus mastering off.
         if count > 0 && self.quiescer.is_some() && !super::guard::in_guard() {
@@ -173,14 +195,7 @@ impl GuestMemory for DmaSpace {
             }
             return Err(MemError::InvalidGuestAddress(addr));
         }
-        Ok(DmaSliceIter {
-            space: self,
-            iova: addr.0,
-            remaining: count as u64,
-            access: access.into(),
-            current: None,
-            done: count == 0,
-        })
+        self.slices(addr, count, access)
     }
 
     fn physical_memory(&self) -> Option<&Self::PhysicalMemory> {
