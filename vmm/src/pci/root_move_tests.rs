@@ -183,3 +183,31 @@ fn eject_after_a_refused_move_releases_the_function() {
     let next = root.add_device(test_device()).unwrap();
     assert_eq!(root.config_read(next, 4), 0xc000_1000);
 }
+
+/// A move onto another function's BAR is refused without giving any of
+/// that BAR's range back to the window: the next function plugged gets
+/// a range of its own (the window's allocator once handed the taken
+/// range out again; found by the `pci_config` fuzz target).
+#[test]
+fn a_refused_move_onto_a_taken_range_frees_none_of_it() {
+    let (root, mmio, _) = root();
+    let first = test_device();
+    let second = test_device();
+    root.add_device(first.clone()).unwrap();
+    let addr = root.add_device(second.clone()).unwrap();
+    // Onto the first function's BAR 0, then onto its middle.
+    root.config_write(addr, 4, 0, &0xc000_0000u32.to_le_bytes());
+    assert_eq!(root.config_read(addr, 4), 0xc000_1000);
+    let third_dev = test_device();
+    let third = root
+        .add_device(third_dev.clone())
+        .expect("the window still has room: nothing of the first BAR was freed");
+    let bar = u64::from(root.config_read(third, 4));
+    assert!(
+        bar >= 0xc000_2000,
+        "third BAR at {bar:#x}, inside a taken range"
+    );
+    let devs = [&first, &second, &third_dev];
+    assert_eq!(owner_of(&mmio, 0xc000_0000, &devs), Some(0));
+    assert_eq!(owner_of(&mmio, bar, &devs), Some(2));
+}
