@@ -1,5 +1,6 @@
 //! Bus 0 of segment 0: device slots, BAR allocation and config dispatch.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
 
 use log::{debug, warn};
@@ -113,18 +114,25 @@ pub struct PciWindows {
 /// them, and a guest that hotplugged and removed functions in a loop ran
 /// the window dry). `None` for a window of size 0 (or one that does not
 /// fit the address space): every BAR of its kind is then refused.
+///
+/// The second field, start -> end of every range handed out, is what
+/// [`Self::allocate_at`] checks: `vm-allocator` 0.1's `ExactMatch` takes
+/// the node holding the start whether it is free or not, so a guest
+/// moving a BAR onto another's split that range, and the refused move
+/// then freed part of it for the next function plugged (found by the
+/// `pci_config` fuzz target).
 #[derive(Debug)]
-struct WindowAllocator(Option<AddressAllocator>);
+struct WindowAllocator(Option<AddressAllocator>, BTreeMap<u64, u64>);
 
 impl WindowAllocator {
     fn new((start, size): (u64, u64)) -> Self {
         match AddressAllocator::new(start, size) {
-            Ok(a) => Self(Some(a)),
+            Ok(a) => Self(Some(a), BTreeMap::new()),
             Err(e) => {
                 if size != 0 {
                     warn!("PCI window {start:#x}+{size:#x} unusable: {e}");
                 }
-                Self(None)
+                Self(None, BTreeMap::new())
             }
         }
     }
@@ -140,7 +148,10 @@ impl WindowAllocator {
             return Err(exhausted);
         };
         match a.allocate(size, size, AllocPolicy::FirstMatch) {
-            Ok(r) => Ok(r),
+            Ok(r) => {
+                self.1.insert(r.start(), r.end());
+                Ok(r)
+            }
             Err(AllocatorError::ResourceNotAvailable) => Err(exhausted),
             Err(source) => Err(PciError::BarAllocation { kind, size, source }),
         }
@@ -149,10 +160,22 @@ impl WindowAllocator {
     /// Takes exactly `[start, start + size)`, if it lies in the window and
     /// is free (a BAR the guest moves there).
     fn allocate_at(&mut self, start: u64, size: u64) -> Option<RangeInclusive> {
-        self.0
+        let end = start.checked_add(size.checked_sub(1)?)?;
+        if self
+            .1
+            .range(..=end)
+            .next_back()
+            .is_some_and(|(_, taken_end)| *taken_end >= start)
+        {
+            return None;
+        }
+        let r = self
+            .0
             .as_mut()?
             .allocate(size, size, AllocPolicy::ExactMatch(start))
-            .ok()
+            .ok()?;
+        self.1.insert(r.start(), r.end());
+        Some(r)
     }
 
     /// Whether `[start, start + size)` lies in the window.
@@ -170,7 +193,11 @@ impl WindowAllocator {
     /// Returns `range` (from [`Self::allocate`]) to the window.
     fn free(&mut self, range: &RangeInclusive) -> Result<(), AllocatorError> {
         match self.0.as_mut() {
-            Some(a) => a.free(range),
+            Some(a) => {
+                a.free(range)?;
+                self.1.remove(&range.start());
+                Ok(())
+            }
             None => Err(AllocatorError::ResourceNotAvailable),
         }
     }

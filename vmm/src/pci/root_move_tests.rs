@@ -186,18 +186,26 @@ fn eject_after_a_refused_move_releases_the_function() {
 
 /// A move onto another function's BAR is refused without giving any of
 /// that BAR's range back to the window: the next function plugged gets
-/// a range of its own (the window's allocator once handed the taken
-/// range out again; found by the `pci_config` fuzz target).
+/// a range of its own. A smaller BAR moved onto a larger one once split
+/// the larger's range in the window's allocator and the refusal freed it
+/// all (found by the `pci_config` fuzz target).
 #[test]
 fn a_refused_move_onto_a_taken_range_frees_none_of_it() {
     let (root, mmio, _) = root();
     let first = test_device();
     let second = test_device();
+    second
+        .lock()
+        .unwrap()
+        .config_mut()
+        .add_bar(1, 0x10, crate::pci::BarKind::Mem32)
+        .unwrap();
     root.add_device(first.clone()).unwrap();
     let addr = root.add_device(second.clone()).unwrap();
-    // Onto the first function's BAR 0, then onto its middle.
-    root.config_write(addr, 4, 0, &0xc000_0000u32.to_le_bytes());
-    assert_eq!(root.config_read(addr, 4), 0xc000_1000);
+    let small = root.config_read(addr, 5);
+    // The 16-byte BAR onto the first function's 4 KiB BAR 0.
+    root.config_write(addr, 5, 0, &0xc000_0000u32.to_le_bytes());
+    assert_eq!(root.config_read(addr, 5), small, "the move is refused");
     let third_dev = test_device();
     let third = root
         .add_device(third_dev.clone())
