@@ -45,7 +45,7 @@ fn seccomp_kills_a_thread_that_leaves_its_filter() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{kind:?}: {stderr}");
         let line = format!(
-            "dmavisor: error: seccomp: thread '{thread}' made a forbidden system call: ptrace (101); ending the VMM"
+            "dmavisor: error: seccomp: thread '{thread}' made a forbidden system call: ptrace (101, args 18446744073709551615, 0); ending the VMM"
         );
         assert!(stderr.contains(&line), "{kind:?}: {stderr}");
         assert!(!stderr.contains("not a Linux kernel"), "{kind:?}: {stderr}");

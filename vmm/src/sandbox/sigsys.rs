@@ -62,7 +62,23 @@ impl Line {
     }
 }
 
-extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+/// The refused call's first two arguments (x86-64: rdi, rsi), from the
+/// context the kernel saved: for an ioctl the second is the request, which
+/// says which device's call it was.
+fn call_args(ctx: *mut libc::c_void) -> Option<(u64, u64)> {
+    if ctx.is_null() {
+        return None;
+    }
+    // SAFETY: a SIGSYS handler installed with SA_SIGINFO gets the
+    // interrupted thread's ucontext_t as its third argument; we only read
+    // two saved general registers from it.
+    let regs = unsafe { &(*ctx.cast::<libc::ucontext_t>()).uc_mcontext.gregs };
+    let rdi = regs.get(libc::REG_RDI as usize).copied()?;
+    let rsi = regs.get(libc::REG_RSI as usize).copied()?;
+    Some((rdi as u64, rsi as u64))
+}
+
+extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel hands a SIGSYS handler installed with SA_SIGINFO
     // a valid siginfo_t whose union holds `_sigsys` (layout above).
     let nr = unsafe { (*info.cast::<SigsysInfo>()).syscall };
@@ -81,6 +97,12 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
     line.push(syscall_name(i64::from(nr)).as_bytes());
     line.push(b" (");
     line.push_number(u64::try_from(nr).unwrap_or(0));
+    if let Some((a0, a1)) = call_args(ctx) {
+        line.push(b", args ");
+        line.push_number(a0);
+        line.push(b", ");
+        line.push_number(a1);
+    }
     line.push(b"); ending the VMM\n");
     // SAFETY: writes `line.len` initialised bytes of our buffer to stderr;
     // then ends the process without running anything else (exit_group).
