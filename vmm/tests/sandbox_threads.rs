@@ -83,6 +83,9 @@ fn child() {
             match kind {
                 ThreadKind::BlockWorker => block_work(&image),
                 ThreadKind::Vcpu => {
+                    // A vhost-user reply's time-out, set from a vCPU.
+                    let (sock, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+                    sock.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
                     // DRIVER_OK on a vCPU starts the device's workers.
                     let w = sandbox::spawn(ThreadKind::NetWorker, "t-vcpu-net", || {
                         runtime_work("t-vcpu-net")
