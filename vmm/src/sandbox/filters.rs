@@ -218,7 +218,7 @@ const BUILD: &[i64] = &[
 const IOC_T: u64 = b'T' as u64;
 const IOC_KVM: u64 = 0xae;
 /// `isatty`'s terminal query.
-const TCGETS: u64 = libc::TCGETS as u64;
+const TCGETS: u64 = libc::TCGETS;
 
 /// The rules of one thread kind: each number maps to the rules of which
 /// one must match (none: any arguments).
