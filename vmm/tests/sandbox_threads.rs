@@ -82,6 +82,10 @@ fn child() {
             runtime_work(&name);
             match kind {
                 ThreadKind::BlockWorker => block_work(&image),
+                ThreadKind::Hotplug => {
+                    // VFIO finds a function's group through its sysfs link.
+                    std::fs::read_link("/proc/self/exe").unwrap();
+                }
                 ThreadKind::Vcpu => {
                     // A vhost-user reply's time-out, set from a vCPU.
                     let (sock, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
