@@ -90,14 +90,25 @@ fn rootfs_case(bin: &str, bookworm: (&Path, &Path), trixie: (&Path, &Path), imag
 /// The guest driver's Debian package (`make -C guest-driver deb`, which
 /// prints its path last) and the case that installs and loads it.
 fn module_deb_case(bin: &str, kernel: &Path, initrd: &Path, image: &Path) -> Result<Case, String> {
+    // A make that runs the tests (`make test`) passes its flags down in
+    // MAKEFLAGS, `-w` among them, which adds "Entering directory" lines to
+    // stdout: the package is the line that names a .deb.
     let out = std::process::Command::new("make")
-        .args(["-s", "-C"])
+        .args(["-s", "--no-print-directory", "-C"])
         .arg(repo_root().join("guest-driver"))
         .arg("deb")
+        .env_remove("MAKEFLAGS")
+        .env_remove("MAKELEVEL")
+        .env_remove("MFLAGS")
         .output()
         .map_err(|e| format!("make -C guest-driver deb: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let deb = stdout.lines().last().unwrap_or_default().trim().to_string();
+    let deb = stdout
+        .lines()
+        .map(str::trim)
+        .rfind(|l| l.ends_with(".deb"))
+        .unwrap_or_default()
+        .to_string();
     if !out.status.success() || !deb.ends_with(".deb") {
         return Err(format!(
             "make -C guest-driver deb: {}\n{stdout}{}",
