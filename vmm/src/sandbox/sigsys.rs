@@ -102,6 +102,22 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
         line.push_number(a0);
         line.push(b", ");
         line.push_number(a1);
+        if i64::from(nr) == libc::SYS_openat && a1 != 0 {
+            // openat's path: the caller's own NUL-terminated string, read
+            // up to 96 bytes, so the line says which file was wanted.
+            line.push(b" \"");
+            let path = a1 as *const u8;
+            for i in 0..96 {
+                // SAFETY: the interrupted openat was handed this pointer
+                // to a NUL-terminated path; we stop at its NUL.
+                let b = unsafe { *path.add(i) };
+                if b == 0 {
+                    break;
+                }
+                line.push(&[b]);
+            }
+            line.push(b"\"");
+        }
     }
     line.push(b"); ending the VMM\n");
     // SAFETY: writes `line.len` initialised bytes of our buffer to stderr;
