@@ -711,12 +711,10 @@ mod tests {
         dev.write_bar(VIRTIO_BAR, COMMON_CFG_OFFSET + offset, data);
     }
 
-    /// A queue served inline by the device gets no ioeventfd (a kick must
-    /// exit to the vCPU, which serves it before re-entering the guest);
-    /// the other queue keeps its ioeventfd; after a reset nothing is
-    /// registered and a kick is not served.
-    #[test]
-    fn inline_queues_get_no_ioeventfd_and_are_served_on_notify() {
+    /// A device at `BAR` with memory space and bus mastering on, VERSION_1
+    /// negotiated and FEATURES_OK set: where both tests below start. Also
+    /// its ioeventfd recorder and the count of queues it served inline.
+    fn negotiated_device() -> (VirtioPciDevice, Arc<Recorder>, Arc<AtomicUsize>) {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
         let served = Arc::new(AtomicUsize::new(0));
         let rec = Arc::new(Recorder::default());
@@ -740,6 +738,16 @@ mod tests {
         common(&mut dev, 0x08, &1u32.to_le_bytes());
         common(&mut dev, 0x0c, &1u32.to_le_bytes()); // VERSION_1
         common(&mut dev, 0x14, &[ACKNOWLEDGE | DRIVER | FEATURES_OK]);
+        (dev, rec, served)
+    }
+
+    /// A queue served inline by the device gets no ioeventfd (a kick must
+    /// exit to the vCPU, which serves it before re-entering the guest);
+    /// the other queue keeps its ioeventfd; after a reset nothing is
+    /// registered and a kick is not served.
+    #[test]
+    fn inline_queues_get_no_ioeventfd_and_are_served_on_notify() {
+        let (mut dev, rec, served) = negotiated_device();
         for (q, base) in [(0u16, 0x1000u64), (1, 0x4000)] {
             common(&mut dev, 0x16, &q.to_le_bytes());
             common(&mut dev, 0x20, &base.to_le_bytes());
@@ -785,27 +793,7 @@ mod tests {
     /// address, over another device's range.
     #[test]
     fn notify_ioeventfds_follow_only_accepted_bar_moves() {
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
-        let rec = Arc::new(Recorder::default());
-        let fake = Fake {
-            started: false,
-            served: Arc::default(),
-        };
-        let sinks: Vec<Box<dyn MsiSink>> = (0..3).map(|_| Box::new(NoMsi) as _).collect();
-        let mut dev = VirtioPciDevice::with_sinks(
-            Box::new(fake),
-            rec.clone(),
-            sinks,
-            DmaSpace::identity(mem),
-            false,
-        )
-        .unwrap();
-        dev.config_mut().set_bar_address(VIRTIO_BAR, BAR);
-        dev.write_config_register(1, 0, &[0x6, 0]);
-        common(&mut dev, 0x14, &[ACKNOWLEDGE | DRIVER]);
-        common(&mut dev, 0x08, &1u32.to_le_bytes());
-        common(&mut dev, 0x0c, &1u32.to_le_bytes());
-        common(&mut dev, 0x14, &[ACKNOWLEDGE | DRIVER | FEATURES_OK]);
+        let (mut dev, rec, _) = negotiated_device();
         common(&mut dev, 0x16, &1u16.to_le_bytes());
         common(&mut dev, 0x20, &0x4000u64.to_le_bytes());
         common(&mut dev, 0x28, &0x5000u64.to_le_bytes());
