@@ -19,6 +19,12 @@ pub use crate::space::{
 };
 use crate::table::TableWorker;
 
+/// The per-worker state every [`QueueContext`] carries. The same state
+/// serves both implementations (the baseline ignores the table's part),
+/// so one type per build suffices and the contract (`space.rs`) calls its
+/// hooks statically.
+pub(crate) type WorkerImpl = TableWorker;
+
 /// Builds the address space of `domain`.
 pub fn new_space(
     kind: SpaceImpl,

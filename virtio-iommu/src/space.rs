@@ -7,8 +7,10 @@
 //! trait, so the trait must not know either of them. The worker's
 //! implementation-specific state (the table's node magazines, retire lists
 //! and mapping quota) sits behind [`WorkerState`]; this module only says
-//! when a flush calls it. `crate::mapping` is the public facade that puts
-//! the implementations together.
+//! when a flush calls it, and learns the one type a build uses from the
+//! facade's alias (`crate::mapping::WorkerImpl`), not from the table.
+//! `crate::mapping` is the public facade that puts the implementations
+//! together.
 //!
 //! Request flow: the thread serving one request queue owns one [`QueueContext`]. It
 //! handles every request of a kick with that worker and then calls
@@ -18,12 +20,12 @@
 //! UNMAPs emptied, so a guest never sees an UNMAP complete while a consumer
 //! can still reach the page.
 
-use std::any::{Any, TypeId};
 use std::fmt;
 use std::sync::Arc;
 
 use crate::counters::CounterBlock;
 use crate::invalidation::{Batch, Invalidator};
+use crate::mapping::WorkerImpl;
 
 /// Granule of every mapping (the device's `page_size_mask` is `!(PAGE_SIZE - 1)`).
 pub const PAGE_SIZE: u64 = 4096;
@@ -270,12 +272,16 @@ pub(crate) fn check_map_args(iova: u64, last: u64, gpa: u64) -> Result<(), MapEr
         _ => Err(MapError::OutOfRange),
     }
 }
+
 /// What one [`DomainSpace`] implementation keeps per worker, and what it
 /// must do around the kick's invalidation.
 ///
 /// WHY a trait: the contract decides the order of a flush (retire, then
 /// invalidate, then recycle) without knowing what is retired or recycled.
 /// The hooks get the state together with the kick's batch ([`Parts`]).
+/// The one type a build uses is named by the facade
+/// (`crate::mapping::WorkerImpl`), so every call here is static: no
+/// virtual call, no type check, no cast on the MAP/UNMAP path.
 pub(crate) trait WorkerState: Sized + Send + 'static {
     /// Before the consumers are invalidated (unlink what the kick emptied).
     fn before_invalidate(w: &mut Parts<Self>);
@@ -303,45 +309,6 @@ pub(crate) struct Parts<S> {
     pub(crate) state: S,
 }
 
-/// [`Parts`] with its state type erased, as [`QueueContext`] keeps it.
-trait ErasedParts: Any + Send {
-    fn batch(&self) -> &Batch;
-    fn batch_mut(&mut self) -> &mut Batch;
-    fn before_invalidate(&mut self);
-    fn after_invalidate(&mut self, invalidated: bool);
-    fn release(&mut self);
-    fn id(&self) -> usize;
-    fn cached_nodes(&self) -> u64;
-    fn as_any_mut(&mut self) -> &mut dyn Any;
-}
-
-impl<S: WorkerState> ErasedParts for Parts<S> {
-    fn batch(&self) -> &Batch {
-        &self.batch
-    }
-    fn batch_mut(&mut self) -> &mut Batch {
-        &mut self.batch
-    }
-    fn before_invalidate(&mut self) {
-        S::before_invalidate(self)
-    }
-    fn after_invalidate(&mut self, invalidated: bool) {
-        S::after_invalidate(self, invalidated)
-    }
-    fn release(&mut self) {
-        S::release(self)
-    }
-    fn id(&self) -> usize {
-        self.state.id()
-    }
-    fn cached_nodes(&self) -> u64 {
-        self.state.cached_nodes()
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-}
-
 /// Per-request-queue worker context, owned by the thread serving that queue:
 /// the pending invalidation batch of the current kick, the request counters
 /// and the implementation's own per-worker state (for the scalable table:
@@ -355,52 +322,33 @@ pub struct QueueContext {
     /// This worker's request counters (a device's workers share a
     /// registry; a bare worker keeps its own).
     pub(crate) counters: Arc<CounterBlock>,
-    parts: Box<dyn ErasedParts>,
-    /// The concrete type behind `parts`, read once: [`QueueContext::parts`] runs
-    /// once per MAP and UNMAP, and `downcast_mut`'s two virtual calls there
-    /// cost a third of a MAP+UNMAP pair (`make bench-host`).
-    parts_type: TypeId,
+    /// The state and the batch, boxed so the context stays one cache line
+    /// of pointers whatever the state's size.
+    parts: Box<Parts<WorkerImpl>>,
 }
 
 impl QueueContext {
-    /// A worker around one implementation's per-worker state.
-    pub(crate) fn with_state<S: WorkerState>(state: S) -> QueueContext {
-        let mut parts: Box<dyn ErasedParts> = Box::new(Parts {
-            batch: Batch::new(),
-            state,
-        });
-        let parts_type = <dyn Any as Any>::type_id(parts.as_any_mut());
+    /// A worker around the build's per-worker state.
+    pub(crate) fn with_state(state: WorkerImpl) -> QueueContext {
         QueueContext {
-            parts_type,
             counters: Arc::default(),
-            parts,
+            parts: Box::new(Parts {
+                batch: Batch::new(),
+                state,
+            }),
         }
     }
 
-    /// The implementation's state (as type `T`) with the kick's batch.
-    ///
-    /// # Panics
-    ///
-    /// If this worker was built for another implementation: a programming
-    /// error, every constructor in the crate builds the same state.
+    /// The implementation's state with the kick's batch: one field access,
+    /// no check (the type is fixed at compile time).
     #[inline]
-    pub(crate) fn parts<T: WorkerState>(&mut self) -> &mut Parts<T> {
-        assert!(
-            self.parts_type == TypeId::of::<Parts<T>>(),
-            "worker state of another implementation"
-        );
-        let raw: *mut dyn ErasedParts = &mut *self.parts;
-        // SAFETY: `parts_type` is the TypeId of the value `parts` points to
-        // (taken from it in `with_state`; `parts` is never replaced), and it
-        // equals `Parts<T>`'s, so the pointee is a `Parts<T>`: the same check
-        // and cast as `<dyn Any>::downcast_mut`. The borrow of `self` bounds
-        // the result.
-        unsafe { &mut *raw.cast::<Parts<T>>() }
+    pub(crate) fn parts(&mut self) -> &mut Parts<WorkerImpl> {
+        &mut self.parts
     }
 
     /// The kick's invalidation batch.
     pub(crate) fn batch_mut(&mut self) -> &mut Batch {
-        self.parts.batch_mut()
+        &mut self.parts.batch
     }
 
     /// Ends a kick: retires table nodes emptied by this kick's UNMAPs,
@@ -408,24 +356,24 @@ impl QueueContext {
     /// translation epoch, and only then returns the retired nodes to the
     /// magazines. Call it before publishing the kick's used-ring entries.
     pub fn flush(&mut self, consumers: &[Arc<dyn Invalidator>]) {
-        self.parts.before_invalidate();
-        let had_work = self.parts.batch_mut().flush(consumers);
-        self.parts.after_invalidate(had_work);
+        WorkerImpl::before_invalidate(&mut self.parts);
+        let had_work = self.parts.batch.flush(consumers);
+        WorkerImpl::after_invalidate(&mut self.parts, had_work);
     }
 
     /// True if UNMAPs were recorded since the last flush.
     pub fn has_pending(&self) -> bool {
-        !self.parts.batch().is_empty()
+        !self.parts.batch.is_empty()
     }
 
     /// Invalidator calls made by this worker's flushes so far (for benchmarks).
     pub fn invalidation_calls(&self) -> u64 {
-        self.parts.batch().calls()
+        self.parts.batch.calls()
     }
 
     /// Table nodes cached in this worker's magazines.
     pub fn cached_nodes(&self) -> u64 {
-        self.parts.cached_nodes()
+        self.parts.state.cached_nodes()
     }
 }
 
@@ -434,15 +382,15 @@ impl Drop for QueueContext {
         // Nothing to invalidate at this point that a flush would not have
         // covered; the device flushes before dropping. The state gives its
         // cached nodes and quota back so the depot's counts stay balanced.
-        self.parts.release();
+        WorkerImpl::release(&mut self.parts);
     }
 }
 
 impl fmt::Debug for QueueContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("QueueContext")
-            .field("id", &self.parts.id())
-            .field("cached_nodes", &self.parts.cached_nodes())
+            .field("id", &self.parts.state.id())
+            .field("cached_nodes", &self.parts.state.cached_nodes())
             .finish()
     }
 }

@@ -198,7 +198,7 @@ pub(crate) type Ctx = Parts<TableWorker>;
 /// The table's view of a worker built by `QueueContext::new`.
 #[inline]
 fn ctx(w: &mut QueueContext) -> &mut Ctx {
-    w.parts::<TableWorker>()
+    w.parts()
 }
 
 /// The shared part of a scalable domain.
