@@ -52,8 +52,11 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
+# The tools' Python unit tests (resources/dmavisor_tools/tests/: the guest
+# benchmark's statistics and plan) run with the Rust ones.
 unit:
 	$(CARGO) test --workspace --exclude integration-tests
+	python3 -m unittest discover -s resources/dmavisor_tools/tests -t resources
 
 # The quiescence protocol under loom's model checker (its own target
 # directory: --cfg loom rebuilds the crate graph).

@@ -1,8 +1,8 @@
 """`make bench-guest`: guest benchmarks across VMMs, vIOMMU drivers and
 vCPU counts, in one go, with a report and plots.
 
-    bench-guest [--quick] [--runs N] [--only PATTERN] [--ch PATH] [--cpus 1,2]
-                [--out DIR] [--list]
+    bench-guest [--quick] [--runs N] [--rounds N] [--seed S] [--only PATTERN]
+                [--ch PATH] [--cpus 1,2] [--out DIR] [--list]
     bench-guest --report DIR      (redo report.md and the plots of a run)
 
 The matrix (every combination is one configuration):
@@ -39,11 +39,22 @@ host, else in the nested runner) running every guest boot as a case in the
 A vviommu boot runs all its policy x invalidation configurations in turn,
 so a whole (VMM, vCPUs) column costs four boots.
 
+Method (issue 30): every round (--rounds) boots the plan in its own order,
+shuffled with --seed (drawn at random unless given; printed and recorded),
+so that no VMM always meets the same point of the runner's slow spells.
+Every run of every round is kept, each with its round (= its boot).
+
 Output (build/bench/<timestamp>/ unless --out): results.jsonl (one JSON
-object per configuration, every run's figures), plan.json, report.md
-(median, min-max, ratio to no IOMMU, requests per DMA, VMM vs QEMU for the
-same configuration), PNG plots (throughput.png, latency.png, dma.png,
-requests_per_dma.png), session.log.
+object per configuration, every run's figures of every round, and per boot
+the cost probe (`costs`), the NIC's maps and requests (`net_dma`) and the
+dma-direct baseline (`dma_direct_runs`)), plan.json, report.md (median,
+min-max over all runs, runs and boots, ratio to no IOMMU, requests per
+DMA, VMM vs QEMU for the same configuration, the headline with every
+configuration of the project's driver and the range over all of them, and
+every VMM-to-VMM comparison with its Mann-Whitney p: "faster" or "slower"
+only with p < 0.05 over at least 6 runs from 3 boots per side, else "no
+significant difference"), PNG plots (throughput.png, latency.png,
+dma.png, requests_per_dma.png), session.log.
 
 In the nested runner everything is TCG: compare ratios, not absolutes.
 
@@ -73,6 +84,7 @@ from .common import (
     timestamp,
     tool,
 )
+from .stats import boots_of, compare, shuffled_rounds, value_range, verdict_text
 
 BEGIN, END = "@@CASE-BEGIN", "@@CASE-END"
 
@@ -158,17 +170,18 @@ def plan_boots(args):
             kind = next(iter(keep.values())) if b["mode"] == "linux" else b["mode"]
             b["name"] = f"{b['vmm']}-{b['cpus']}cpu-{b['suite']}-{kind}"
             out.append(b)
-    return interleave_rounds(out, args.rounds)
+    return interleave_rounds(out, args.rounds, args.seed)
 
 
-def interleave_rounds(boots, rounds):
-    """The plan `rounds` times over, one whole pass after the other, so that
-    a slow spell of the shared machine falls on every VMM rather than on
-    the one whose boots it met; figures of every round are pooled."""
-    if rounds <= 1:
-        return boots
-    return [{**b, "name": f"{b['name']}-r{k}", "round": k}
-            for k in range(1, rounds + 1) for b in boots]
+def interleave_rounds(boots, rounds, seed):
+    """The plan `rounds` times over, one whole pass after the other, each
+    pass in its own seeded order (stats.shuffled_rounds), so that a slow
+    spell of the shared machine falls on every VMM rather than on the one
+    whose boots it met; figures of every round are kept and pooled."""
+    out = shuffled_rounds(boots, rounds, seed)
+    if rounds > 1:
+        out = [{**b, "name": f"{b['name']}-r{b['round']}"} for b in out]
+    return out
 
 
 def matches(cid, pat):
@@ -455,8 +468,11 @@ def parse(lines, boots):
             targets = ([case["configs"][lbl]] if lbl in case["configs"]
                        else case["configs"].values())
             for it in targets:
-                recs[config_id(case["vmm"], case["cpus"], it)].setdefault(
-                    "dma_direct_same_boot", []).append(float(f["dma_direct"]))
+                r = recs[config_id(case["vmm"], case["cpus"], it)]
+                r.setdefault("dma_direct_same_boot", []).append(float(f["dma_direct"]))
+                # with its round, so that a ratio pairs it with its own boot
+                r.setdefault("dma_direct_runs", []).append(
+                    {"round": case.get("round", 1), "value": float(f["dma_direct"])})
             continue
         lbl = f.get("iommu")
         if lbl not in case["configs"]:
@@ -473,9 +489,7 @@ def parse(lines, boots):
             if w == "dma" and (int(f.get("errors", "0") or 0) or val <= 0):
                 r["failed_runs"].append(f"dma run {f.get('run')}: errors={f.get('errors')}")
                 continue
-            entry = {"run": int(f.get("run", 0)), "value": val}
-            if case.get("round"):
-                entry["round"] = case["round"]
+            entry = {"run": int(f.get("run", 0)), "value": val, "round": case.get("round", 1)}
             if w == "dma":
                 entry.update(maps=int(f.get("maps", 0)), requests=int(f.get("requests", 0)),
                              cpus=int(f.get("cpus", 0) or 0),
@@ -490,11 +504,16 @@ def parse(lines, boots):
         elif words[0] == "BENCH-ERROR":
             r["errors"].append(f"guest: {f.get('what')}")
         elif words[0] == "BENCH-COSTS":
-            # vviommu's cost probe: ns per piece of a map + unmap
-            r["costs"] = {k: int(v) for k, v in f.items() if k.endswith("_ns") and v.isdigit()}
+            # vviommu's cost probe: ns per piece of a map + unmap, one
+            # entry per boot (every round's, not only the last one's)
+            costs = {k: int(v) for k, v in f.items() if k.endswith("_ns") and v.isdigit()}
+            if costs:
+                r.setdefault("costs", []).append({"round": case.get("round", 1), **costs})
         elif words[0] == "BENCH-NETSTATS":
-            r["net_dma"] = {"maps": int(f.get("maps", 0) or 0),
-                            "requests": int(f.get("requests", 0) or 0)}
+            # the NIC's maps and requests during the TCP runs, per boot
+            r.setdefault("net_dma", []).append(
+                {"round": case.get("round", 1), "maps": int(f.get("maps", 0) or 0),
+                 "requests": int(f.get("requests", 0) or 0)})
     for r in recs.values():
         expected = expected_workloads(r)
         missing = [w for w in expected if len(r["workloads"][w]) == 0]
@@ -562,37 +581,98 @@ def med(r, w):
     return s["median"] if s else None
 
 
+def runs_of(r, w):
+    return r["workloads"].get(w, []) if r else []
+
+
+def base_runs(r, w, recs):
+    """The baseline runs a configuration's workload w is divided by, and
+    what they are: for the DMA microbenchmark the same boot's dma-direct
+    rate measured right before the configuration (bench-guest.sh) where
+    the run has it, else the no-IOMMU boot of the same VMM, vCPUs and
+    guest kernel (another boot: the runner's speed differs between boots,
+    issue 30)."""
+    if w == "dma" and r.get("dma_direct_runs"):
+        return r["dma_direct_runs"], "dma-direct, same boot"
+    return runs_of(baseline_of(r, recs), w), "no-IOMMU boot"
+
+
+def ratio_summary(r, w, recs):
+    """Every run of r over its baseline: median, min, max, runs, boots.
+    Each run is divided by the median of the baseline's runs of the same
+    round (boot) where the baseline has that round, else by the median of
+    all the baseline's runs."""
+    rs = runs_of(r, w)
+    bs, what = base_runs(r, w, recs)
+    if not rs or not bs:
+        return None
+    by_round = {}
+    for e in bs:
+        by_round.setdefault(e.get("round", 1), []).append(e["value"])
+    overall = statistics.median(e["value"] for e in bs)
+    vals = []
+    for e in rs:
+        base = by_round.get(e.get("round", 1))
+        b = statistics.median(base) if base else overall
+        if b:
+            vals.append(e["value"] / b)
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals),
+            "n": len(vals), "boots": boots_of(rs), "base": what,
+            "flushes": sum(e.get("flushes", 0) for e in rs)}
+
+
+def project_config(r):
+    """The project's driver with one of its own protecting policies."""
+    return r["driver"] in DRIVERS_VVI and r.get("policy") in PROJECT_POLICIES
+
+
 def headline(records):
-    """The cost of protection per (VMM, vCPUs): the best configuration of
-    the project's driver with one of its own policies (by DMA ops/s) and
-    Linux's in-tree driver next to no IOMMU, and dmavisor against QEMU."""
+    """The cost of protection per (VMM, vCPUs): EVERY configuration of the
+    project's driver with one of its own policies, and Linux's in-tree
+    driver, as ratios to their baseline with the range over all runs (not
+    the best configuration of a group, issue 30), and the comparison with
+    QEMU's same configuration tested across boots (stats.compare)."""
     recs = {r["id"]: r for r in records}
     out = []
     groups = sorted({(r["vmm"], r["vcpus"]) for r in records},
                     key=lambda g: (["dmavisor", "qemu", "ch"].index(g[0]), g[1]))
     for vmm, cpus in groups:
         rows = [r for r in records if r["vmm"] == vmm and r["vcpus"] == cpus]
-        vvi = [r for r in rows if r["driver"] in DRIVERS_VVI
-               and r.get("policy") in PROJECT_POLICIES and med(r, "dma")]
-        best = max(vvi, key=lambda r: med(r, "dma")) if vvi else None
-        if not best:
-            vvi = [r for r in rows if r["driver"] in DRIVERS_VVI
-                   and r.get("policy") in PROJECT_POLICIES and med(r, "tcp_rx")]
-            best = max(vvi, key=lambda r: med(r, "tcp_rx")) if vvi else None
-        cands = ([best] if best else []) + [r for r in rows if r["driver"] == "linux"]
+        cands = [r for r in rows if project_config(r)] + [
+            r for r in rows if r["driver"] == "linux"]
         for r in cands:
-            base = baseline_of(r, recs)
             line = {"vmm": vmm, "vcpus": cpus, "iommu": r["iommu"],
-                    "dma_ratio": ratio(med(r, "dma"), med(base, "dma")),
-                    "tcp_rx_ratio": ratio(med(r, "tcp_rx"), med(base, "tcp_rx")),
-                    "tcp_tx_ratio": ratio(med(r, "tcp_tx"), med(base, "tcp_tx")),
-                    "rr_ratio": ratio(med(r, "rr"), med(base, "rr")),
+                    "project": project_config(r),
                     "requests_per_dma": r.get("requests_per_dma")}
+            for w in WORKLOADS:
+                line[w] = ratio_summary(r, w, recs)
             q = recs.get(config_id("qemu", cpus, r["iommu"]))
             if vmm != "qemu" and q:
-                line["vs_qemu_tcp_rx"] = ratio(med(r, "tcp_rx"), med(q, "tcp_rx"))
-                line["vs_qemu_dma"] = ratio(med(r, "dma"), med(q, "dma"))
+                for w in ("dma", "tcp_rx"):
+                    if runs_of(r, w) and runs_of(q, w):
+                        line[f"vs_qemu_{w}"] = {
+                            "ratio": ratio(med(r, w), med(q, w)),
+                            "test": compare(runs_of(r, w), runs_of(q, w), WORKLOADS[w][2])}
             out.append(line)
+    return out
+
+
+def group_ranges(lines):
+    """Per (VMM, vCPUs), the range of every run's ratio over all of the
+    project's configurations: the figure to quote for "the project's
+    driver keeps x-y%"."""
+    out = []
+    for key in dict.fromkeys((h["vmm"], h["vcpus"]) for h in lines):
+        mine = [h for h in lines if (h["vmm"], h["vcpus"]) == key and h["project"]]
+        if not mine:
+            continue
+        g = {"vmm": key[0], "vcpus": key[1], "configs": len(mine)}
+        for w in ("dma", "tcp_rx", "tcp_tx"):
+            g[w] = value_range([h[w]["min"] for h in mine if h[w]]
+                               + [h[w]["max"] for h in mine if h[w]])
+        out.append(g)
     return out
 
 
@@ -604,21 +684,65 @@ def pct(v):
     return f"{p:.0f}%" if p >= 10 else f"{p:.2g}%"
 
 
+def ratio_text(s):
+    """A ratio summary: median (min-max over every run, runs/boots)."""
+    if not s:
+        return "–"
+    boots = f"{s['boots']} boot" + ("s" if s["boots"] != 1 else "")
+    return f"{pct(s['median'])} ({pct(s['min'])}-{pct(s['max'])}, {s['n']} runs/{boots})"
+
+
 def headline_text(records):
     lines = []
-    for h in headline(records):
-        s = (f"{h['vmm']:<8} {h['vcpus']} vCPU  {h['iommu']:<26} DMA {pct(h['dma_ratio']):>5}"
-             f"  TCP peer->guest {pct(h['tcp_rx_ratio']):>5}  guest->peer "
-             f"{pct(h['tcp_tx_ratio']):>5}  of no IOMMU")
+    hl = headline(records)
+    for h in hl:
+        s = f"{h['vmm']:<8} {h['vcpus']} vCPU  {h['iommu']:<26}"
+        if h["dma"]:
+            s += f" DMA {ratio_text(h['dma'])} of {h['dma']['base']}"
+            if h["dma"]["flushes"]:
+                s += f", {h['dma']['flushes']} flushes in its runs"
+            s += ";"
+        s += (f" TCP peer->guest {ratio_text(h['tcp_rx'])}, guest->peer "
+              f"{ratio_text(h['tcp_tx'])} of the no-IOMMU boot")
         if h.get("requests_per_dma") is not None:
-            s += f"; {h['requests_per_dma']:.3f} requests/DMA"
-        vs = [f"{k} x{h[f'vs_qemu_{w}']:.2f}"
-              for w, k in (("dma", "DMA"), ("tcp_rx", "TCP peer->guest"))
-              if h.get(f"vs_qemu_{w}") is not None]
-        if vs:
-            s += "; vs QEMU same config: " + ", ".join(vs)
+            s += f"; {h['requests_per_dma']:.4f} requests/DMA"
+        for w, k in (("dma", "DMA"), ("tcp_rx", "TCP peer->guest")):
+            v = h.get(f"vs_qemu_{w}")
+            if v:
+                s += f"\n    {k} vs QEMU x{v['ratio']:.2f}: " + verdict_text(
+                    h["vmm"], "QEMU", v["test"])
         lines.append(s)
+    for g in group_ranges(hl):
+        rng = ", ".join(f"{k} {pct(g[w][0])}-{pct(g[w][1])}"
+                        for w, k in (("dma", "DMA"), ("tcp_rx", "TCP peer->guest"),
+                                     ("tcp_tx", "guest->peer")) if g[w])
+        lines.append(f"{g['vmm']:<8} {g['vcpus']} vCPU  all {g['configs']} project "
+                     f"configurations, every run: {rng}")
     return "\n".join(lines)
+
+
+def comparisons(records):
+    """Every VMM-to-VMM comparison of one configuration and workload
+    (dmavisor and cloud-hypervisor against QEMU, dmavisor against
+    cloud-hypervisor), as a sentence with its Mann-Whitney p."""
+    recs = {r["id"]: r for r in records}
+    out = []
+    for r in records:
+        others = []
+        if r["vmm"] != "qemu":
+            others.append(recs.get(config_id("qemu", r["vcpus"], r["iommu"])))
+        if r["vmm"] == "dmavisor":
+            others.append(recs.get(config_id("ch", r["vcpus"], r["iommu"])))
+        for o in others:
+            if not o:
+                continue
+            for w, (title, _, higher) in WORKLOADS.items():
+                a, b = runs_of(r, w), runs_of(o, w)
+                if a and b:
+                    c = compare(a, b, higher)
+                    out.append((r["id"], o["id"], w, ratio(med(r, w), med(o, w)),
+                                verdict_text(f"`{r['id']}`", f"`{o['id']}`", c) + f", {title}"))
+    return out
 
 
 def dma_amount(meta):
@@ -642,6 +766,13 @@ def report(outdir, records, meta):
            "configuration's median by QEMU's for the same IOMMU configuration and vCPUs. "
            "Under TCG an idle vCPU is slow to wake, so a busier guest can answer sooner: "
            "read the latency ratios with that in mind."), "",
+          (f"Boot order: shuffled per round, seed {meta.get('seed', '? (not recorded)')}. "
+           "Ranges are over every run of a configuration (a run divided by its baseline's "
+           "median in the same boot where there is one). Single configurations swing "
+           "2.5-50x between boots in the runner: a configuration is called faster or "
+           "slower than another only where a two-sided Mann-Whitney U test over at least "
+           "6 runs from at least 3 boots on each side gives p < 0.05 (section "
+           "*Comparisons across boots*); the ratios in the tables are not findings."), "",
           "## Headline: the cost of protection", "", "```", headline_text(records), "```", ""]
     bad = [r for r in records if r["status"] != "ok"]
     if bad:
@@ -656,7 +787,7 @@ def report(outdir, records, meta):
     for w, (title, unit, _) in WORKLOADS.items():
         md += [f"## {title} ({unit})", ""]
         hdr = ["configuration", "VMM", "vCPUs", "IOMMU", f"median {unit}", "min–max", "runs",
-               "ratio to no IOMMU", "vs QEMU (same config)"]
+               "boots", "ratio to no IOMMU", "vs QEMU (same config)"]
         if w == "dma":
             hdr += ["requests per DMA", "ratio to dma-direct (same boot, just before)"]
         md += ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
@@ -671,15 +802,24 @@ def report(outdir, records, meta):
                    num(s["median"]) if s else "–",
                    f"{num(s['min'])}–{num(s['max'])}" if s else "–",
                    str(s["n"]) if s else "0",
+                   str(boots_of(r["workloads"][w])),
                    rnum(ratio(med(r, w), med(base, w))),
                    rnum(vs)]
             if w == "dma":
-                direct = r.get("dma_direct_same_boot") or []
-                same = (ratio(med(r, w), statistics.median(direct))
-                        if direct and med(r, w) else None)
-                row += [num(r.get("requests_per_dma")), rnum(same)]
+                same = ratio_summary(r, w, recs) if r.get("dma_direct_runs") else None
+                if not same and r.get("dma_direct_same_boot") and med(r, w):
+                    # runs from before the baseline carried its round
+                    same = {"median": ratio(med(r, w),
+                                            statistics.median(r["dma_direct_same_boot"]))}
+                row += [num(r.get("requests_per_dma")),
+                        rnum(same["median"]) if same else "–"]
             md.append("| " + " | ".join(row) + " |")
         md.append("")
+    md += ["## Comparisons across boots", "",
+           "Same configuration, two VMMs: ratio of medians, then the Mann-Whitney U test.", ""]
+    md += [f"- x{rnum(rat)}: {text}" for _, _, _, rat, text in comparisons(records)] or [
+        "- (no configuration ran under two VMMs)"]
+    md.append("")
     md += ["## Plots", "", "![throughput](throughput.png)", "", "![latency](latency.png)", "",
            "![DMA microbenchmark](dma.png)", "", "![requests per DMA](requests_per_dma.png)", ""]
     with open(os.path.join(outdir, "report.md"), "w", encoding="utf-8") as f:
@@ -769,6 +909,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="boot the whole plan N times over, interleaved, and pool the "
                          "figures (ratios between VMMs then resist slow spells of the host)")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="seed of the boot order, shuffled anew every round (default: "
+                         "drawn at random; printed, and kept in plan.json and meta.json)")
     ap.add_argument("--only", default="", help="comma-separated configuration patterns: "
                     "globs (dmavisor/2cpu/vvi-*) or substrings (linux)")
     ap.add_argument("--ch", metavar="PATH", help="also run cloud-hypervisor (its binary)")
@@ -831,6 +974,8 @@ def main():
         ap.error("--dma-ms must be 0..60000 (vvi_edu's limit)")
     if args.ch and not os.access(args.ch, os.X_OK):
         ap.error(f"--ch {args.ch}: not an executable")
+    if args.seed is None:
+        args.seed = int.from_bytes(os.urandom(4), "little")
     boots = plan_boots(args)
     if not boots:
         ap.error(f"--only {args.only}: no configuration matches")
@@ -847,7 +992,7 @@ def main():
     outdir = args.out or os.path.join(BUILD, "bench", timestamp())
     os.makedirs(outdir, exist_ok=True)
     with open(os.path.join(outdir, "plan.json"), "w", encoding="utf-8") as f:
-        json.dump({"configurations": [c[0] for c in confs],
+        json.dump({"configurations": [c[0] for c in confs], "seed": args.seed,
                    "boots": [{**b, "configs": list(b["configs"].values())} for b in boots]},
                   f, indent=1)
     try:
@@ -855,12 +1000,13 @@ def main():
     except RuntimeError as e:
         log(f"error: {e}")
         return 1
+    log(f"boot order seed {args.seed} (--seed {args.seed} repeats this order)")
     lines, secs = run_session(boots, prep, args, outdir)
     records = parse(lines, boots)
     runner = "direct (hardware KVM)" if runner_is_direct() else "nested runner (TCG)"
     meta = {"started": started, "command": " ".join(map(shlex.quote, sys.argv)),
             "runner": runner, "runs": args.runs, "secs": args.secs, "iters": args.iters,
-            "dma_ms": args.dma_ms, "vvi_params": args.vvi_params,
+            "dma_ms": args.dma_ms, "vvi_params": args.vvi_params, "seed": args.seed,
             "session_secs": round(secs), "versions": {
                 f"debian-{s}": v for s, v in prep["version"].items()},
             "configurations": [c[0] for c in confs]}

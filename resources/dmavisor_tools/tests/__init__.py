@@ -1,0 +1,2 @@
+"""Unit tests of the tools' pure parts (`make unit` runs them with
+python3 -m unittest; see the Makefile)."""

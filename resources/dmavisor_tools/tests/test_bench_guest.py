@@ -1,0 +1,113 @@
+"""bench-guest's plan and parser (issue 30's method): shuffled rounds,
+every round's figures kept, every project configuration in the headline
+with its range, and VMM comparisons only with a test across boots."""
+
+import unittest
+from types import SimpleNamespace
+
+from dmavisor_tools import bench_guest as bg
+
+
+def args(**kw):
+    base = {"ch": None, "demo": False, "quick": True, "cpus": "1", "only": "", "rounds": 1,
+            "seed": 1}
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def session(boots, figures):
+    """Session lines as bench-host.sh/bench-guest.sh print them.
+    figures(boot, label) -> list of BENCH... lines without the prefix."""
+    lines = []
+    for b in boots:
+        lines.append(f"{bg.BEGIN} {b['name']}")
+        for lbl in b["configs"]:
+            lines += [f"[guest] {line.format(lbl=lbl)}" for line in figures(b, lbl)]
+        lines.append(f"{bg.END} {b['name']} rc=0 ns=1000000000")
+    return lines
+
+
+class Plan(unittest.TestCase):
+    def test_rounds_are_shuffled_named_and_reproducible(self):
+        one = bg.plan_boots(args(rounds=1))
+        plan = bg.plan_boots(args(rounds=4, seed=9))
+        self.assertEqual(len(plan), 4 * len(one))
+        names = {b["name"] for b in one}
+        for k in range(1, 5):
+            part = [b for b in plan if b["round"] == k]
+            self.assertEqual({b["name"] for b in part}, {f"{n}-r{k}" for n in names})
+        again = bg.plan_boots(args(rounds=4, seed=9))
+        self.assertEqual([b["name"] for b in plan], [b["name"] for b in again])
+        orders = {tuple(b["name"].rsplit("-r", 1)[0] for b in plan if b["round"] == k)
+                  for k in range(1, 5)}
+        self.assertGreater(len(orders), 1, "every round booted in the same order")
+
+    def test_a_single_round_keeps_the_names_and_is_tagged(self):
+        plan = bg.plan_boots(args(rounds=1))
+        self.assertTrue(all(b["round"] == 1 and not b["name"].endswith("-r1") for b in plan))
+
+
+def figures(b, lbl):
+    """DMA, network, cost probe and NIC statistics, scaled by the round
+    so that every round's figures can be told apart."""
+    k = b["round"]
+    out = []
+    for run in (1, 2):
+        out += [f"BENCH dma iommu={{lbl}} run={run} ops_per_sec={1000 * k + run} errors=0 "
+                "cpus=1 maps=100 requests=1 flushes=2",
+                f"BENCH tcp_tx iommu={{lbl}} run={run} kbps={100 * k + run}",
+                f"BENCH tcp_rx iommu={{lbl}} run={run} kbps={200 * k + run}",
+                f"BENCH rr iommu={{lbl}} run={run} lat_us={10 * k + run}"]
+    if b["mode"] == "vvi":
+        out = [f"BENCH-INFO iommu={{lbl}} dma_direct={10000 * k}"] + out
+        out += [f"BENCH-COSTS iommu={{lbl}} map_unmap_ns={1000 + k}",
+                f"BENCH-NETSTATS iommu={{lbl}} maps={50 * k} requests={k}"]
+    return out
+
+
+class Parse(unittest.TestCase):
+    def setUp(self):
+        self.boots = bg.plan_boots(args(rounds=3, seed=4))
+        self.records = bg.parse(session(self.boots, figures), self.boots)
+        self.by_id = {r["id"]: r for r in self.records}
+
+    def test_every_round_keeps_its_runs_costs_and_nic_figures(self):
+        r = self.by_id["dmavisor/1cpu/vvi-magazine-lazy-percpu"]
+        self.assertEqual(r["status"], "ok", r["errors"])
+        for w in bg.WORKLOADS:
+            self.assertEqual(sorted(e["round"] for e in r["workloads"][w]), [1, 1, 2, 2, 3, 3])
+        self.assertEqual(sorted((c["round"], c["map_unmap_ns"]) for c in r["costs"]),
+                         [(1, 1001), (2, 1002), (3, 1003)])
+        self.assertEqual(sorted((n["round"], n["maps"]) for n in r["net_dma"]),
+                         [(1, 50), (2, 100), (3, 150)])
+        self.assertEqual(sorted((d["round"], d["value"]) for d in r["dma_direct_runs"]),
+                         [(1, 10000.0), (2, 20000.0), (3, 30000.0)])
+
+    def test_dma_ratio_pairs_each_run_with_its_own_boot(self):
+        r = self.by_id["dmavisor/1cpu/vvi-magazine-lazy-percpu"]
+        s = bg.ratio_summary(r, "dma", self.by_id)
+        self.assertEqual(s["base"], "dma-direct, same boot")
+        self.assertEqual((s["n"], s["boots"], s["flushes"]), (6, 3, 12))
+        # run 2 of round 1 over round 1's 10,000; run 1 of round 3 over 30,000
+        self.assertAlmostEqual(s["max"], 1002 / 10000)
+        self.assertAlmostEqual(s["min"], 3001 / 30000)
+
+    def test_headline_lists_every_project_configuration_and_their_range(self):
+        hl = bg.headline(self.records)
+        dmavisor = {h["iommu"] for h in hl if h["vmm"] == "dmavisor" and h["project"]}
+        self.assertEqual(dmavisor, {f"vvi-{p}-{i}" for p, i in bg.QUICK_VVI})
+        text = bg.headline_text(self.records)
+        self.assertIn("all 2 project configurations, every run: DMA", text)
+        self.assertIn("6 runs/3 boots", text)
+
+    def test_vmm_comparisons_carry_a_p_value(self):
+        comps = bg.comparisons(self.records)
+        self.assertTrue(comps)
+        for _, _, _, _, text in comps:
+            self.assertIn("Mann-Whitney p = ", text)
+            # identical figures under both VMMs: never a ranking
+            self.assertIn("no significant difference", text)
+
+
+if __name__ == "__main__":
+    unittest.main()
