@@ -1,18 +1,28 @@
 //! An endpoint (PCI requester ID) behind the vIOMMU and its attachment.
 //!
-//! WHY a per-endpoint `RwLock<Option<Arc<Domain>>>`: the DMA path of a device
+//! WHY a per-endpoint `ArcSwapOption<Domain>`: the DMA path of a device
 //! reads "which domain am I in" on every access, concurrently with the request
-//! queues; a read lock on the endpoint's own slot never contends with other
-//! endpoints, and attach/detach (rare) swap the `Arc` atomically with respect
-//! to readers. A module of its own because the request side (`device`) and
-//! the DMA side (`translate`) both use it.
+//! queues. A pointer load (RCU-style: attach/detach, which are rare, swap
+//! the pointer; a reader keeps the domain it loaded alive until its access
+//! ends) costs the DMA path no lock word and no shared reference count, so
+//! readers of one endpoint never write a cache line another reader reads.
+//! The swap is a SeqCst read-modify-write, so the quiescence argument
+//! (`quiesce.rs`: reader fences, then reads; the flush fences, then reads
+//! the slots) covers the attachment exactly as it covered the old lock.
+//! A module of its own because the request side (`device`) and the DMA
+//! side (`translate`) both use it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+
+use arc_swap::{ArcSwapOption, Guard};
 
 use crate::domain::Domain;
-use crate::locks::{read, write};
 use crate::wire::ResvMem;
+
+/// A loaded attachment: keeps its domain alive without touching the
+/// domain's reference count (short-lived: one access).
+pub(crate) type Attached = Guard<Option<Arc<Domain>>>;
 
 /// One endpoint behind the vIOMMU.
 pub struct Endpoint {
@@ -20,7 +30,7 @@ pub struct Endpoint {
     /// Reserved regions specific to this endpoint (reported by PROBE after
     /// the global ones).
     resv: Vec<ResvMem>,
-    attached: RwLock<Option<Arc<Domain>>>,
+    attached: ArcSwapOption<Domain>,
     /// Its DMA does not go through the device's translation (a VFIO
     /// function behind a host IOMMU): its domain must use explicit MAPs,
     /// never a guest page table.
@@ -32,7 +42,7 @@ impl Endpoint {
         Self {
             id,
             resv,
-            attached: RwLock::new(None),
+            attached: ArcSwapOption::empty(),
             explicit_maps: AtomicBool::new(false),
         }
     }
@@ -56,12 +66,21 @@ impl Endpoint {
 
     /// The domain this endpoint is attached to, if any.
     pub fn domain(&self) -> Option<Arc<Domain>> {
-        read(&self.attached).clone()
+        self.attached.load_full()
+    }
+
+    /// The attachment for one DMA access: no lock, no clone.
+    #[inline]
+    pub(crate) fn attached(&self) -> Attached {
+        self.attached.load()
     }
 
     /// Sets the attachment; returns the previous one. Caller holds the
-    /// device's topology lock.
+    /// device's topology lock. Once this returns no new access sees the
+    /// previous domain; accesses that loaded it before are the
+    /// quiescer's to wait for, as they were with a lock (the lock, too, was
+    /// released before the access used the domain).
     pub fn set_domain(&self, d: Option<Arc<Domain>>) -> Option<Arc<Domain>> {
-        std::mem::replace(&mut *write(&self.attached), d)
+        self.attached.swap(d)
     }
 }

@@ -3,9 +3,9 @@
 //!
 //! WHY a handle per endpoint: every DMA access of a device goes through here,
 //! so the lookup "endpoint -> domain" is done once when the handle is made
-//! (an `Arc<Endpoint>`), and each access only reads the endpoint's current
-//! attachment (one uncontended read lock) and then the domain's lock-free
-//! table. No device-wide lock is touched.
+//! (an `Arc<Endpoint>`), and each access only loads the endpoint's current
+//! attachment (one pointer load, no lock, no reference count) and then reads
+//! the domain's lock-free table. No lock is touched on a hit.
 //!
 //! Semantics (spec, "Device operations"):
 //! - endpoint not attached: identity if the `bypass` config field is 1,
@@ -27,8 +27,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-use crate::domain::Domain;
-use crate::endpoint::Endpoint;
+use crate::endpoint::{Attached, Endpoint};
 use crate::events::FaultQueue;
 use crate::mapping::{Fault, Perm, Translation};
 use crate::wire::{
@@ -86,7 +85,7 @@ pub enum DmaFault {
 enum Mode {
     Identity,
     Blocked,
-    Table(Arc<Domain>),
+    Table(Attached),
 }
 
 /// Translation handle of one endpoint. Cheap to clone; `Send + Sync`.
@@ -108,9 +107,10 @@ impl EndpointDma {
     }
 
     fn mode(&self) -> Mode {
-        match self.ep.domain() {
+        let attached = self.ep.attached();
+        match attached.as_deref() {
             Some(d) if d.is_bypass() => Mode::Identity,
-            Some(d) => Mode::Table(d),
+            Some(_) => Mode::Table(attached),
             None if self.bypass.load(Ordering::Acquire) => Mode::Identity,
             None => Mode::Blocked,
         }
@@ -161,7 +161,7 @@ impl EndpointDma {
             Mode::Blocked => Err(self.report(FAULT_R_DOMAIN, access, iova, |endpoint, iova| {
                 DmaFault::NotAttached { endpoint, iova }
             })),
-            Mode::Table(d) => match d.translate(iova, access) {
+            Mode::Table(d) => match d.as_deref().and_then(|d| d.translate(iova, access)) {
                 Some(Ok(t)) if t.len > 0 => Ok(t),
                 Some(Err(Fault::Permission)) => Err(self.report(
                     FAULT_R_MAPPING,
@@ -285,9 +285,12 @@ impl Iterator for DmaRuns<'_> {
                 iova,
             }),
             Mode::Table(d) => {
-                let Some(result) = d.translate(self.iova, self.access) else {
-                    // Bypass domains are Mode::Identity; unreachable in
-                    // practice, but fail closed.
+                let Some(result) = d
+                    .as_deref()
+                    .and_then(|d| d.translate(self.iova, self.access))
+                else {
+                    // Bypass domains (and no domain) are not Mode::Table;
+                    // unreachable in practice, but fail closed.
                     return self.fail(FAULT_R_UNKNOWN, |endpoint, iova| DmaFault::Unmapped {
                         endpoint,
                         iova,

@@ -44,6 +44,8 @@ mod listener;
 mod lookup;
 mod maps;
 mod mirror;
+#[cfg(test)]
+mod no_lock_tests;
 mod pgtable;
 mod probe;
 mod topology;
@@ -51,6 +53,7 @@ mod topology;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
+use arc_swap::ArcSwap;
 use thiserror::Error;
 
 pub use config::{ConfigError, DeviceLimits, IommuConfig, X86_MSI_END, X86_MSI_START};
@@ -104,7 +107,11 @@ pub struct IommuDevice {
     domains: DomainRegistry,
     /// Serializes ATTACH, DETACH and reset (membership changes).
     topology: Mutex<()>,
-    invalidators: RwLock<Vec<Arc<dyn Invalidator>>>,
+    /// The DMA consumers every kick invalidates. WHY a pointer swap: every
+    /// kick of every queue reads the list; registering a consumer (device
+    /// realize or unplug) is rare. A kick loads the list with no lock and
+    /// no copy, a registration publishes a new list.
+    invalidators: ArcSwap<Vec<Arc<dyn Invalidator>>>,
     listeners: RwLock<Vec<Arc<dyn EndpointListener>>>,
     mirrors: RwLock<Vec<Arc<dyn MapMirror>>>,
     /// Some mirror is registered: lets MAP skip the list's lock (a shared
@@ -134,7 +141,7 @@ impl IommuDevice {
             endpoints: EndpointTable::default(),
             domains: DomainRegistry::default(),
             topology: Mutex::new(()),
-            invalidators: RwLock::new(Vec::new()),
+            invalidators: ArcSwap::from_pointee(Vec::new()),
             listeners: RwLock::new(Vec::new()),
             mirrors: RwLock::new(Vec::new()),
             has_mirrors: AtomicBool::new(false),
@@ -309,16 +316,18 @@ impl IommuDevice {
     /// `no-consumer-wait` test mutation removes exactly this wait (the
     /// batch is then dropped untold, as if every consumer had confirmed).
     pub fn complete_kick(&self, w: &mut QueueContext) {
-        let consumers = if crate::mutation::active(crate::mutation::Mutation::NoConsumerWait) {
-            Vec::new()
-        } else {
-            read(&self.invalidators).clone()
-        };
+        let loaded = self.invalidators.load();
+        let consumers: &[Arc<dyn Invalidator>] =
+            if crate::mutation::active(crate::mutation::Mutation::NoConsumerWait) {
+                &[]
+            } else {
+                &loaded
+            };
         let pending = w.has_pending();
         let calls_before = w.invalidation_calls();
         // Timed only when there is a batch: most kicks (MAPs) have none.
         let started = pending.then(std::time::Instant::now);
-        w.flush(&consumers);
+        w.flush(consumers);
         if let Some(t0) = started {
             w.counters.invalidation_time(t0.elapsed());
             let calls = w.invalidation_calls().wrapping_sub(calls_before);
@@ -328,16 +337,22 @@ impl IommuDevice {
 
     /// Registers a DMA consumer that caches translations.
     pub fn add_invalidator(&self, inv: Arc<dyn Invalidator>) {
-        write(&self.invalidators).push(inv);
+        self.invalidators.rcu(|all| {
+            let mut next = Vec::clone(all);
+            next.push(Arc::clone(&inv));
+            next
+        });
     }
 
     /// Forgets a consumer registered with [`IommuDevice::add_invalidator`]
     /// (its device was unplugged); true if it was registered.
     pub fn remove_invalidator(&self, inv: &Arc<dyn Invalidator>) -> bool {
-        let mut all = write(&self.invalidators);
-        let before = all.len();
-        all.retain(|i| !Arc::ptr_eq(i, inv));
-        all.len() != before
+        let previous = self.invalidators.rcu(|all| {
+            let mut next = Vec::clone(all);
+            next.retain(|i| !Arc::ptr_eq(i, inv));
+            next
+        });
+        previous.iter().any(|i| Arc::ptr_eq(i, inv))
     }
 
     /// Forgets a mirror registered with [`IommuDevice::add_map_mirror`];
