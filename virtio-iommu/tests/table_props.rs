@@ -315,19 +315,52 @@ proptest! {
 }
 
 #[test]
-fn one_gib_map_uses_2mib_entries() {
+fn one_gib_map_uses_one_1gib_entry() {
     let depot = Arc::new(Depot::new());
-    let space = new_space(SpaceImpl::Scalable, 1, &Limits::default(), &depot);
+    let space = ScalableSpace::new(1, &Limits::default(), &depot);
     let mut w = QueueContext::new(&depot);
     space
         .map(&mut w, 1 << 30, (2 << 30) - 1, 4 << 30, Perm::RW)
+        .unwrap();
+    // Root + one level-2 node holding one 1 GiB entry.
+    let s = space.stats();
+    assert_eq!(s.table_bytes, 2 * ScalableSpace::EMPTY_TABLE_BYTES);
+    assert_eq!(s.mapped_bytes, 1 << 30);
+    let a = space.audit().unwrap();
+    assert_eq!((a.gib_entries, a.huge_entries, a.mappings), (1, 0, 1));
+    let t = space.translate((1 << 30) + HUGE + 5, Perm::WRITE).unwrap();
+    assert_eq!(t.gpa, (4 << 30) + HUGE + 5);
+    assert_eq!(t.len, (1 << 30) - HUGE - 5);
+    assert_eq!(
+        space.unmap(&mut w, (1 << 30) + HUGE, (1 << 30) + 2 * HUGE - 1),
+        Err(UnmapError::WouldSplit)
+    );
+    assert!(space.translate(1 << 30, Perm::READ).is_ok());
+    space.unmap(&mut w, 1 << 30, (2 << 30) - 1).unwrap();
+    assert_eq!(
+        space.translate((1 << 30) + 8, Perm::READ),
+        Err(Fault::Unmapped)
+    );
+    w.flush(&[]);
+    assert_eq!(space.stats().table_bytes, ScalableSpace::EMPTY_TABLE_BYTES);
+    assert_eq!(space.stats().mapped_bytes, 0);
+}
+
+#[test]
+fn one_gib_map_of_2mib_aligned_gpa_uses_2mib_entries() {
+    let depot = Arc::new(Depot::new());
+    let space = new_space(SpaceImpl::Scalable, 1, &Limits::default(), &depot);
+    let mut w = QueueContext::new(&depot);
+    let gpa = (4 << 30) + HUGE;
+    space
+        .map(&mut w, 1 << 30, (2 << 30) - 1, gpa, Perm::RW)
         .unwrap();
     // Root + one level-2 node + one level-1 node of 512 2 MiB entries.
     let s = space.stats();
     assert_eq!(s.table_bytes, 3 * ScalableSpace::EMPTY_TABLE_BYTES);
     assert_eq!(s.mapped_bytes, 1 << 30);
     let t = space.translate((1 << 30) + HUGE + 5, Perm::WRITE).unwrap();
-    assert_eq!(t.gpa, (4 << 30) + HUGE + 5);
+    assert_eq!(t.gpa, gpa + HUGE + 5);
     assert!(t.len >= HUGE - 5);
     assert_eq!(
         space.unmap(&mut w, 1 << 30, (1 << 30) + HUGE - 1),

@@ -474,7 +474,7 @@ fn translate_under_churn(kind: SpaceImpl, threads: usize, o: &Opts, c: ConsumerK
 }
 
 /// The passthrough policy's request: map 1 GiB of guest RAM in one MAP
-/// (2 MiB-aligned, so the scalable table uses 512 2 MiB entries), then
+/// (1 GiB-aligned, so the scalable table uses one 1 GiB entry), then
 /// unmap it. One op = that MAP + UNMAP pair. Single thread.
 fn map_1g(kind: SpaceImpl, _threads: usize, o: &Opts, c: ConsumerKind) -> Sample {
     let (depot, space, consumer) = setup(kind, o, c);

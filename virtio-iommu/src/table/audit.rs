@@ -21,6 +21,8 @@ pub struct Audit {
     pub nodes: u64,
     /// 2 MiB entries.
     pub huge_entries: u64,
+    /// 1 GiB entries.
+    pub gib_entries: u64,
 }
 
 /// The first disagreement an audit found.
@@ -199,11 +201,14 @@ fn walk(
             }
             continue;
         }
-        if level > 1 {
+        if level > super::MAX_LEAF_LEVEL {
             return Err(AuditError::LeafLevel { level, iova });
         }
         if level == 1 {
             a.huge_entries += 1;
+        }
+        if level == 2 {
+            a.gib_entries += 1;
         }
         let perm = entry::perm(e).bits();
         if e & HEAD != 0 {

@@ -1,6 +1,6 @@
 //! The scalable domain table: a 4-level radix table of atomic entries in the
 //! shape of a hardware IOMMU page table (9 IOVA bits per level over a 48-bit
-//! space, 4 KiB leaves at level 0, 2 MiB leaves at level 1).
+//! space, 4 KiB leaves at level 0, 2 MiB at level 1, 1 GiB at level 2).
 //!
 //! WHY: MAP and UNMAP on disjoint ranges touch disjoint entries, so they run
 //! on different request queues without a domain-wide lock; translators
@@ -43,6 +43,9 @@ use retire::{release_credits, retire_candidates, trim_credits};
 
 /// Level of the root node.
 pub(crate) const ROOT_LEVEL: u32 = 3;
+
+/// Highest level holding leaves: 1 GiB entries at level 2 (2 MiB at 1).
+pub(crate) const MAX_LEAF_LEVEL: u32 = 2;
 
 /// Bit position of the lowest IOVA bit a level indexes.
 #[inline]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::entry::{self, HEAD, LOCKED, TAIL, VALID};
 use super::range;
-use super::{backoff, index, quota, span, Candidate, Ctx, Table, ROOT_LEVEL};
+use super::{backoff, index, quota, span, Candidate, Ctx, Table, MAX_LEAF_LEVEL, ROOT_LEVEL};
 use crate::node::{self, Node};
 use crate::space::{
     check_map_args, Fault, MapError, Perm, Translation, UnmapError, HUGE_PAGE_SIZE, IOVA_MAX,
@@ -19,7 +19,7 @@ pub(crate) enum Found<'a> {
     Node(&'a Node),
     /// No node there (only when not installing).
     Absent,
-    /// A leaf (2 MiB mapping) above the requested level.
+    /// A leaf (2 MiB or 1 GiB mapping) above the requested level.
     Leaf,
 }
 
@@ -253,7 +253,7 @@ pub(crate) fn push_candidate(t: &Arc<Table>, w: &mut Ctx, iova: u64, level: u32)
 
 enum Fast {
     Done(Result<(), MapError>),
-    /// A 2 MiB slot holds a node: map with 4 KiB entries instead.
+    /// A 2 MiB or 1 GiB slot holds a node: map with smaller entries instead.
     Fallback,
 }
 
@@ -276,6 +276,12 @@ pub(crate) fn map(
         }
     } else if size == HUGE_PAGE_SIZE && (iova | gpa) & (HUGE_PAGE_SIZE - 1) == 0 {
         match map_one(t, w, iova, 1, entry::leaf(gpa, perm, true, true) | VALID) {
+            Fast::Done(r) => r,
+            Fast::Fallback => range::run_map(t, w, iova, last, gpa, perm),
+        }
+    } else if size == span(MAX_LEAF_LEVEL) && (iova | gpa) & (size - 1) == 0 {
+        let leaf = entry::leaf(gpa, perm, true, true) | VALID;
+        match map_one(t, w, iova, MAX_LEAF_LEVEL, leaf) {
             Fast::Done(r) => r,
             Fast::Fallback => range::run_map(t, w, iova, last, gpa, perm),
         }
@@ -336,7 +342,8 @@ fn unmap_one(t: &Arc<Table>, w: &mut Ctx, iova: u64) -> Option<Result<(), UnmapE
     let n = match t.find(w, iova, 0, false) {
         Ok(Found::Node(n)) => n,
         Ok(Found::Absent) => return Some(Ok(())),
-        // A 2 MiB mapping covers the page: unmapping 4 KiB of it would split it.
+        // A 2 MiB or 1 GiB mapping covers the page: unmapping 4 KiB of it
+        // would split it.
         Ok(Found::Leaf) => return Some(Err(UnmapError::WouldSplit)),
         Err(_) => return None,
     };
@@ -402,7 +409,7 @@ pub(crate) fn translate(t: &Table, iova: u64, access: Perm) -> Result<Translatio
                 lvl -= 1;
                 continue;
             }
-            if !entry::is_valid(e) || lvl > 1 {
+            if !entry::is_valid(e) || lvl > MAX_LEAF_LEVEL {
                 // Nothing mapped here (or, after a stale link, in a node
                 // that is no longer ours): unmapped either way.
                 if let Some(g) = want_gen {

@@ -14,9 +14,9 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
 use std::sync::Arc;
 
 use super::entry::{self, CLAIM_EMPTY, HEAD, LOCKED, PENDING, TAIL, VALID};
-use super::{backoff, index, quota, span, Ctx, Pin, Table, ROOT_LEVEL};
+use super::{backoff, index, quota, span, Ctx, Pin, Table, MAX_LEAF_LEVEL, ROOT_LEVEL};
 use crate::node::{self, Node};
-use crate::space::{MapError, Perm, UnmapError, HUGE_PAGE_SIZE};
+use crate::space::{MapError, Perm, UnmapError};
 
 /// More removed mappings than this in one UNMAP are reported to consumers
 /// as one covering range (bounds the batch).
@@ -112,10 +112,14 @@ impl Op<'_> {
                 match self.kind {
                     Kind::Map { gpa, perm } => {
                         let full = sub_lo == s_base && sub_hi == s_last;
+                        // 4 KiB leaves at level 0; a whole 2 MiB or 1 GiB
+                        // slot whose guest range is aligned as much is one
+                        // leaf at level 1 or 2 (a 1 GiB MAP is then one
+                        // entry, as in a hardware page table).
                         let leaf_here = level == 0
-                            || (level == 1
+                            || (level <= MAX_LEAF_LEVEL
                                 && full
-                                && self.gpa_of(gpa, s_base) & (HUGE_PAGE_SIZE - 1) == 0);
+                                && self.gpa_of(gpa, s_base) & (sz - 1) == 0);
                         if e == 0 && leaf_here {
                             let v = entry::leaf(
                                 self.gpa_of(gpa, sub_lo),
