@@ -896,6 +896,30 @@ def write_outputs(outdir, records, meta):
     plots(outdir, records)
 
 
+def load_run(outdir):
+    """(records, meta) of a finished or stopped run: the raw session parsed
+    again (the parser may have improved since, e.g. every round's cost
+    probe), else its results.jsonl."""
+    try:
+        with open(os.path.join(outdir, "meta.json"), encoding="utf-8") as f:
+            meta = json.load(f)
+    except OSError:
+        # a run that was stopped: what its session log holds
+        meta = {"started": "?", "command": "(stopped run)", "runner": "?", "runs": "?",
+                "secs": "?", "iters": "?", "session_secs": 0, "versions": {}}
+    try:
+        with open(os.path.join(outdir, "plan.json"), encoding="utf-8") as f:
+            boots = [{**b, "configs": {("off" if it.startswith("off") else it): it
+                                       for it in b["configs"]}}
+                     for b in json.load(f)["boots"]]
+        with open(os.path.join(outdir, "session.log"), encoding="utf-8") as f:
+            records = parse(f.read().splitlines(), boots)
+    except (OSError, KeyError, ValueError):
+        with open(os.path.join(outdir, "results.jsonl"), encoding="utf-8") as f:
+            records = [json.loads(line) for line in f if line.strip()]
+    return records, meta
+
+
 # -------------------------------------------------------------------- main
 
 
@@ -936,27 +960,17 @@ def main():
                          "3 runs, DMA runs of 200 ms (long enough for page-table flushes), "
                          "DMA against the same boot's dma-direct; prints the headline")
     ap.add_argument("--report", metavar="DIR", help="redo report.md and plots of DIR")
+    ap.add_argument("--claims", action="store_true",
+                    help="recompute every figure the READMEs quote from the committed run "
+                         "folders in docs/results/ and print them as Markdown "
+                         "(resources/dmavisor_tools/claims.py; docs/results/claims.md)")
     ap.add_argument("-v", "--verbose", action="store_true", help="stream the session output")
     args = ap.parse_args()
+    if args.claims:
+        from .claims import main as claims_main
+        return claims_main()
     if args.report:
-        try:
-            with open(os.path.join(args.report, "meta.json"), encoding="utf-8") as f:
-                meta = json.load(f)
-        except OSError:
-            # a run that was stopped: what its session log holds
-            meta = {"started": "?", "command": "(stopped run)", "runner": "?", "runs": "?",
-                    "secs": "?", "iters": "?", "session_secs": 0, "versions": {}}
-        try:
-            # parse the raw session again (the parser may have improved)
-            with open(os.path.join(args.report, "plan.json"), encoding="utf-8") as f:
-                boots = [{**b, "configs": {("off" if it.startswith("off") else it): it
-                                           for it in b["configs"]}}
-                         for b in json.load(f)["boots"]]
-            with open(os.path.join(args.report, "session.log"), encoding="utf-8") as f:
-                records = parse(f.read().splitlines(), boots)
-        except (OSError, KeyError, ValueError):
-            with open(os.path.join(args.report, "results.jsonl"), encoding="utf-8") as f:
-                records = [json.loads(line) for line in f if line.strip()]
+        records, meta = load_run(args.report)
         write_outputs(args.report, records, meta)
         print(headline_text(records))
         return 0
