@@ -145,6 +145,45 @@ def c_values(folder, pattern, w, scale=1.0, unit=""):
     return f"every run {rng(vals, f)}; medians {rng(meds, f)}"
 
 
+def c_swing(folder):
+    """How far the runs of one configuration and workload differ: max/min
+    over its runs, the median and the largest over every such cell."""
+    run = Run.get(folder)
+    sw = []
+    for r in run.records:
+        for entries in r["workloads"].values():
+            v = [e["value"] for e in entries if e["value"] > 0]
+            if len(v) > 1:
+                sw.append(max(v) / min(v))
+    if not sw:
+        return "–"
+    return (f"max/min of one configuration's runs: median x{statistics.median(sw):.2g}, "
+            f"largest x{max(sw):.3g}, over {len(sw)} (configuration, workload) cells")
+
+
+def c_first_later(folder, pattern, field, scale=1.0):
+    """A DMA run field (e.g. alloc_slow), in the first run of each boot
+    and in the later ones."""
+    run = Run.get(folder)
+    first, later = [], []
+    for r in run.select(pattern):
+        for e in runs_of(r, "dma"):
+            (first if e.get("run") == 1 else later).append(e.get(field, 0) / scale)
+    f = (lambda v: f"{v:.0f}") if scale == 1.0 else (lambda v: f"{v:.1f}")
+    return f"first run of each boot {rng(first, f)}; later runs {rng(later, f)}"
+
+
+def c_irq_per_mb(folder, pattern, w):
+    """The NIC's interrupts (irq_in + irq_out) per MB moved in a TCP run
+    (MB = Kbit/s x the run's seconds / 8000)."""
+    run = Run.get(folder)
+    secs = run.meta.get("secs")
+    vals = [(e["irq_in"] + e.get("irq_out", 0)) / (e["value"] * secs / 8000)
+            for r in run.select(pattern) for e in runs_of(r, w)
+            if "irq_in" in e and e["value"] and isinstance(secs, int)]
+    return rng(vals, lambda v: f"{v:.1f}") + f" interrupts per MB over {len(vals)} runs"
+
+
 def c_rpd(folder, pattern):
     run = Run.get(folder)
     return rng([r.get("requests_per_dma") for r in run.select(pattern)],
@@ -196,13 +235,15 @@ def c_flushes(folder, pattern):
 def c_invalidate(folder):
     """The VMM's exit reports: INVALIDATE requests and the time they took."""
     run = Run.get(folder)
-    rows = [(int(n), int(us)) for n, us in re.findall(
-        r"(\d+) INVALIDATE requests \(\d+ failed, INVALIDATEs took (\d+) us\)", run.session)
-        if int(n)]
-    each = [us / n / 1000 for n, us in rows]
-    return (f"{len(rows)} boots with INVALIDATEs: {rng([n for n, _ in rows], str)} requests "
-            f"in {rng([us / 1000 for _, us in rows], lambda v: f'{v:.0f}')} ms; "
-            f"{rng(each, lambda v: f'{v:.2g}')} ms each")
+    rows = [(int(n), int(us), int(bus)) for n, us, bus in re.findall(
+        r"(\d+) INVALIDATE requests \(\d+ failed, INVALIDATEs took (\d+) us\); "
+        r"\d+ invalidation batches \((\d+) us\)", run.session) if int(n)]
+    each = [us / n / 1000 for n, us, _ in rows]
+    return (f"{len(rows)} boots with INVALIDATEs: {rng([n for n, _, _ in rows], str)} requests "
+            f"in {rng([us / 1000 for _, us, _ in rows], lambda v: f'{v:.0f}')} ms; "
+            f"{rng(each, lambda v: f'{v:.2g}')} ms each; all their invalidation batches "
+            f"(UNMAPs included) {rng([b / 1e6 for _, _, b in rows], lambda v: f'{v:.2f}')} s "
+            "per boot")
 
 
 M, P, N, C, A = ("2026-11-26-matrix", "2026-11-26-peers", "2026-11-26-net-dma",
@@ -278,8 +319,11 @@ CLAIMS = [
      c_vs, (N, "dmavisor/*/off-6.12", "ch", NET)),
     ("net-dma.off.vs-qemu", N, "no IOMMU (6.12), dmavisor / QEMU, TCP both ways", c_vs,
      (N, "dmavisor/*/off-6.12", "qemu", NET)),
-    ("net-dma.off.vs-qemu.rr", N, "no IOMMU (6.12), dmavisor / QEMU, ping-pong latency", c_vs,
+    ("net-dma.off.vs-qemu.rr", N, "no IOMMU (6.12), ping-pong latency, dmavisor's time / "
+     "QEMU's (above 1: dmavisor slower)", c_vs,
      (N, "dmavisor/*/off-6.12", "qemu", "rr")),
+    ("net-dma.off.vs-qemu.dma", N, "DMA, no IOMMU (6.12), dmavisor / QEMU", c_vs,
+     (N, "dmavisor/*/off-6.12", "qemu", "dma")),
     ("net-dma.off.tx.runs", N, "TCP guest->peer runs, dmavisor 1 vCPU 6.12, Mbit/s",
      c_values, (N, "dmavisor/1cpu/off-6.12", "tcp_tx", 1000)),
     ("net-dma.ch-off.tx.runs", N, "TCP guest->peer runs, cloud-hypervisor 2 vCPUs, Mbit/s",
@@ -295,14 +339,31 @@ CLAIMS = [
      c_between, (N, PGT_LAZY, "dmavisor/*/vvi-magazine-lazy-percpu", "dma")),
     ("net-dma.linux.tcp_tx", N, "TCP guest->peer, Linux's driver (dmavisor and QEMU), of no "
      "IOMMU", c_ratio, (N, "*/linux-*", "tcp_tx")),
+    ("net-dma.pgt.alloc_slow", N, "IOVAs from the rbtree (alloc_slow) per DMA run, "
+     "page-table lazy-percpu", c_first_later, (N, PGT_LAZY, "alloc_slow")),
+    ("net-dma.pgt.batches", N, "4096-entry flush batches per 200 ms DMA run (maps / 4096), "
+     "page-table lazy-percpu", c_first_later, (N, PGT_LAZY, "maps", 4096.0)),
+    ("net-dma.through.tcp", N, "TCP both ways through every vIOMMU configuration of the run "
+     "(page-table, passthrough, Linux lazy), of the no-IOMMU boot", c_ratio,
+     (N, PGT_LAZY + "|dmavisor/*/vvi-passthrough-lazy-percpu|*/linux-lazy", NET)),
     ("net-dma.pgt.tcp", N, "TCP both ways, page-table lazy-percpu, of the no-IOMMU boot",
      c_ratio, (N, PGT_LAZY, NET)),
     ("closing.off.vs-qemu", C, "no IOMMU (6.12), dmavisor / QEMU, TCP both ways", c_vs,
      (C, "dmavisor/*/off-6.12", "qemu", NET)),
     ("closing.off.vs-ch", C, "no IOMMU (6.12), dmavisor / cloud-hypervisor, TCP both ways",
      c_vs, (C, "dmavisor/*/off-6.12", "ch", NET)),
-    ("closing.off.vs-qemu.rr", C, "no IOMMU (6.12), dmavisor / QEMU, ping-pong latency", c_vs,
+    ("closing.off.vs-qemu.rr", C, "no IOMMU (6.12), ping-pong latency, dmavisor's time / "
+     "QEMU's (above 1: dmavisor slower)", c_vs,
      (C, "dmavisor/*/off-6.12", "qemu", "rr")),
+    ("closing.2cpu.tx.runs", C, "TCP guest->peer runs, 2 vCPUs, no IOMMU (6.12), every VMM, "
+     "Mbit/s", c_values, (C, "*/2cpu/off-6.12", "tcp_tx", 1000)),
+    ("closing.irq.dmavisor", C, "the NIC's interrupts per MB, 1 vCPU, guest->peer, no IOMMU "
+     "(6.12), dmavisor", c_irq_per_mb, (C, "dmavisor/1cpu/off-6.12", "tcp_tx")),
+    ("closing.irq.qemu", C, "the same, QEMU", c_irq_per_mb, (C, "qemu/1cpu/off-6.12", "tcp_tx")),
+    ("closing.irq.ch", C, "the same, cloud-hypervisor", c_irq_per_mb,
+     (C, "ch/1cpu/off-6.12", "tcp_tx")),
+    ("closing.passthrough.dma", C, "DMA, passthrough, of the dma-direct rate at the boot's "
+     "start", c_ratio, (C, "dmavisor/*/vvi-passthrough-lazy-percpu", "dma")),
     ("closing.pgt.dma", C, "DMA, page-table lazy-percpu, of the dma-direct rate at the "
      "boot's start", c_ratio, (C, PGT_LAZY, "dma")),
     ("closing.pgt.tcp", C, "TCP both ways, page-table lazy-percpu, of the no-IOMMU boot",
@@ -313,6 +374,8 @@ CLAIMS = [
      (C, "dmavisor/*/vvi-magazine-lazy-percpu", "dma")),
     ("closing.pgt.net-rpm", C, "the NIC's requests per map, page-table lazy-percpu", c_net_rpm,
      (C, PGT_LAZY)),
+    ("closing.map-mode.net-rpm", C, "the NIC's requests per map, MAP mode (vvi-magazine-"
+     "lazy-percpu)", c_net_rpm, (C, "dmavisor/*/vvi-magazine-lazy-percpu")),
     ("closing.invalidate", C, "the device's INVALIDATEs (VMM exit reports)", c_invalidate,
      (C,)),
     ("adjacent.pgt.dma", A, "DMA, page-table lazy-percpu, of dma-direct just before", c_ratio,
@@ -324,6 +387,9 @@ CLAIMS = [
     ("adjacent.direct.ns", A, "dma-direct's map + unmap, loop included", c_direct_ns,
      (A, "dmavisor/*")),
 ]
+for _f in (M, P, N, C, A):
+    CLAIMS.append((_f.replace("2026-11-26-", "").replace("closing/dma-", "") + ".swing", _f,
+                   "spread of single runs", c_swing, (_f,)))
 COSTS = [("irq_save_restore_ns", "an interrupt-off section"),
          ("spin_lock_irqsave_ns", "a spin lock with interrupts off"),
          ("magazine_alloc_free_ns", "a magazine alloc + free"),

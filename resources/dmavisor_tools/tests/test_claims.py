@@ -46,3 +46,29 @@ class Claims(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class CitedKeys(unittest.TestCase):
+    DOCS = ["README.md", "docs/page-table.md"] + [
+        f"docs/results/{d}/README.md" for d in (
+            "2026-11-26-matrix", "2026-11-26-peers", "2026-11-26-net-dma",
+            "2026-11-26-closing")]
+
+    def test_every_key_the_docs_cite_is_a_claim(self):
+        import fnmatch
+        import re
+
+        keys = [k for k, _, _, _, _ in claims.CLAIMS]
+        cited = 0
+        for doc in self.DOCS:
+            with open(os.path.join(claims.REPO, doc), encoding="utf-8") as f:
+                text = f.read()
+            for group in re.findall(r"\[([a-z0-9*\\][a-z0-9._*\\,\s-]*)\]", text):
+                for key in re.split(r",\s*", group.strip()):
+                    key = key.replace("\\*", "*")
+                    if "." not in key:
+                        continue  # not a claim key (e.g. a Markdown link)
+                    cited += 1
+                    self.assertTrue(any(fnmatch.fnmatch(k, key) for k in keys),
+                                    f"{doc} cites [{key}], which claims.py does not compute")
+        self.assertGreater(cited, 40)
