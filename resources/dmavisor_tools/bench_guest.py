@@ -446,10 +446,14 @@ def parse(lines, boots):
             if case:
                 for it in case["configs"].values():
                     r = recs[config_id(case["vmm"], case["cpus"], it)]
+                    boot = {"name": case["name"], "exit": int(f.get("rc", -1)),
+                            "secs": round(int(f.get("ns", 0)) / 1e9, 1),
+                            "round": case.get("round", 1)}
+                    # every boot of the configuration, in the order they ran
+                    r.setdefault("cases", []).append(boot)
                     # with several rounds, a failed boot's case is the one kept
                     if r["case"] is None or r["case"]["exit"] == 0:
-                        r["case"] = {"name": case["name"], "exit": int(f.get("rc", -1)),
-                                     "secs": round(int(f.get("ns", 0)) / 1e9, 1)}
+                        r["case"] = boot
             case = None
             continue
         if not case:

@@ -82,6 +82,7 @@ class Parse(unittest.TestCase):
                          [(1, 50), (2, 100), (3, 150)])
         self.assertEqual(sorted((d["round"], d["value"]) for d in r["dma_direct_runs"]),
                          [(1, 10000.0), (2, 20000.0), (3, 30000.0)])
+        self.assertEqual([c["round"] for c in r["cases"]], [1, 2, 3])
 
     def test_dma_ratio_pairs_each_run_with_its_own_boot(self):
         r = self.by_id["dmavisor/1cpu/vvi-magazine-lazy-percpu"]
