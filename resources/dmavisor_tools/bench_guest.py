@@ -688,6 +688,20 @@ def pct(v):
     return f"{p:.0f}%" if p >= 10 else f"{p:.2g}%"
 
 
+def swing_text(records):
+    """How far the runs of one configuration differ in this run."""
+    sw = []
+    for r in records:
+        for entries in r["workloads"].values():
+            v = [e["value"] for e in entries if e["value"] > 0]
+            if len(v) > 1:
+                sw.append(max(v) / min(v))
+    if not sw:
+        return "Every configuration has one run per workload: no spread to show."
+    return (f"The runs of one configuration and workload differ by up to x{max(sw):.3g} "
+            f"(max/min; median x{statistics.median(sw):.2g}) in this run.")
+
+
 def ratio_text(s):
     """A ratio summary: median (min-max over every run, runs/boots)."""
     if not s:
@@ -770,10 +784,12 @@ def report(outdir, records, meta):
            "configuration's median by QEMU's for the same IOMMU configuration and vCPUs. "
            "Under TCG an idle vCPU is slow to wake, so a busier guest can answer sooner: "
            "read the latency ratios with that in mind."), "",
-          (f"Boot order: shuffled per round, seed {meta.get('seed', '? (not recorded)')}. "
+          ((f"Boot order: shuffled per round, seed {meta['seed']}. " if "seed" in meta else
+            "Boot order: the plan's, the same every round (a run from before the shuffled "
+            "order). ") +
            "Ranges are over every run of a configuration (a run divided by its baseline's "
-           "median in the same boot where there is one). Single configurations swing "
-           "2.5-50x between boots in the runner: a configuration is called faster or "
+           f"median in the same boot where there is one). {swing_text(records)} A "
+           "configuration is called faster or "
            "slower than another only where a two-sided Mann-Whitney U test over at least "
            "6 runs from at least 3 boots on each side gives p < 0.05 (section "
            "*Comparisons across boots*); the ratios in the tables are not findings."), "",
