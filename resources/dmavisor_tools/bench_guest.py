@@ -602,29 +602,20 @@ def base_runs(r, w, recs):
 
 
 def ratio_summary(r, w, recs):
-    """Every run of r over its baseline: median, min, max, runs, boots.
-    Each run is divided by the median of the baseline's runs of the same
-    round (boot) where the baseline has that round, else by the median of
-    all the baseline's runs."""
+    """r over its baseline (base_runs), as claims.py and the READMEs quote
+    it: the ratio of the medians, and the range of every run over the
+    baseline's median; runs, boots and the DMA runs' flushes."""
     rs = runs_of(r, w)
     bs, what = base_runs(r, w, recs)
     if not rs or not bs:
         return None
-    by_round = {}
-    for e in bs:
-        by_round.setdefault(e.get("round", 1), []).append(e["value"])
-    overall = statistics.median(e["value"] for e in bs)
-    vals = []
-    for e in rs:
-        base = by_round.get(e.get("round", 1))
-        b = statistics.median(base) if base else overall
-        if b:
-            vals.append(e["value"] / b)
-    if not vals:
+    base = statistics.median(e["value"] for e in bs)
+    if not base:
         return None
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals),
-            "n": len(vals), "boots": boots_of(rs), "base": what,
-            "flushes": sum(e.get("flushes", 0) for e in rs)}
+    vals = [e["value"] / base for e in rs]
+    return {"median": statistics.median(e["value"] for e in rs) / base,
+            "min": min(vals), "max": max(vals), "n": len(vals), "boots": boots_of(rs),
+            "base": what, "flushes": sum(e.get("flushes", 0) for e in rs)}
 
 
 def project_config(r):

@@ -84,14 +84,20 @@ class Parse(unittest.TestCase):
                          [(1, 10000.0), (2, 20000.0), (3, 30000.0)])
         self.assertEqual([c["round"] for c in r["cases"]], [1, 2, 3])
 
-    def test_dma_ratio_pairs_each_run_with_its_own_boot(self):
+    def test_dma_ratio_is_over_the_same_boots_dma_direct(self):
         r = self.by_id["dmavisor/1cpu/vvi-magazine-lazy-percpu"]
         s = bg.ratio_summary(r, "dma", self.by_id)
         self.assertEqual(s["base"], "dma-direct, same boot")
         self.assertEqual((s["n"], s["boots"], s["flushes"]), (6, 3, 12))
-        # run 2 of round 1 over round 1's 10,000; run 1 of round 3 over 30,000
-        self.assertAlmostEqual(s["max"], 1002 / 10000)
-        self.assertAlmostEqual(s["min"], 3001 / 30000)
+        # dma-direct 10,000 / 20,000 / 30,000 in rounds 1-3: median 20,000;
+        # the runs 1001-3002 (median 2001.5)
+        self.assertAlmostEqual(s["median"], 2001.5 / 20000)
+        self.assertAlmostEqual(s["min"], 1001 / 20000)
+        self.assertAlmostEqual(s["max"], 3002 / 20000)
+        # the no-IOMMU boot is the baseline where there is no dma-direct
+        off = bg.ratio_summary(r, "tcp_rx", self.by_id)
+        self.assertEqual(off["base"], "no-IOMMU boot")
+        self.assertAlmostEqual(off["median"], 1.0)
 
     def test_headline_lists_every_project_configuration_and_their_range(self):
         hl = bg.headline(self.records)
