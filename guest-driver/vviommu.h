@@ -1,23 +1,40 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * vviommu - virtio-iommu guest driver for kernels that have none.
- * Internal definitions shared by the files of the module.
+ * Definitions shared by the files of the module.
+ *
+ * The boundary: the IOVA policies (vviommu_iova.c and one file per policy
+ * family), the flush queues (vviommu_fq.c) and the I/O page table
+ * (vviommu_pgt.c) see only this header. It names the virtio transport and
+ * the PCI device by pointer alone, and the virtio-iommu requests by their
+ * wire format (uapi/linux/virtio_iommu.h); sending them is the request
+ * path's business (vviommu_req.c). The transport, the endpoints, debugfs
+ * and the dma_map_ops use vviommu_dev.h on top of it.
  */
 #ifndef _VVIOMMU_H
 #define _VVIOMMU_H
 
 #include <linux/types.h>
+#include <linux/bits.h>
+#include <linux/atomic.h>
 #include <linux/spinlock.h>
 #include <linux/mutex.h>
 #include <linux/list.h>
 #include <linux/hashtable.h>
-#include <linux/dma-map-ops.h>
+#include <linux/dma-mapping.h>
 #include <linux/iova.h>
 #include <linux/idr.h>
-#include <linux/xarray.h>
-#include <linux/pci.h>
-#include <linux/virtio.h>
+#include <linux/notifier.h>
+#include <linux/percpu.h>
 #include <uapi/linux/virtio_iommu.h>
+
+struct bus_type;
+struct dentry;
+struct device;
+struct pci_dev;
+struct seq_file;
+struct virtio_device;
+struct virtqueue;
 
 #define VVI_FQ_MAX		256	/* MAP-mode entries (one UNMAP each) per flush */
 #define VVI_PGT_FQ_MAX		8192	/* hard cap of one flush queue's entries */
@@ -221,6 +238,7 @@ struct vvi_ep {
 	struct list_head node;
 	struct vvi_dev *vd;
 	struct pci_dev *pdev;
+	struct device *dev;	/* &pdev->dev, for messages */
 	u32 id;
 	u32 domain;		/* own domain while owned, else 0 */
 	enum vvi_owner owner;
@@ -247,8 +265,6 @@ struct vvi_ep {
 	bool pt_fmt;		/* PROBE reported VVI_PT_FMT_X86_4L */
 	__le64 *pgt;		/* root of the I/O page table; NULL: MAP mode */
 	u64 saved_dma_limit;	/* passthrough: bus_dma_limit before attach */
-	/* the device's dma_map_ops: a copy that leads back to this endpoint */
-	const struct dma_map_ops ops;
 };
 
 struct vvi_range {
@@ -312,22 +328,51 @@ struct vvi_dev {
 	u64 fb_base;		/* first IOVA of the fallback allocator */
 };
 
-/* vviommu_dma.c */
-extern int vvi_policy_sel;
-extern int vvi_inval_sel;
-extern unsigned int vvi_fq_size;
-extern unsigned int vvi_fq_timeout_ms;
-extern unsigned int vvi_pgt_fq_size;
-extern unsigned int vvi_pgt_fq_timeout_ms;
-extern bool vvi_pgt_flush_async;
-extern unsigned int vvi_persistent_cap;
-extern bool vvi_pgtable;
-extern const char * const vvi_policy_names[VVI_NR_POLICIES];
-extern const char * const vvi_inval_names[VVI_NR_INVALS];
-extern const char * const vvi_stat_names[VVI_NR_STATS];
+/*
+ * An IOVA policy: how a DMA buffer gets its IOVA and how the IOVA goes
+ * back once the device can no longer use it. One table per policy
+ * family (vviommu_<family>.c); vvi_pol is the one selected at load.
+ */
+struct vvi_policy_ops {
+	/* the endpoint's policy state, before its driver probes */
+	int (*setup)(struct vvi_ep *ep);
+	/* frees it; also after a failed setup. The range is unmapped. */
+	void (*teardown)(struct vvi_ep *ep);
+	/* the DMA address of [phys, phys + size), or DMA_MAPPING_ERROR */
+	u64 (*map)(struct vvi_ep *ep, phys_addr_t phys, size_t size, u32 prot,
+		   u64 mask);
+	/* @strict: the device has stopped using it when this returns */
+	void (*unmap)(struct vvi_ep *ep, u64 dma, size_t size, bool strict);
+	/* give back @n pages at @iova whose UNMAP completed (or never ran) */
+	void (*release)(struct vvi_ep *ep, u64 iova, unsigned long n);
+	/* the same for a flushed batch, entries marked skip left alone */
+	void (*release_batch)(struct vvi_ep *ep, struct vvi_fq_ent *e,
+			      unsigned int n);
+	/*
+	 * A flush is about to invalidate @e: false keeps the mapping (the
+	 * entry is skipped). NULL: every entry is due.
+	 */
+	bool (*flush_take)(struct vvi_ep *ep, struct vvi_fq_ent *e);
+	/* entries may be skipped: no flush may leave them in flight */
+	bool sync_flush;
+};
 
+static inline void vvi_inc(struct vvi_ep *ep, enum vvi_stat s)
+{
+	this_cpu_inc(ep->stats->c[s]);
+}
+
+static inline void vvi_add(struct vvi_ep *ep, enum vvi_stat s, u64 v)
+{
+	this_cpu_add(ep->stats->c[s], v);
+}
+
+/* vviommu_req.c: requests to the device */
 int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
 	       struct vvi_ep *ep);
+struct vvi_rq *vvi_submit_nowait(struct vvi_dev *vd, struct vvi_req *r,
+				 struct vvi_ep *ep, int *ret);
+int vvi_wait(struct vvi_rq *rq, struct vvi_req *r);
 int vvi_send_one(struct vvi_dev *vd, struct vvi_req *tmpl, struct vvi_ep *ep);
 void vvi_fill_map(struct vvi_req *r, u32 dom, u64 iova, u64 last, u64 phys,
 		  u32 flags);
@@ -336,19 +381,72 @@ void vvi_fill_attach(struct vvi_req *r, u32 dom, u32 epid, u32 flags);
 void vvi_fill_detach(struct vvi_req *r, u32 dom, u32 epid);
 void vvi_fill_invalidate(struct vvi_req *r, u32 dom, u64 iova, u64 last);
 void vvi_fill_attach_table(struct vvi_req *r, u32 dom, u64 root);
+int vvi_hot_map(struct vvi_ep *ep, u64 iova, u64 size, u64 phys, u32 prot);
+int vvi_hot_unmap(struct vvi_ep *ep, u64 iova, u64 size);
+int vvi_pt_unmap_sync(struct vvi_ep *ep, u64 iova, u64 size);
+int vvi_pages_req(struct vvi_ep *ep, const unsigned long *pfn, int n,
+		  u64 bits, u32 prot, bool map);
+
+/* vviommu_iova.c: the policy table, the shared rbtree allocator, map/unmap */
+extern int vvi_policy_sel;
+extern const struct vvi_policy_ops *vvi_pol;
+extern const struct vvi_policy_ops *const vvi_policies[VVI_NR_POLICIES];
+extern const char * const vvi_policy_names[VVI_NR_POLICIES];
 u64 vvi_map(struct vvi_ep *ep, phys_addr_t phys, size_t size,
 	    enum dma_data_direction dir, u64 mask);
 void vvi_unmap(struct vvi_ep *ep, u64 dma, size_t size, bool strict);
-long vvi_live(struct vvi_ep *ep);
-void vvi_install_ops(struct vvi_ep *ep);
-void vvi_remove_ops(struct vvi_ep *ep);
 int vvi_policy_setup(struct vvi_ep *ep);
 void vvi_policy_teardown(struct vvi_ep *ep);
-void vvi_cost_probe(struct vvi_ep *ep, struct seq_file *s);
+void vvi_iovad_init(struct vvi_ep *ep, unsigned long start_pfn);
+int vvi_iovad_setup(struct vvi_ep *ep);
+unsigned long vvi_global_alloc(struct vvi_ep *ep, unsigned long n, u64 mask);
+void vvi_global_free(struct vvi_ep *ep, unsigned long pfn);
+void vvi_global_release(struct vvi_ep *ep, u64 iova, unsigned long n);
+void vvi_release_each(struct vvi_ep *ep, struct vvi_fq_ent *e,
+		      unsigned int n);
+u64 vvi_map_at(struct vvi_ep *ep, unsigned long pfn, phys_addr_t phys,
+	       size_t size, u32 prot);
+void vvi_unmap_iova(struct vvi_ep *ep, u64 dma, size_t size, bool strict);
+bool vvi_hits_resv(struct vvi_ep *ep, u64 start, u64 last);
+extern const struct vvi_policy_ops vvi_global_ops;
+int vvi_iova_init(void);
+void vvi_iova_exit(void);
+
+/* vviommu_magazine.c */
+extern const struct vvi_policy_ops vvi_magazine_ops;
+unsigned long vvi_mag_alloc(struct vvi_ep *ep, unsigned long n, u64 mask);
+void vvi_mag_free(struct vvi_ep *ep, unsigned long pfn, unsigned long n);
+
+/* vviommu_kmalloc.c */
+extern const struct vvi_policy_ops vvi_kmalloc_ops;
+
+/* vviommu_identity.c */
+extern const struct vvi_policy_ops vvi_identity_ops;
+
+/* vviommu_persistent.c */
+extern unsigned int vvi_persistent_cap;
+extern const struct vvi_policy_ops vvi_persistent_ops;
+
+/* vviommu_passthrough.c */
+extern const struct vvi_policy_ops vvi_passthrough_ops;
+
+/* vviommu_fq.c: invalidation, deferred in flush queues */
+extern int vvi_inval_sel;
+extern unsigned int vvi_fq_size;
+extern unsigned int vvi_fq_timeout_ms;
+extern unsigned int vvi_pgt_fq_size;
+extern unsigned int vvi_pgt_fq_timeout_ms;
+extern bool vvi_pgt_flush_async;
+extern bool vvi_pgtable;
+extern struct vvi_pcpu **vvi_pcpu;
+extern const char * const vvi_inval_names[VVI_NR_INVALS];
+void vvi_invalidate(struct vvi_ep *ep, u64 iova, unsigned long n,
+		    bool strict);
+void vvi_fq_add(struct vvi_ep *ep, u64 iova, u32 npages);
 void vvi_flush_all(void);
 void vvi_flush_sync(void);
-int vvi_dma_init(void);
-void vvi_dma_exit(void);
+int vvi_fq_init(void);
+void vvi_fq_exit(void);
 
 /* vviommu_pgt.c */
 int vvi_pt_init(struct vvi_ep *ep);
