@@ -10,6 +10,7 @@
 
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::SeqCst;
 
 /// Entries per node (9 IOVA bits per level).
 pub const ENTRIES: usize = 512;
@@ -28,10 +29,45 @@ pub struct Node {
     pub gen: AtomicU64,
     /// Address of the table the node was last linked in.
     pub owner: AtomicU64,
+    /// One bit per entry, set for every non-empty entry once the operation
+    /// that filled it has returned (a superset: a bit may outlive its entry
+    /// until a sweep clears it). WHY: a sweep (`table::sweep`, INVALIDATE)
+    /// visits only marked entries, so its cost follows the live entries of
+    /// a sparse span, not the span.
+    pub occupied: [AtomicU64; ENTRIES / 64],
     /// [`tag`] of the position it was last linked at. With `owner`, lets a
     /// writer that pinned the node confirm it is the node it walked to even
     /// if the 16-bit generation wrapped while the writer was preempted.
     pub base: AtomicU64,
+}
+
+impl Node {
+    /// Marks entry `i` occupied. Called after the compare-and-swap (SeqCst)
+    /// that filled it: with [`Node::unmark`]'s re-read this is a
+    /// store-buffer pair, so a sweep clearing the bit meanwhile either sees
+    /// the entry and marks it again or is seen here. One load when the bit
+    /// is set already (the common case: bits outlive unmaps).
+    #[inline]
+    pub fn mark(&self, i: usize) {
+        let (w, b) = (i / 64, 1u64 << (i % 64));
+        if let Some(word) = self.occupied.get(w) {
+            if word.load(SeqCst) & b == 0 {
+                word.fetch_or(b, SeqCst);
+            }
+        }
+    }
+
+    /// Clears the mark of entry `i` found or made empty by a sweep; marks
+    /// it again if the entry is no longer empty (see [`Node::mark`]).
+    pub fn unmark(&self, i: usize) {
+        let (w, b) = (i / 64, 1u64 << (i % 64));
+        if let (Some(word), Some(e)) = (self.occupied.get(w), self.entries.get(i)) {
+            word.fetch_and(!b, SeqCst);
+            if e.load(SeqCst) != 0 {
+                word.fetch_or(b, SeqCst);
+            }
+        }
+    }
 }
 
 /// Position tag of the node of `level` whose range starts at `base`.
@@ -60,6 +96,7 @@ impl NodePtr {
             live: AtomicU64::new(0),
             gen: AtomicU64::new(0),
             owner: AtomicU64::new(0),
+            occupied: std::array::from_fn(|_| AtomicU64::new(0)),
             base: AtomicU64::new(0),
         });
         NodePtr(NonNull::from(Box::leak(node)))

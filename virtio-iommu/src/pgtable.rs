@@ -305,7 +305,9 @@ impl TableSlot {
         last: u64,
     ) -> Result<(), UnmapError> {
         let mut f = lock(&self.fill);
-        let r = space.unmap(w, start, last);
+        // The fill lock keeps every fill (the only MAPs of a table-mode
+        // domain) out of the range: what `invalidate` asks of its caller.
+        let r = space.invalidate(w, start, last);
         if let Some(filler) = f.as_mut() {
             filler.stats.invalidations = filler.stats.invalidations.wrapping_add(1);
         }

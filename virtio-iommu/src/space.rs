@@ -192,6 +192,13 @@ pub trait DomainSpace: Send + Sync {
     fn unmap(&self, w: &mut QueueContext, iova: u64, last: u64) -> Result<(), UnmapError>;
     /// Removes all mappings (domain destroyed or detached); also recorded in the batch.
     fn clear(&self, w: &mut QueueContext);
+    /// [`DomainSpace::unmap`] for a caller that keeps every MAP out of the
+    /// range meanwhile (page-table mode's INVALIDATE, under the domain's
+    /// fill lock). Same result; the scalable table then removes cached
+    /// one-page walks at a cost that follows them, not the range.
+    fn invalidate(&self, w: &mut QueueContext, iova: u64, last: u64) -> Result<(), UnmapError> {
+        self.unmap(w, iova, last)
+    }
     /// Translates one access. Lock-free in the scalable implementation: DMA
     /// consumers call it on their own threads.
     fn translate(&self, iova: u64, access: Perm) -> Result<Translation, Fault>;

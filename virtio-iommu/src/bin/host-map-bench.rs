@@ -13,8 +13,12 @@
 //! - `translate_under_churn`: one thread translates addresses of a stable
 //!   set of mappings (emulated-device DMA) while the others run `map_unmap`;
 //!   one op = one translation.
-//! - `map_1g`: the passthrough policy's single 1 GiB MAP (2 MiB entries)
+//! - `map_1g`: the passthrough policy's single 1 GiB MAP (one 1 GiB entry)
 //!   and its UNMAP, one thread; one op = the pair.
+//! - `invalidate_sparse`: page-table mode's INVALIDATE of one guest flush
+//!   batch, 4096 cached one-page walks spread one per 16 pages over a
+//!   256 MiB span, and its kick's flush, one thread; one op = that pair
+//!   (the MAPs refilling the span between ops are not timed).
 //!
 //! Consumers (`--consumer`): `sim` is a simulated DMA consumer that costs
 //! `--consumer-cost-ns` per invalidation (0: it only counts, which is what
@@ -510,10 +514,67 @@ fn map_1g(kind: SpaceImpl, _threads: usize, o: &Opts, c: ConsumerKind) -> Sample
     }
 }
 
+/// Entries of one `invalidate_sparse` flush batch.
+const BATCH: u64 = 4096;
+/// Pages between two entries of the batch (the span is `BATCH * STRIDE` pages).
+const STRIDE: u64 = 16;
+
+/// Page-table mode's INVALIDATE of a flush batch over a sparse span: see
+/// the module doc. Only the INVALIDATE and its flush are timed (wall clock,
+/// so `cpu_ns/op` is the same figure here).
+fn invalidate_sparse(kind: SpaceImpl, _threads: usize, o: &Opts, c: ConsumerKind) -> Sample {
+    let (depot, space, consumer) = setup(kind, o, c);
+    let timed_ns = AtomicU64::new(0);
+    let table_bytes = AtomicU64::new(0);
+    let (ops, _secs, _cpu_ns) = harness(1, o.duration, |_, stop| {
+        let mut w = QueueContext::new(&depot);
+        let cons = consumer.list();
+        let base = 1u64 << 32;
+        let last = base + BATCH * STRIDE * PAGE - 1;
+        let mut ops = 0;
+        let mut ns = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            for k in 0..BATCH {
+                let iova = base + k * STRIDE * PAGE;
+                if space
+                    .map(&mut w, iova, iova + PAGE - 1, iova, Perm::RW)
+                    .is_err()
+                {
+                    eprintln!("invalidate_sparse: map failed");
+                    return (0, true);
+                }
+            }
+            w.flush(&cons);
+            if ops == 0 {
+                table_bytes.store(space.stats().table_bytes, Ordering::Relaxed);
+            }
+            let t0 = Instant::now();
+            let r = space.invalidate(&mut w, base, last);
+            w.flush(&cons);
+            ns += u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            if r.is_err() || space.stats().mappings != 0 {
+                eprintln!("invalidate_sparse: INVALIDATE left mappings behind");
+                return (0, true);
+            }
+            ops += 1;
+        }
+        timed_ns.store(ns, Ordering::Relaxed);
+        (ops, true)
+    });
+    let ns = timed_ns.load(Ordering::Relaxed);
+    Sample {
+        ops,
+        secs: ns as f64 / 1e9,
+        cpu_ns: ns,
+        table_bytes: table_bytes.load(Ordering::Relaxed),
+        invalidations: consumer.calls(),
+    }
+}
+
 fn usage() -> ! {
     eprintln!(
         "usage: host-map-bench [--duration-ms N] [--runs N] [--kick N] [--threads 1,2,..] \
-         [--impl baseline,scalable] [--workload map_unmap,producer_consumer,translate_under_churn,map_1g] \
+         [--impl baseline,scalable] [--workload map_unmap,producer_consumer,translate_under_churn,map_1g,invalidate_sparse] \
          [--consumer-cost-ns N] [--consumer sim,quiesce]"
     );
     std::process::exit(2)
@@ -538,6 +599,7 @@ fn parse() -> Opts {
             "producer_consumer".into(),
             "translate_under_churn".into(),
             "map_1g".into(),
+            "invalidate_sparse".into(),
         ],
         cost_ns: 0,
         consumers: vec![ConsumerKind::Sim, ConsumerKind::Quiesce],
@@ -589,7 +651,9 @@ fn main() {
     let mut rows: Vec<Row> = Vec::new();
     for wl in &o.workloads {
         for &threads in &o.threads {
-            if (wl == "producer_consumer" && threads < 2) || (wl == "map_1g" && threads != 1) {
+            if (wl == "producer_consumer" && threads < 2)
+                || ((wl == "map_1g" || wl == "invalidate_sparse") && threads != 1)
+            {
                 continue;
             }
             for (&kind, &c) in o
@@ -604,6 +668,7 @@ fn main() {
                         "producer_consumer" => producer_consumer(kind, threads, &o, c),
                         "translate_under_churn" => translate_under_churn(kind, threads, &o, c),
                         "map_1g" => map_1g(kind, threads, &o, c),
+                        "invalidate_sparse" => invalidate_sparse(kind, threads, &o, c),
                         _ => usage(),
                     };
                     if s.ops_per_sec() > best.ops_per_sec() {

@@ -88,7 +88,15 @@ pub enum AuditError {
         /// Where.
         iova: u64,
     },
-    /// A leaf entry above level 1.
+    /// A non-empty entry without its occupancy mark (a sweep would miss it).
+    #[error("entry at level {level} ({iova:#x}) not marked occupied")]
+    Unmarked {
+        /// Where.
+        iova: u64,
+        /// Level of its node.
+        level: u32,
+    },
+    /// A leaf entry above level 2.
     #[error("leaf at level {level} ({iova:#x})")]
     LeafLevel {
         /// Level of its node.
@@ -170,6 +178,13 @@ fn walk(
         let e = slot.load(Acquire);
         if e != 0 {
             nonzero += 1;
+            let marked = n
+                .occupied
+                .get(i / 64)
+                .is_some_and(|w| w.load(Acquire) & (1u64 << (i % 64)) != 0);
+            if !marked {
+                return Err(AuditError::Unmarked { iova, level });
+            }
         }
         if entry::is_transient(e) {
             return Err(AuditError::Claim {

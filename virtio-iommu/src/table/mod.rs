@@ -26,6 +26,7 @@ mod ops;
 mod quota;
 mod range;
 mod retire;
+mod sweep;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -109,6 +110,9 @@ pub(crate) struct WorkerTableState {
     pub(crate) credits: Option<Credits>,
     /// The link of the last leaf node used (a software TLB for the walk).
     pub(crate) leaf_cache: Option<LeafLink>,
+    /// Slots visited by this worker's range walks and sweeps: the cost
+    /// measure `invalidate_cost_follows_live_entries` asserts on.
+    pub(crate) visited_slots: u64,
 }
 
 /// Where a leaf node is linked: checked by `Table::pin` before use, so a
@@ -131,6 +135,7 @@ impl WorkerTableState {
             pins: Vec::new(),
             credits: None,
             leaf_cache: None,
+            visited_slots: 0,
         }
     }
 }
@@ -321,6 +326,10 @@ impl DomainSpace for ScalableSpace {
 
     fn clear(&self, w: &mut QueueContext) {
         ops::clear(&self.table, ctx(w))
+    }
+
+    fn invalidate(&self, w: &mut QueueContext, iova: u64, last: u64) -> Result<(), UnmapError> {
+        ops::invalidate(&self.table, ctx(w), iova, last)
     }
 
     fn translate(&self, iova: u64, access: Perm) -> Result<Translation, Fault> {

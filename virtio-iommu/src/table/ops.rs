@@ -209,10 +209,15 @@ impl Table {
         }
         child.node().owner.store(self.id(), Relaxed);
         child.node().base.store(child_tag, Relaxed);
+        // A recycled node may keep marks of its last life; it is empty now.
+        for word in &child.node().occupied {
+            word.store(0, Relaxed);
+        }
         // The compare-and-swap below (release) publishes owner and base.
         let e = entry::dir(child.addr(), child.node().gen.load(Acquire));
-        match n.entries[i].compare_exchange(0, e, AcqRel, Acquire) {
+        match n.entries[i].compare_exchange(0, e, SeqCst, Acquire) {
             Ok(_) => {
+                n.mark(i);
                 child.into_addr();
                 Ok(true)
             }
@@ -306,9 +311,12 @@ fn map_one(t: &Arc<Table>, w: &mut Ctx, iova: u64, level: u32, value: u64) -> Fa
     let slot = &n.entries[index(iova, level)];
     let mut spins = 0;
     loop {
-        match slot.compare_exchange(0, value, AcqRel, Acquire) {
+        match slot.compare_exchange(0, value, SeqCst, Acquire) {
             // The pin taken by `find` now counts the new entry.
-            Ok(_) => return Fast::Done(Ok(())),
+            Ok(_) => {
+                n.mark(index(iova, level));
+                return Fast::Done(Ok(()));
+            }
             Err(cur) if entry::is_dir(cur) => {
                 t.unpin(w, n, iova, level, 1);
                 return Fast::Fallback;
@@ -372,6 +380,26 @@ fn unmap_one(t: &Arc<Table>, w: &mut Ctx, iova: u64) -> Option<Result<(), UnmapE
             return Some(Ok(()));
         }
     }
+}
+
+/// INVALIDATE (page-table mode): an UNMAP whose caller excludes concurrent
+/// MAPs into the range. The sweep (`sweep.rs`) removes the cached one-page
+/// walks at a cost that follows them; the range walk does the rest.
+pub(crate) fn invalidate(
+    t: &Arc<Table>,
+    w: &mut Ctx,
+    iova: u64,
+    last: u64,
+) -> Result<(), UnmapError> {
+    if last < iova || iova > IOVA_MAX {
+        return Ok(());
+    }
+    let last = last.min(IOVA_MAX);
+    let pages = iova & (PAGE_SIZE - 1) == 0 && last & (PAGE_SIZE - 1) == PAGE_SIZE - 1;
+    if pages && super::sweep::run(t, w, iova, last) {
+        return Ok(());
+    }
+    range::run_unmap(t, w, iova, last)
 }
 
 /// Removes every mapping.

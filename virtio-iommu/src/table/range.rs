@@ -10,7 +10,7 @@
 //! keep the mapping visible until it commits, and its claims on empty slots
 //! keep MAPs out of the range while it decides.
 
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Release, SeqCst};
 use std::sync::Arc;
 
 use super::entry::{self, CLAIM_EMPTY, HEAD, LOCKED, PENDING, TAIL, VALID};
@@ -81,6 +81,7 @@ impl Op<'_> {
         let mut claimed = 0u64;
         let mut result = Ok(());
         'slots: for i in index(lo, level)..=index(hi, level) {
+            w.state.table.visited_slots += 1;
             let s_base = base + i as u64 * sz;
             let s_last = s_base + (sz - 1);
             let sub_lo = lo.max(s_base);
@@ -127,7 +128,8 @@ impl Op<'_> {
                                 sub_lo == self.lo,
                                 sub_hi == self.hi,
                             ) | PENDING;
-                            if slot.compare_exchange(0, v, AcqRel, Acquire).is_ok() {
+                            if slot.compare_exchange(0, v, SeqCst, Acquire).is_ok() {
+                                n.mark(i);
                                 claimed += 1;
                                 break;
                             }
@@ -199,6 +201,7 @@ impl Op<'_> {
         let sz = span(level);
         let mut cleared = 0u64;
         for i in index(lo, level)..=index(hi, level) {
+            w.state.table.visited_slots += 1;
             let s_base = base + i as u64 * sz;
             let s_last = s_base + (sz - 1);
             let slot = &n.entries[i];
@@ -281,6 +284,20 @@ impl Op<'_> {
         }
     }
 
+    /// True if removing `lo..=hi` would split a mapping at either end.
+    fn would_split(&self) -> bool {
+        let (lo, hi) = (self.lo, self.hi);
+        let splits_low = match self.leaf_at(lo) {
+            Some((e, lvl)) => e & HEAD == 0 || lo & (span(lvl) - 1) != 0,
+            None => false,
+        };
+        let splits_high = match self.leaf_at(hi) {
+            Some((e, lvl)) => e & TAIL == 0 || hi & (span(lvl) - 1) != span(lvl) - 1,
+            None => false,
+        };
+        splits_low || splits_high
+    }
+
     /// Unpins every node the claim walk pinned, deepest first.
     fn unpin_all(&self, w: &mut Ctx) {
         let pins = std::mem::take(&mut w.state.table.pins);
@@ -339,6 +356,18 @@ pub(crate) fn run_map(
     res
 }
 
+/// True if removing `lo..=hi` would split a mapping at either end (read
+/// without claims: exact only when no MAP runs in the range meanwhile).
+pub(super) fn would_split(t: &Arc<Table>, lo: u64, hi: u64) -> bool {
+    Op {
+        t,
+        kind: Kind::Unmap,
+        lo,
+        hi,
+    }
+    .would_split()
+}
+
 /// UNMAP of `lo..=hi` (any alignment, `hi` within the IOVA space).
 pub(crate) fn run_unmap(t: &Arc<Table>, w: &mut Ctx, lo: u64, hi: u64) -> Result<(), UnmapError> {
     let op = Op {
@@ -351,15 +380,7 @@ pub(crate) fn run_unmap(t: &Arc<Table>, w: &mut Ctx, lo: u64, hi: u64) -> Result
     let mut rm = Removed::default();
     // An UNMAP never conflicts: it waits for the slots others hold.
     let _ = op.claim(w, t.root(), ROOT_LEVEL, 0, lo, hi);
-    let splits_low = match op.leaf_at(lo) {
-        Some((e, lvl)) => e & HEAD == 0 || lo & (span(lvl) - 1) != 0,
-        None => false,
-    };
-    let splits_high = match op.leaf_at(hi) {
-        Some((e, lvl)) => e & TAIL == 0 || hi & (span(lvl) - 1) != span(lvl) - 1,
-        None => false,
-    };
-    let res = if splits_low || splits_high {
+    let res = if op.would_split() {
         op.finish(
             w,
             t.root(),
