@@ -4,12 +4,14 @@
  * Definitions shared by the files of the module.
  *
  * The boundary: the IOVA policies (vviommu_iova.c and one file per policy
- * family), the flush queues (vviommu_fq.c) and the I/O page table
- * (vviommu_pgt.c) see only this header. It names the virtio transport and
- * the PCI device by pointer alone, and the virtio-iommu requests by their
- * wire format (uapi/linux/virtio_iommu.h); sending them is the request
- * path's business (vviommu_req.c). The transport, the endpoints, debugfs
- * and the dma_map_ops use vviommu_dev.h on top of it.
+ * family), the flush queues (vviommu_fq.c), the requests they build
+ * (vviommu_req.c) and the I/O page table (vviommu_pgt.c) see only this
+ * header. It names the virtio transport and the PCI device by pointer
+ * alone, and the virtio-iommu requests by their wire format
+ * (uapi/linux/virtio_iommu.h). Sending them is the request queues'
+ * business (vviommu_vq.c: vvi_submit and friends, which a user-space
+ * build replaces). The transport, the endpoints, debugfs and the
+ * dma_map_ops use vviommu_dev.h on top of it.
  */
 #ifndef _VVIOMMU_H
 #define _VVIOMMU_H
@@ -367,13 +369,15 @@ static inline void vvi_add(struct vvi_ep *ep, enum vvi_stat s, u64 v)
 	this_cpu_add(ep->stats->c[s], v);
 }
 
-/* vviommu_req.c: requests to the device */
+/* vviommu_vq.c: the request queues (a user-space build replaces them) */
 int vvi_submit(struct vvi_dev *vd, struct vvi_req *reqs, int n,
 	       struct vvi_ep *ep);
 struct vvi_rq *vvi_submit_nowait(struct vvi_dev *vd, struct vvi_req *r,
 				 struct vvi_ep *ep, int *ret);
 int vvi_wait(struct vvi_rq *rq, struct vvi_req *r);
 int vvi_send_one(struct vvi_dev *vd, struct vvi_req *tmpl, struct vvi_ep *ep);
+
+/* vviommu_req.c: requests filled, and the DMA path's request helpers */
 void vvi_fill_map(struct vvi_req *r, u32 dom, u64 iova, u64 last, u64 phys,
 		  u32 flags);
 void vvi_fill_unmap(struct vvi_req *r, u32 dom, u64 iova, u64 last);
