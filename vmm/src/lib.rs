@@ -38,4 +38,5 @@ pub mod vcpu_control;
 pub mod vfio;
 pub mod vhost_user;
 pub mod virtio;
+pub mod virtio_hotplug;
 pub mod vm;

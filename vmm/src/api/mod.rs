@@ -6,8 +6,9 @@
 //! The parts, each in its file:
 //! - [`routes`]: request to reply, no sockets; [`controller`] the VMM's
 //!   one VM slot, [`vm_config`] and [`vm_state`] the bodies and the VM;
-//! - [`wire`]: HTTP parsing by `dbs-uhttp` (with `SCM_RIGHTS` descriptors)
-//!   and replies framed as cloud-hypervisor's clients read them;
+//! - [`wire`]: HTTP parsing by `dbs-uhttp` (with `SCM_RIGHTS` descriptors,
+//!   at most [`fd_stream::MAX_REQUEST_FDS`] a request) and replies framed
+//!   as cloud-hypervisor's clients read them;
 //! - [`server`]: one thread polls every connection, non-blocking, with
 //!   time-outs and a connection cap, and answers what only reads state;
 //! - [`worker`]: one thread answers the requests that change the VM, in
@@ -19,6 +20,7 @@
 
 pub mod controller;
 pub mod error;
+pub mod fd_stream;
 pub mod routes;
 pub mod server;
 pub mod vm_config;
@@ -28,6 +30,8 @@ pub mod worker;
 
 #[cfg(test)]
 mod server_tests;
+#[cfg(test)]
+mod fd_tests;
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};

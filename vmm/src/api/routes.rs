@@ -19,7 +19,10 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 pub use super::error::ApiError;
+use crate::block::config::{DiskConfig, DiskSpec};
 use crate::config::VmConfig;
+use crate::net::config::NetSpec;
+use crate::net::NetConfig;
 use crate::vfio::config::{DeviceSpec, VfioConfig};
 
 /// The path prefix of every endpoint.
@@ -83,7 +86,27 @@ pub trait VmApi: Send + Sync {
             "vm.add-device: this VM has no PCI hotplug; the VM is unchanged".into(),
         ))
     }
-    /// Asks the guest to give up the assigned function `id`
+    /// Makes a virtio-net device of `net` (on the TAP it names, or on the
+    /// passed tap `fds`, one per queue pair) and hotplugs it as `id`
+    /// (`vm.add-net`); returns its `PciDeviceInfo`.
+    fn add_net(
+        &self,
+        _id: Option<String>,
+        _net: NetConfig,
+        _fds: Vec<File>,
+    ) -> Result<Value, ApiError> {
+        Err(ApiError::Unsupported(
+            "vm.add-net: this VM has no PCI hotplug; the VM is unchanged".into(),
+        ))
+    }
+    /// Makes a virtio-blk device on `disk`'s image and hotplugs it
+    /// (`vm.add-disk`); returns its `PciDeviceInfo`.
+    fn add_disk(&self, _disk: DiskConfig) -> Result<Value, ApiError> {
+        Err(ApiError::Unsupported(
+            "vm.add-disk: this VM has no PCI hotplug; the VM is unchanged".into(),
+        ))
+    }
+    /// Asks the guest to give up the hotplugged function `id`
     /// (`vm.remove-device`); it is torn down when the guest ejects it.
     fn remove_device(&self, _id: &str) -> Result<(), ApiError> {
         Err(ApiError::Unsupported(
@@ -201,6 +224,8 @@ enum Endpoint {
     Boot,
     Delete,
     AddDevice,
+    AddNet,
+    AddDisk,
     RemoveDevice,
     /// Known to cloud-hypervisor, not implemented here; `true` when its
     /// request carries a JSON body.
@@ -224,9 +249,9 @@ fn endpoint(name: &str) -> Option<(Endpoint, &'static str)> {
         "vm.delete" => (Endpoint::Delete, "PUT"),
         "vm.add-device" => (Endpoint::AddDevice, "PUT"),
         "vm.remove-device" => (Endpoint::RemoveDevice, "PUT"),
-        "vm.add-disk" | "vm.add-net" | "vm.resize" | "vm.snapshot" | "vm.restore" => {
-            (Endpoint::Missing(true), "PUT")
-        }
+        "vm.add-net" => (Endpoint::AddNet, "PUT"),
+        "vm.add-disk" => (Endpoint::AddDisk, "PUT"),
+        "vm.resize" | "vm.snapshot" | "vm.restore" => (Endpoint::Missing(true), "PUT"),
         _ => return None,
     })
 }
@@ -309,6 +334,75 @@ fn add_device(vm: &dyn VmApi, body: &[u8]) -> Reply {
     }
 }
 
+/// The note an error reply carries when the request's descriptors were
+/// not used (they are closed with the request).
+fn fds_note(n: usize) -> String {
+    match n {
+        0 => String::new(),
+        n => format!(" ({n} file descriptors received and closed)"),
+    }
+}
+
+/// `vm.add-net`: the body is cloud-hypervisor's `NetConfig`. As in
+/// cloud-hypervisor, its `fds` numbers are the client's own and mean
+/// nothing here: the descriptors that came with the request
+/// (`SCM_RIGHTS`) are the TAP queues, one per queue pair, and
+/// `num_queues` defaults to two per descriptor. `id` names the device.
+fn add_net(vm: &dyn VmApi, body: &[u8], fds: Vec<File>) -> Reply {
+    let n = fds.len();
+    let bad = |msg: String| Reply::error(400, format!("vm.add-net: {msg}{}", fds_note(n)));
+    let mut obj = match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(o)) => o,
+        Ok(_) => return bad("the body must be a NetConfig object".into()),
+        Err(e) => return bad(format!("invalid NetConfig: {e}")),
+    };
+    let id = match obj.remove("id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s),
+        Some(_) => return bad("id must be a string".into()),
+    };
+    match obj.remove("fds") {
+        None | Some(Value::Null) | Some(Value::Array(_)) => {}
+        Some(_) => return bad("fds must be an array".into()),
+    }
+    let mut spec = match serde_json::from_value::<NetSpec>(Value::Object(obj)) {
+        Ok(s) => s,
+        Err(e) => return bad(format!("invalid NetConfig: {e}")),
+    };
+    if n > 0 && spec.num_queues.is_none() {
+        spec.num_queues = Some(2 * n as u64);
+    }
+    let net = match NetConfig::from_spec(&spec) {
+        Ok(c) => c,
+        Err(e) => return bad(e.to_string()),
+    };
+    if n > 0 && n * 2 != net.num_queues {
+        return bad(format!(
+            "{n} tap fds for num_queues {}: one fd per queue pair",
+            net.num_queues
+        ));
+    }
+    match vm.add_net(id, net, fds) {
+        Ok(info) => Reply::json(200, &info),
+        Err(e) => Reply::error(e.status(), format!("{e}{}", fds_note(n))),
+    }
+}
+
+/// `vm.add-disk`: the body is cloud-hypervisor's `DiskConfig`.
+fn add_disk(vm: &dyn VmApi, body: &[u8]) -> Reply {
+    let disk = match serde_json::from_slice::<DiskSpec>(body) {
+        Ok(spec) => DiskConfig::from_spec(&spec),
+        Err(e) => return Reply::error(400, format!("vm.add-disk: invalid DiskConfig: {e}")),
+    };
+    match disk {
+        Ok(d) => match vm.add_disk(d) {
+            Ok(info) => Reply::json(200, &info),
+            Err(e) => Reply::error(e.status(), e.to_string()),
+        },
+        Err(e) => Reply::error(400, format!("vm.add-disk: {e}")),
+    }
+}
+
 /// `vm.remove-device`: the body is cloud-hypervisor's `VmRemoveDeviceData`.
 fn remove_device(vm: &dyn VmApi, body: &[u8]) -> Reply {
     #[derive(serde::Deserialize)]
@@ -351,9 +445,9 @@ pub fn handle(method: &str, url: &str, body: &[u8], vmm: &dyn VmmApi) -> Reply {
 }
 
 /// [`handle`] for a request that carried file descriptors (`SCM_RIGHTS`,
-/// as `ch-remote add-net` sends tap fds). No implemented endpoint takes
-/// any yet: they are closed when the request is answered, and an endpoint
-/// that would take them says how many it received.
+/// as `ch-remote add-net` sends tap fds). Only `vm.add-net` takes them;
+/// whatever is not used is closed when the request is answered, and an
+/// error reply says how many were received.
 pub fn handle_with_fds(
     method: &str,
     url: &str,
@@ -399,6 +493,11 @@ pub fn handle_with_fds(
             },
         ),
         Endpoint::AddDevice => vm().map_or_else(|r| r, |vm| add_device(vm.as_ref(), body)),
+        Endpoint::AddNet => match vm() {
+            Ok(vm) => add_net(vm.as_ref(), body, fds),
+            Err(r) => r,
+        },
+        Endpoint::AddDisk => vm().map_or_else(|r| r, |vm| add_disk(vm.as_ref(), body)),
         Endpoint::RemoveDevice => vm().map_or_else(|r| r, |vm| remove_device(vm.as_ref(), body)),
         Endpoint::Missing(takes_body) => {
             if takes_body {
@@ -406,13 +505,12 @@ pub fn handle_with_fds(
                     return Reply::error(400, format!("invalid JSON body: {e}"));
                 }
             }
-            let fds = match fds.len() {
-                0 => String::new(),
-                n => format!(" ({n} file descriptors received and closed)"),
-            };
             Reply::error(
                 501,
-                format!("{path} is not implemented by dmavisor yet; the VM is unchanged{fds}"),
+                format!(
+                    "{path} is not implemented by dmavisor yet; the VM is unchanged{}",
+                    fds_note(fds.len())
+                ),
             )
         }
     }

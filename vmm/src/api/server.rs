@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use dbs_uhttp::{ConnectionError, HttpConnection};
 use log::{debug, info, warn};
 
+use super::fd_stream::{FdBudget, FdStream, MAX_REQUEST_FDS};
 use super::routes::{self, After, Reply, VmmApi};
 use super::wire::{self, Incoming};
 use super::worker::Worker;
@@ -67,7 +68,9 @@ struct Client {
     /// Never reused, unlike the fd: a late worker answer cannot reach a
     /// newer connection.
     id: u64,
-    http: HttpConnection<UnixStream>,
+    http: HttpConnection<FdStream>,
+    /// The descriptors the request being read brought (`SCM_RIGHTS`).
+    fds: Arc<FdBudget>,
     /// A second handle on the same socket for the replies.
     out: UnixStream,
     unsent: Vec<u8>,
@@ -281,12 +284,14 @@ impl Server {
                 return;
             }
         };
+        let (stream, fds) = FdStream::new(stream);
         let mut http = HttpConnection::new(stream);
         http.set_payload_max_size(MAX_BODY);
         self.next_id += 1;
         self.clients.push(Client {
             id: self.next_id,
             http,
+            fds,
             out,
             unsent: Vec::new(),
             waiting: false,
@@ -356,6 +361,20 @@ impl Server {
             };
             c.started = None;
             let id = c.id;
+            if c.fds.take_overflow() {
+                // Its descriptors close with it; the connection serves on
+                // (the bytes are framed).
+                drop(req);
+                let reply = Reply::error(
+                    400,
+                    format!(
+                        "more than {MAX_REQUEST_FDS} file descriptors sent with one request; \
+                         all of them were closed"
+                    ),
+                );
+                self.queue(i, reply, now);
+                continue;
+            }
             let incoming = match Incoming::from_request(req) {
                 Ok(r) => r,
                 Err(reply) => {

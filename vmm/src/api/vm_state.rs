@@ -16,11 +16,13 @@ use virtio_iommu::device::IommuDevice;
 
 use super::error::ApiError;
 use super::routes::{RunState, VmApi};
+use crate::block::DiskConfig;
 use crate::config::VmConfig;
 use crate::devices::ged::GedTrigger;
 use crate::exit::{ExitEvent, ExitSender};
+use crate::net::NetConfig;
 use crate::vcpu_control::VcpuControl;
-use crate::vfio::hotplug::{HotplugError, VfioHotplug};
+use crate::vfio::hotplug::{HotplugError, VfioHotplug, VirtioConfig};
 use crate::vfio::VfioConfig;
 use crate::vhost_user::iotlb::BackendIotlb;
 
@@ -101,11 +103,22 @@ fn hotplug_error(e: HotplugError) -> ApiError {
         HotplugError::DuplicateId(_)
         | HotplugError::UnknownId(_)
         | HotplugError::Removing(_)
+        | HotplugError::BadId
+        | HotplugError::NoSlot(..)
+        | HotplugError::Refused(_)
         | HotplugError::Assign(crate::error::Error::InvalidOption { .. }) => {
             ApiError::BadRequest(e.to_string())
         }
         HotplugError::Assign(_) | HotplugError::Notify(_) => ApiError::Failed(e.to_string()),
     }
+}
+
+/// cloud-hypervisor's `PciDeviceInfo`: the device's id and where it sits.
+fn pci_device_info(id: &str, addr: crate::pci::PciAddress) -> Value {
+    json!({
+        "id": id,
+        "bdf": format!("0000:{addr}"),
+    })
 }
 
 /// Why a reboot (a fresh process image, see `crate::reboot`) cannot
@@ -130,6 +143,12 @@ impl VmApi for VmState {
             Some(h) => {
                 let mut now = self.config.clone();
                 now.devices = h.configs();
+                for (_, cfg) in h.virtio_configs() {
+                    match cfg {
+                        VirtioConfig::Net(n) => now.net.push(n),
+                        VirtioConfig::Disk(d) => now.disks.push(d),
+                    }
+                }
                 super::vm_config::to_json(&now)
             }
             None => super::vm_config::to_json(&self.config),
@@ -264,6 +283,31 @@ impl VmApi for VmState {
             "id": id,
             "bdf": format!("0000:{addr}"),
         }))
+    }
+
+    fn add_net(
+        &self,
+        id: Option<String>,
+        net: NetConfig,
+        fds: Vec<std::fs::File>,
+    ) -> Result<Value, ApiError> {
+        let Some(h) = &self.lifecycle.hotplug else {
+            return Err(ApiError::Unsupported(
+                "vm.add-net: this VM has no PCI hotplug".into(),
+            ));
+        };
+        let (id, addr) = crate::virtio_hotplug::add_net(h, id, net, fds).map_err(hotplug_error)?;
+        Ok(pci_device_info(&id, addr))
+    }
+
+    fn add_disk(&self, disk: DiskConfig) -> Result<Value, ApiError> {
+        let Some(h) = &self.lifecycle.hotplug else {
+            return Err(ApiError::Unsupported(
+                "vm.add-disk: this VM has no PCI hotplug".into(),
+            ));
+        };
+        let (id, addr) = crate::virtio_hotplug::add_disk(h, disk).map_err(hotplug_error)?;
+        Ok(pci_device_info(&id, addr))
     }
 
     fn remove_device(&self, id: &str) -> Result<(), ApiError> {

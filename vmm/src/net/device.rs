@@ -90,6 +90,35 @@ impl Net {
         })
     }
 
+    /// A device on TAP queues opened by someone else (one per queue pair,
+    /// passed to `vm.add-net` with `SCM_RIGHTS`), described by `cfg` (its
+    /// MAC and queue size; `cfg.tap` and the host address are not used:
+    /// whoever opened the TAP configured its host side).
+    pub fn from_taps(cfg: &NetConfig, taps: Vec<Tap>) -> Result<Self, NetError> {
+        if taps.is_empty() || taps.len() * 2 != cfg.num_queues {
+            return Err(NetError::Tap(TapError::NotUsable(
+                "count must be one per queue pair (num_queues / 2)",
+            )));
+        }
+        if taps.len() > 1 && !taps.iter().all(Tap::is_multi_queue) {
+            return Err(NetError::Tap(TapError::NotUsable(
+                "set must be queues of one IFF_MULTI_QUEUE TAP for several queue pairs",
+            )));
+        }
+        info!(
+            "virtio-net on passed TAP {}: {} queue pair(s) of {} entries",
+            taps.first().map_or("", |t| t.name()),
+            taps.len(),
+            cfg.queue_size
+        );
+        Ok(Self {
+            mac: cfg.mac,
+            queue_size: cfg.queue_size,
+            taps: taps.into_iter().map(Arc::new).collect(),
+            workers: Vec::new(),
+        })
+    }
+
     /// Name of the TAP interface.
     pub fn tap_name(&self) -> &str {
         self.taps.first().map_or("", |t| t.name())

@@ -18,7 +18,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use thiserror::Error;
 use vmm_sys_util::ioctl::{ioctl_with_mut_ref, ioctl_with_ref, ioctl_with_val};
 
-use self::ioctls::{TUNSETIFF, TUNSETOFFLOAD, TUNSETQUEUE, TUNSETVNETHDRSZ};
+use self::ioctls::{TUNGETIFF, TUNSETIFF, TUNSETOFFLOAD, TUNSETQUEUE, TUNSETVNETHDRSZ};
 
 /// The TUN ioctl numbers, from `<linux/if_tun.h>`'s `_IOW('T', nr, type)`.
 #[allow(non_snake_case)]
@@ -32,6 +32,7 @@ mod ioctls {
     vmm_sys_util::ioctl_iow_nr!(TUNSETOFFLOAD, TUNTAP, 208, c_uint);
     vmm_sys_util::ioctl_iow_nr!(TUNSETVNETHDRSZ, TUNTAP, 216, c_int);
     vmm_sys_util::ioctl_iow_nr!(TUNSETQUEUE, TUNTAP, 217, c_int);
+    vmm_sys_util::ioctl_ior_nr!(TUNGETIFF, TUNTAP, 210, c_uint);
 }
 
 const IFF_ATTACH_QUEUE: u16 = 0x0200;
@@ -65,6 +66,10 @@ pub enum TapError {
     /// Opening /dev/net/tun failed.
     #[error("open /dev/net/tun: {0}")]
     Open(io::Error),
+    /// A descriptor handed over (`vm.add-net` with `SCM_RIGHTS`) is not
+    /// a TAP queue this device can drive.
+    #[error("the passed file descriptor {0}")]
+    NotUsable(&'static str),
     /// An ioctl failed.
     #[error("TAP '{name}': {what}: {source}")]
     Ioctl {
@@ -209,6 +214,57 @@ impl Tap {
         Ok(tap)
     }
 
+    /// A queue of a TAP interface someone else opened and attached (the
+    /// tap fds `ch-remote add-net fd=[..]` and libvirt pass with
+    /// `SCM_RIGHTS`). WHY the checks: the workers read and write frames
+    /// behind a virtio-net header, so the queue must be a TAP (not TUN)
+    /// without packet information and with IFF_VNET_HDR; a descriptor that
+    /// is anything else (a pipe, a file) fails TUNGETIFF and is refused.
+    /// The queue is made non-blocking, as the workers expect.
+    pub fn from_file(file: File) -> Result<Self, TapError> {
+        let mut req = IfReq::new("");
+        ioctl_ifreq(&file, TUNGETIFF(), &mut req)
+            .map_err(|_| TapError::NotUsable("is not a TAP queue (TUNGETIFF failed)"))?;
+        let flags = req.flags();
+        if flags & IFF_TAP == 0 {
+            return Err(TapError::NotUsable("is a TUN, not a TAP, queue"));
+        }
+        if flags & IFF_NO_PI == 0 {
+            return Err(TapError::NotUsable(
+                "carries packet information (no IFF_NO_PI)",
+            ));
+        }
+        if flags & IFF_VNET_HDR == 0 {
+            return Err(TapError::NotUsable(
+                "has no virtio-net header (no IFF_VNET_HDR)",
+            ));
+        }
+        let name = req.name();
+        let err = |what| {
+            let name = name.clone();
+            move |source| TapError::Ioctl { name, what, source }
+        };
+        // SAFETY: F_GETFL/F_SETFL on a descriptor `file` owns; no memory
+        // is passed.
+        let fl = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+        check(fl).map_err(err("F_GETFL"))?;
+        // SAFETY: as above.
+        check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK) })
+            .map_err(err("F_SETFL O_NONBLOCK"))?;
+        let hdr: libc::c_int = VNET_HDR_LEN as libc::c_int;
+        // SAFETY: TUNSETVNETHDRSZ reads an `int` through its argument,
+        // which `hdr` is, alive for the call.
+        check(unsafe { ioctl_with_ref(&file, TUNSETVNETHDRSZ(), &hdr) })
+            .map_err(err("TUNSETVNETHDRSZ"))?;
+        Ok(Self { file, name })
+    }
+
+    /// Whether the interface has several queues (IFF_MULTI_QUEUE).
+    pub fn is_multi_queue(&self) -> bool {
+        let mut req = IfReq::new("");
+        ioctl_ifreq(&self.file, TUNGETIFF(), &mut req).is_ok() && req.flags() & IFF_MULTI_QUEUE != 0
+    }
+
     /// The interface name the kernel assigned.
     pub fn name(&self) -> &str {
         &self.name
@@ -348,6 +404,19 @@ mod tests {
         assert_eq!(TUNSETOFFLOAD(), 0x4004_54d0);
         assert_eq!(TUNSETVNETHDRSZ(), 0x4004_54d8);
         assert_eq!(TUNSETQUEUE(), 0x4004_54d9);
+        assert_eq!(TUNGETIFF(), 0x8004_54d2);
+    }
+
+    #[test]
+    fn a_passed_descriptor_that_is_no_tap_is_refused() {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe() returns.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: pipe() succeeded: both descriptors are new and ours.
+        let (r, _w) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+        assert!(matches!(Tap::from_file(r), Err(TapError::NotUsable(_))));
+        let f = File::open("/dev/null").unwrap();
+        assert!(matches!(Tap::from_file(f), Err(TapError::NotUsable(_))));
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub mod landlock;
 pub mod seccomp;
 mod sigsys;
 mod syscall_names;
+#[cfg(test)]
+mod hotplug_filter_tests;
 
 use std::io;
 use std::thread::{Builder, JoinHandle};

@@ -1,6 +1,13 @@
-//! Assigned functions added and removed while the guest runs
-//! (`vm.add-device`, `vm.remove-device`), through ACPI PCI hotplug
-//! (`devices::pci_hotplug`, `acpi::pci_hotplug`).
+//! Functions added and removed while the guest runs, through ACPI PCI
+//! hotplug (`devices::pci_hotplug`, `acpi::pci_hotplug`): assigned ones
+//! (`vm.add-device`) and virtio-net / virtio-blk devices (`vm.add-net`,
+//! `vm.add-disk`, built by `crate::virtio_hotplug`), all removed with
+//! `vm.remove-device`. [`VfioHotplug`] keeps every one of them: the VM
+//! owns this list, and tearing the VM down tears them down with it.
+//!
+//! Bounds: ids are unique (an id in use is refused), bus 0 has 31 slots
+//! (a hotplug past them is refused), and an id is at most
+//! [`MAX_ID_LEN`] printable characters; nothing else grows per request.
 //!
 //! Adding: the function is assigned as at boot (its own container; all
 //! guest RAM mapped, or behind the vIOMMU in one of the slots the VIOT
@@ -11,10 +18,14 @@
 //! Removing: the slot's bit is set in `PCID` and the guest is interrupted;
 //! it unbinds the driver, detaches the function from its vIOMMU domain
 //! and calls `_EJ0`, whose write of `B0EJ` reaches [`VfioHotplug`]'s
-//! thread. Only then is the function torn down: unplugged from the bus,
-//! taken from behind the vIOMMU, its mirror deregistered, its interrupts
-//! and BAR slots released, its container closed. A guest that never
-//! ejects keeps the function, as on hardware.
+//! thread. Only then is the function torn down: unplugged from the bus
+//! (a virtio device stops there: its workers joined, its ioeventfds
+//! gone), taken from behind the vIOMMU (an assigned function's mirror
+//! deregistered), its interrupts and BAR slots released, its container
+//! closed. All of it under the list's lock, which every add holds too:
+//! no function can take the slot, or the vIOMMU endpoint of its BDF,
+//! before the one leaving is stopped. A guest that never ejects keeps
+//! the function, as on hardware.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,28 +35,46 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use log::{info, warn};
 
 use super::{add_vfio_device, AssignedDevice, VfioConfig, VfioMirror};
+use crate::block::DiskConfig;
 use crate::devices::ged::GedTrigger;
 use crate::devices::pci_hotplug::{HotplugEvents, EJECT_QUEUE};
 use crate::error::Error;
+use crate::net::NetConfig;
 use crate::pci::root::{GENERAL_SLOTS, IOMMU_HOTPLUG_SLOTS};
-use crate::pci::PciAddress;
+use crate::pci::{PciAddress, PciError};
 use crate::resources::VmResources;
 use crate::sandbox::{self, ThreadKind};
 use crate::virtio::iommu::IommuPlatform;
+use crate::virtio::pci::VirtioPciDevice;
+use crate::virtio::plug::{plug_virtio_pci_in, PlugError};
+use crate::virtio::VirtioDevice;
+
+/// Longest id a hotplugged function may have.
+pub const MAX_ID_LEN: usize = 64;
 
 /// Why a hotplug request was refused or failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HotplugError {
-    /// An assigned function already has this id.
+    /// A hotplugged function already has this id.
     #[error("a device with id {0} exists already")]
     DuplicateId(String),
-    /// No assigned function has this id.
-    #[error("no assigned device has id {0}")]
+    /// No hotplugged function has this id.
+    #[error("no hotplugged device has id {0}")]
     UnknownId(String),
     /// The function is being removed already.
     #[error("device {0} is being removed already (waiting for the guest to eject it)")]
     Removing(String),
-    /// Assigning the function failed; the VM is unchanged.
+    /// The id is empty, too long or has control characters.
+    #[error("id must be 1 to {MAX_ID_LEN} printable characters")]
+    BadId,
+    /// Every slot the function could take is in use.
+    #[error("no free PCI slot for {0} (slots {1:?} are taken)")]
+    NoSlot(String, Range<usize>),
+    /// The request cannot be served as given (a passed descriptor that is
+    /// no TAP, an image that cannot be opened, ...); the VM is unchanged.
+    #[error("{0}")]
+    Refused(String),
+    /// Assigning or building the function failed; the VM is unchanged.
     #[error(transparent)]
     Assign(#[from] Error),
     /// The guest could not be told.
@@ -53,15 +82,66 @@ pub enum HotplugError {
     Notify(std::io::Error),
 }
 
-/// One assigned function.
+/// What a hotplugged virtio device was made from (`vm.info` lists it
+/// under `net` or `disks`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VirtioConfig {
+    /// `vm.add-net`.
+    Net(NetConfig),
+    /// `vm.add-disk`.
+    Disk(DiskConfig),
+}
+
+impl VirtioConfig {
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Net(_) => "net",
+            Self::Disk(_) => "disk",
+        }
+    }
+
+    fn iommu(&self) -> bool {
+        match self {
+            Self::Net(c) => c.iommu,
+            Self::Disk(c) => c.iommu,
+        }
+    }
+}
+
+/// What sits in a hotplugged slot.
+enum Function {
+    Assigned {
+        cfg: VfioConfig,
+        dev: AssignedDevice,
+    },
+    Virtio {
+        cfg: VirtioConfig,
+        /// Kept so the list, and so the VM, owns the device until the
+        /// guest ejects it.
+        _dev: Arc<Mutex<VirtioPciDevice>>,
+    },
+}
+
+/// One hotplugged (or cold-plugged assigned) function.
 struct Plugged {
-    cfg: VfioConfig,
-    dev: AssignedDevice,
+    id: String,
+    addr: PciAddress,
+    function: Function,
     /// The guest was asked to eject it.
     removing: bool,
 }
 
-/// The assigned functions of a running VM and what adding or removing
+impl Plugged {
+    fn iommu(&self) -> bool {
+        match &self.function {
+            Function::Assigned { cfg, .. } => cfg.iommu,
+            Function::Virtio { cfg, .. } => cfg.iommu(),
+        }
+    }
+}
+
+/// The hotplugged functions of a running VM (and its cold-plugged
+/// assigned ones, which can be removed too) and what adding or removing
 /// one needs.
 pub struct VfioHotplug {
     res: VmResources,
@@ -69,13 +149,46 @@ pub struct VfioHotplug {
     events: Arc<HotplugEvents>,
     ged: GedTrigger,
     plugged: Mutex<Vec<Plugged>>,
-    /// A guest ejected a slot with no assigned function (logged once: a
+    /// A guest ejected a slot with no hotplugged function (logged once: a
     /// guest can do it at will).
     stray_eject: AtomicBool,
 }
 
 fn slot_of(addr: PciAddress) -> u8 {
     addr.device
+}
+
+/// The slots a function may take: behind the vIOMMU only those the VIOT
+/// named at boot.
+fn slots_for(iommu: bool) -> Range<usize> {
+    if iommu {
+        IOMMU_HOTPLUG_SLOTS
+    } else {
+        GENERAL_SLOTS
+    }
+}
+
+fn check_id(id: &str) -> Result<(), HotplugError> {
+    if id.is_empty() || id.len() > MAX_ID_LEN || id.chars().any(char::is_control) {
+        return Err(HotplugError::BadId);
+    }
+    Ok(())
+}
+
+/// Whether `e` is bus 0 having no free slot for a virtio device.
+fn is_no_slot(e: &Error) -> bool {
+    match e {
+        Error::Device(d) => d.downcast_ref::<PlugError>().is_some_and(|p| {
+            matches!(
+                p,
+                PlugError::Pci {
+                    source: PciError::NoFreeSlot,
+                    ..
+                }
+            )
+        }),
+        _ => false,
+    }
 }
 
 impl VfioHotplug {
@@ -99,8 +212,9 @@ impl VfioHotplug {
                 assigned
                     .into_iter()
                     .map(|(cfg, dev)| Plugged {
-                        cfg,
-                        dev,
+                        id: cfg.name(),
+                        addr: dev.addr,
+                        function: Function::Assigned { cfg, dev },
                         removing: false,
                     })
                     .collect(),
@@ -127,21 +241,24 @@ impl VfioHotplug {
         self.plugged.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Tells the guest slot `addr` gained a function.
+    fn announce(&self, addr: PciAddress) -> Result<(), HotplugError> {
+        self.events.plugged(slot_of(addr));
+        self.ged.pci_hotplug().map_err(HotplugError::Notify)
+    }
+
     /// Assigns `cfg` and tells the guest; returns the id and address.
     pub fn add(&self, cfg: VfioConfig) -> Result<(String, PciAddress), HotplugError> {
         let name = cfg.name();
+        check_id(&name)?;
         // Held across the assignment: two requests for one id cannot both
-        // pass the check.
+        // pass the check, and no eject tears down a slot meanwhile.
         let mut plugged = self.lock();
-        if plugged.iter().any(|p| p.cfg.name() == name) {
+        if plugged.iter().any(|p| p.id == name) {
             return Err(HotplugError::DuplicateId(name));
         }
         super::check_assignable(&cfg)?;
-        let slots: Range<usize> = if cfg.iommu {
-            IOMMU_HOTPLUG_SLOTS
-        } else {
-            GENERAL_SLOTS
-        };
+        let slots = slots_for(cfg.iommu);
         let dev = match &self.iommu {
             Some(p) => {
                 let mut platform = p.lock().unwrap_or_else(|e| e.into_inner());
@@ -151,15 +268,84 @@ impl VfioHotplug {
         };
         let addr = dev.addr;
         plugged.push(Plugged {
-            cfg,
-            dev,
+            id: name.clone(),
+            addr,
+            function: Function::Assigned { cfg, dev },
             removing: false,
         });
         drop(plugged);
-        self.events.plugged(slot_of(addr));
-        self.ged.pci_hotplug().map_err(HotplugError::Notify)?;
+        self.announce(addr)?;
         info!("vfio {name}: hotplugged at {addr}; the guest was notified");
         Ok((name, addr))
+    }
+
+    /// Plugs `device`, made from `cfg`, into a free slot (one the VIOT
+    /// named, behind the vIOMMU) and tells the guest; returns its id
+    /// (`id`, or `_net<N>` / `_disk<N>`, the first unused) and address.
+    /// A refused device is dropped: what it opened (TAP, image) closes.
+    pub fn add_virtio(
+        &self,
+        id: Option<String>,
+        cfg: VirtioConfig,
+        device: Box<dyn VirtioDevice>,
+    ) -> Result<(String, PciAddress), HotplugError> {
+        let mut plugged = self.lock();
+        let id = match id {
+            Some(id) => {
+                check_id(&id)?;
+                if plugged.iter().any(|p| p.id == id) {
+                    return Err(HotplugError::DuplicateId(id));
+                }
+                id
+            }
+            None => (0..)
+                .map(|n| format!("_{}{n}", cfg.kind()))
+                .find(|c| !plugged.iter().any(|p| &p.id == c))
+                .unwrap_or_default(),
+        };
+        let iommu = cfg.iommu();
+        if iommu && self.iommu.is_none() {
+            return Err(HotplugError::Refused(format!(
+                "{id}: iommu is true, but the VM has no vIOMMU (--iommu)"
+            )));
+        }
+        let slots = slots_for(iommu);
+        let what = format!("hotplugged virtio-{} {id}", cfg.kind());
+        let option = cfg.kind();
+        let plug = |platform: Option<&mut IommuPlatform>| {
+            plug_virtio_pci_in(
+                &self.res,
+                device,
+                &what,
+                iommu,
+                option,
+                platform,
+                slots.clone(),
+            )
+        };
+        let result = match (&self.iommu, iommu) {
+            (Some(p), true) => plug(Some(&mut p.lock().unwrap_or_else(|e| e.into_inner()))),
+            _ => plug(None),
+        };
+        let done = match result {
+            Ok(done) => done,
+            Err(e) if is_no_slot(&e) => return Err(HotplugError::NoSlot(id, slots)),
+            Err(e) => return Err(e.into()),
+        };
+        let addr = done.bdf;
+        plugged.push(Plugged {
+            id: id.clone(),
+            addr,
+            function: Function::Virtio {
+                cfg,
+                _dev: done.dev,
+            },
+            removing: false,
+        });
+        drop(plugged);
+        self.announce(addr)?;
+        info!("{what}: at {addr}; the guest was notified");
+        Ok((id, addr))
     }
 
     /// Asks the guest to eject the function `id`.
@@ -168,73 +354,98 @@ impl VfioHotplug {
             let mut plugged = self.lock();
             let p = plugged
                 .iter_mut()
-                .find(|p| p.cfg.name() == id)
+                .find(|p| p.id == id)
                 .ok_or_else(|| HotplugError::UnknownId(id.into()))?;
             if p.removing {
                 return Err(HotplugError::Removing(id.into()));
             }
             p.removing = true;
-            p.dev.addr
+            p.addr
         };
         self.events.unplug_requested(slot_of(addr));
         self.ged.pci_hotplug().map_err(HotplugError::Notify)?;
-        info!("vfio {id}: the guest was asked to eject {addr}");
+        info!("{id}: the guest was asked to eject {addr}");
         Ok(())
     }
 
-    /// The guest ejected `slot` (its `_EJ0`): tears its function down.
-    /// A slot with no assigned function (an emulated device the guest
-    /// ejected on its own) is left alone: only assigned functions can be
-    /// removed.
+    /// The guest ejected `slot` (its `_EJ0`): tears its function down,
+    /// under the list's lock (see the module documentation). A slot with
+    /// no function of this list (a cold-plugged emulated device the guest
+    /// ejected on its own) is left alone.
     fn ejected(&self, slot: u8) {
-        let taken = {
-            let mut plugged = self.lock();
-            plugged
-                .iter()
-                .position(|p| slot_of(p.dev.addr) == slot)
-                .map(|i| plugged.remove(i))
-        };
-        let Some(p) = taken else {
+        let mut plugged = self.lock();
+        let Some(i) = plugged.iter().position(|p| slot_of(p.addr) == slot) else {
+            drop(plugged);
             if !self.stray_eject.swap(true, Ordering::Relaxed) {
                 warn!(
-                    "PCI hotplug: the guest ejected slot {slot}, which has no assigned \
-                     function (only assigned functions are removed; not logged again)"
+                    "PCI hotplug: the guest ejected slot {slot}, which has no hotplugged \
+                     function (only those are removed; not logged again)"
                 );
             }
             return;
         };
-        let name = p.cfg.name();
-        let addr = p.dev.addr;
+        let p = plugged.remove(i);
+        let id = p.id.clone();
+        let addr = p.addr;
+        // Off the bus: a virtio device stops here (`unplugged`), before
+        // its slot and BAR ranges are free for the next function.
         let device = match self.res.pci.remove_device(addr) {
             Ok(d) => d,
             Err(e) => {
-                warn!("vfio {name}: unplugging {addr}: {e}");
+                warn!("{id}: unplugging {addr}: {e}");
                 return;
             }
         };
-        if p.cfg.iommu {
+        if p.iommu() {
             if let Some(platform) = &self.iommu {
                 let mut platform = platform.lock().unwrap_or_else(|e| e.into_inner());
-                if let Err(e) = platform.remove_endpoint(addr, p.dev.mirror.clone()) {
-                    warn!("vfio {name}: {e}");
+                let mirror = match &p.function {
+                    Function::Assigned { dev, .. } => dev.mirror.clone(),
+                    Function::Virtio { .. } => None,
+                };
+                if let Err(e) = platform.remove_endpoint(addr, mirror) {
+                    warn!("{id}: {e}");
                 }
             }
         }
-        if let Some(m) = &p.dev.mirror {
-            m.log_stats();
+        if let Function::Assigned { dev, .. } = &p.function {
+            if let Some(m) = &dev.mirror {
+                m.log_stats();
+            }
         }
         // The last reference: interrupts, BAR slots, the device and its
-        // container go now (a guest access still dispatched holds it until
-        // it returns).
+        // container (or image, or TAP) go now (a guest access still
+        // dispatched holds it until it returns; an unplugged virtio
+        // device never starts again).
         drop(p);
         drop(device);
-        info!("vfio {name}: removed from {addr} (ejected by the guest)");
+        drop(plugged);
+        info!("{id}: removed from {addr} (ejected by the guest)");
     }
 
     /// The configurations of the assigned functions, in the order they
     /// were plugged (what `vm.info` and a reboot show).
     pub fn configs(&self) -> Vec<VfioConfig> {
-        self.lock().iter().map(|p| p.cfg.clone()).collect()
+        self.lock()
+            .iter()
+            .filter_map(|p| match &p.function {
+                Function::Assigned { cfg, .. } => Some(cfg.clone()),
+                Function::Virtio { .. } => None,
+            })
+            .collect()
+    }
+
+    /// The hotplugged virtio devices' ids and configurations, in the
+    /// order they were plugged (`vm.info` lists them under `net` and
+    /// `disks`).
+    pub fn virtio_configs(&self) -> Vec<(String, VirtioConfig)> {
+        self.lock()
+            .iter()
+            .filter_map(|p| match &p.function {
+                Function::Virtio { cfg, .. } => Some((p.id.clone(), cfg.clone())),
+                Function::Assigned { .. } => None,
+            })
+            .collect()
     }
 
     /// The mirrors of functions behind the vIOMMU, by name (their
@@ -242,7 +453,10 @@ impl VfioHotplug {
     pub fn mirrors(&self) -> Vec<(String, Arc<VfioMirror>)> {
         self.lock()
             .iter()
-            .filter_map(|p| p.dev.mirror.clone().map(|m| (p.cfg.name(), m)))
+            .filter_map(|p| match &p.function {
+                Function::Assigned { dev, .. } => dev.mirror.clone().map(|m| (p.id.clone(), m)),
+                Function::Virtio { .. } => None,
+            })
             .collect()
     }
 }

@@ -194,6 +194,9 @@ pub struct VirtioPciDevice {
     ioevents: Vec<(u64, usize)>,
     dma: DmaSpace,
     active: bool,
+    /// Hot-unplugged: never activated again (an access dispatched before
+    /// the unplug may still reach it).
+    unplugged: bool,
 }
 
 /// Builds a vendor-specific virtio capability body (after id and next).
@@ -321,6 +324,7 @@ impl VirtioPciDevice {
             ioevents: Vec::new(),
             dma,
             active: false,
+            unplugged: false,
         })
     }
 
@@ -405,6 +409,10 @@ impl VirtioPciDevice {
     }
 
     fn activate(&mut self) {
+        if self.unplugged {
+            warn!("virtio device not started: it was unplugged");
+            return;
+        }
         let features = self.common.driver_features();
         let event_idx = features & feature(VIRTIO_RING_F_EVENT_IDX) != 0;
         let ready: Vec<usize> = self
@@ -518,6 +526,15 @@ impl PciDevice for VirtioPciDevice {
 
     fn config_mut(&mut self) -> &mut PciConfiguration {
         &mut self.config
+    }
+
+    /// Hot-unplug: the device stops here, before its slot and BAR ranges
+    /// can go to another function: its threads are joined (no DMA after
+    /// this returns) and its notify ioeventfds leave KVM (they sit at BAR
+    /// addresses the next function may be given).
+    fn unplugged(&mut self) {
+        self.reset();
+        self.unplugged = true;
     }
 
     fn write_config_register(
@@ -739,6 +756,42 @@ mod tests {
         common(&mut dev, 0x0c, &1u32.to_le_bytes()); // VERSION_1
         common(&mut dev, 0x14, &[ACKNOWLEDGE | DRIVER | FEATURES_OK]);
         (dev, rec, served)
+    }
+
+    /// Hot-unplug stops the device before its slot can be reused: the
+    /// device is reset (its workers joined), its ioeventfds leave KVM, and
+    /// a guest access still in flight cannot start it again.
+    #[test]
+    fn an_unplugged_device_is_stopped_and_never_started_again() {
+        let (mut dev, rec, _served) = negotiated_device();
+        common(&mut dev, 0x16, &1u16.to_le_bytes());
+        common(&mut dev, 0x20, &0x4000u64.to_le_bytes());
+        common(&mut dev, 0x28, &0x5000u64.to_le_bytes());
+        common(&mut dev, 0x30, &0x6000u64.to_le_bytes());
+        common(&mut dev, 0x1c, &1u16.to_le_bytes());
+        let ok = [ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK];
+        common(&mut dev, 0x14, &ok);
+        assert!(dev.active);
+        let notify = BAR + NOTIFY_OFFSET + u64::from(NOTIFY_OFF_MULTIPLIER);
+        assert_eq!(*rec.0.lock().unwrap(), vec![(true, notify)]);
+        dev.unplugged();
+        assert!(!dev.active, "the device was not reset");
+        assert_eq!(
+            *rec.0.lock().unwrap(),
+            vec![(true, notify), (false, notify)],
+            "the ioeventfd stayed in KVM"
+        );
+        // The guest resets and starts it again through an access that was
+        // already on its way: refused.
+        common(&mut dev, 0x14, &[0]);
+        common(&mut dev, 0x14, &[ACKNOWLEDGE | DRIVER]);
+        common(&mut dev, 0x08, &1u32.to_le_bytes());
+        common(&mut dev, 0x0c, &1u32.to_le_bytes()); // VERSION_1
+        common(&mut dev, 0x14, &[ACKNOWLEDGE | DRIVER | FEATURES_OK]);
+        common(&mut dev, 0x1c, &1u16.to_le_bytes());
+        common(&mut dev, 0x14, &ok);
+        assert!(!dev.active, "an unplugged device started");
+        assert_eq!(rec.0.lock().unwrap().len(), 2);
     }
 
     /// A queue served inline by the device gets no ioeventfd (a kick must

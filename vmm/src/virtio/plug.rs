@@ -1,6 +1,7 @@
 //! Plugging a virtio device into PCI bus 0, behind the vIOMMU or not: the
 //! steps every `--net` and `--disk` takes, in one place.
 
+use std::ops::Range;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::iommu::IommuPlatform;
@@ -8,6 +9,7 @@ use super::pci::VirtioPciDevice;
 use super::VirtioDevice;
 use crate::dma::DmaSpace;
 use crate::error::Error;
+use crate::pci::root::GENERAL_SLOTS;
 use crate::pci::PciAddress;
 use crate::resources::VmResources;
 
@@ -60,6 +62,41 @@ pub fn plug_virtio_pci(
     option: &'static str,
     iommu: Option<&mut IommuPlatform>,
 ) -> Result<Plugged, Error> {
+    plug_virtio_pci_in(
+        res,
+        device,
+        name,
+        behind_iommu,
+        option,
+        iommu,
+        GENERAL_SLOTS,
+    )
+}
+
+/// [`plug_virtio_pci`] into the first free slot of `slots` (a device
+/// hotplugged behind the vIOMMU must land in the slots the VIOT names for
+/// hotplug). Leaves bus 0 as it found it when it fails: a refused hotplug
+/// changes nothing the guest can see.
+pub fn plug_virtio_pci_in(
+    res: &VmResources,
+    device: Box<dyn VirtioDevice>,
+    name: &str,
+    behind_iommu: bool,
+    option: &'static str,
+    iommu: Option<&mut IommuPlatform>,
+    slots: Range<usize>,
+) -> Result<Plugged, Error> {
+    let platform = match (behind_iommu, iommu) {
+        (true, None) => {
+            return Err(Error::InvalidOption {
+                option,
+                value: "iommu=on".into(),
+                reason: "needs --iommu".into(),
+            })
+        }
+        (true, Some(p)) => Some(p),
+        (false, _) => None,
+    };
     let dev = VirtioPciDevice::new(
         device,
         res.vm.clone(),
@@ -74,7 +111,7 @@ pub fn plug_virtio_pci(
     let dev = Arc::new(Mutex::new(dev));
     let bdf = res
         .pci
-        .add_device(dev.clone())
+        .add_device_in(dev.clone(), slots)
         .map_err(|source| PlugError::Pci {
             name: name.into(),
             source,
@@ -87,13 +124,17 @@ pub fn plug_virtio_pci(
             ""
         }
     );
-    if behind_iommu {
-        let platform = iommu.ok_or_else(|| Error::InvalidOption {
-            option,
-            value: "iommu=on".into(),
-            reason: "needs --iommu".into(),
-        })?;
-        let dma = platform.add_endpoint(bdf)?;
+    if let Some(platform) = platform {
+        let dma = match platform.add_endpoint(bdf) {
+            Ok(dma) => dma,
+            Err(e) => {
+                // Not started (no guest has seen it): off the bus again.
+                if let Err(r) = res.pci.remove_device(bdf) {
+                    log::warn!("{name}: taking it off bus 0 again: {r}");
+                }
+                return Err(e);
+            }
+        };
         dev.lock()
             .unwrap_or_else(PoisonError::into_inner)
             .set_dma_space(dma);

@@ -1,0 +1,237 @@
+//! Descriptors passed with `SCM_RIGHTS` on the API socket, byte for byte
+//! as `ch-remote add-net fd=[..]` and libvirt send tap fds: they reach
+//! `vm.add-net` with their request, unused ones are closed, and a request
+//! with too many is refused with all of them closed.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+use super::fd_stream::MAX_REQUEST_FDS;
+use super::routes::{ApiError, RunState, VmApi, VmSlot, VmmApi};
+use super::server::{Limits, Server};
+use crate::block::DiskConfig;
+use crate::config::VmConfig;
+use crate::net::NetConfig;
+
+/// What `vm.add-net` handed the VM.
+struct AddedNet {
+    id: Option<String>,
+    cfg: NetConfig,
+    fds: Vec<File>,
+}
+
+/// A running VM that keeps what `vm.add-net` and `vm.add-disk` give it.
+#[derive(Default)]
+struct RecordingVm {
+    nets: Mutex<Vec<AddedNet>>,
+    disks: Mutex<Vec<DiskConfig>>,
+}
+
+impl VmApi for RecordingVm {
+    fn config(&self) -> Value {
+        json!({})
+    }
+    fn memory_actual_size(&self) -> u64 {
+        0
+    }
+    fn counters(&self) -> Value {
+        json!({})
+    }
+    fn state(&self) -> RunState {
+        RunState::Running
+    }
+    fn pause(&self) -> Result<(), ApiError> {
+        Ok(())
+    }
+    fn resume(&self) -> Result<(), ApiError> {
+        Ok(())
+    }
+    fn power_button(&self) -> Result<(), ApiError> {
+        Ok(())
+    }
+    fn can_reboot(&self) -> Result<(), ApiError> {
+        Ok(())
+    }
+    fn shutdown(&self) {}
+    fn reboot(&self) {}
+    fn add_net(
+        &self,
+        id: Option<String>,
+        cfg: NetConfig,
+        fds: Vec<File>,
+    ) -> Result<Value, ApiError> {
+        let mut nets = self.nets.lock().unwrap();
+        let name = id.clone().unwrap_or_else(|| format!("_net{}", nets.len()));
+        nets.push(AddedNet { id, cfg, fds });
+        Ok(json!({ "id": name, "bdf": "0000:00:05.0" }))
+    }
+    fn add_disk(&self, disk: DiskConfig) -> Result<Value, ApiError> {
+        self.disks.lock().unwrap().push(disk);
+        Ok(json!({ "id": "_disk0", "bdf": "0000:00:06.0" }))
+    }
+}
+
+struct OneVm(Arc<RecordingVm>);
+
+impl VmmApi for OneVm {
+    fn slot(&self) -> VmSlot {
+        VmSlot::Running(self.0.clone())
+    }
+    fn create(&self, _config: VmConfig) -> Result<(), ApiError> {
+        Ok(())
+    }
+    fn boot(&self) -> Result<(), ApiError> {
+        Ok(())
+    }
+    fn delete(&self) -> Result<(), ApiError> {
+        Ok(())
+    }
+    fn shutdown(&self) {}
+    fn reboot(&self) {}
+}
+
+/// A pipe: (read end, write end).
+fn pipe() -> (File, OwnedFd) {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe() returns.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: pipe2() succeeded: both descriptors are new and ours.
+    unsafe { (File::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+}
+
+/// Whether every write end of `read_end`'s pipe is closed (EOF within 5 s).
+fn writers_gone(read_end: &mut File) -> bool {
+    let mut p = libc::pollfd {
+        fd: read_end.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, for the duration of the call.
+    let ready = unsafe { libc::poll(&mut p, 1, 5000) };
+    let mut b = [0u8; 1];
+    ready == 1 && read_end.read(&mut b).ok() == Some(0)
+}
+
+/// Sends `PUT /api/v1/NAME` with `body`, the descriptors `fds` riding on
+/// the request line's bytes (as `ch-remote` sends them), and reads the
+/// reply: (status, body).
+fn put_with_fds(s: &mut UnixStream, name: &str, body: &str, fds: &[RawFd]) -> (u16, Value) {
+    let head = format!(
+        "PUT /api/v1/{name} HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.send_with_fds(&[head.as_bytes()], fds).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "EOF in the head: {buf:?}");
+        buf.push(byte[0]);
+    }
+    let head = String::from_utf8(buf).unwrap();
+    let code = head
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let len = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .map_or(0, |n| n.trim().parse::<usize>().unwrap());
+    let mut body = vec![0; len];
+    s.read_exact(&mut body).unwrap();
+    (code, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+#[test]
+fn add_net_with_passed_tap_fd() {
+    let dir = std::env::temp_dir().join(format!("dmavisor-api-fds-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("api.sock");
+    let listener = crate::api_socket::ApiSocket::Path(path.clone())
+        .listen()
+        .unwrap();
+    let vm = Arc::new(RecordingVm::default());
+    let server = Server::new(listener, Arc::new(OneVm(vm.clone())), Limits::default()).unwrap();
+    std::thread::spawn(move || server.run());
+    let mut s = UnixStream::connect(&path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+
+    // One tap-like descriptor (an eventfd standing in for the TAP queue):
+    // the handler gets that very object with the NetConfig; the body's
+    // `fds` numbers (the client's own) are ignored, as cloud-hypervisor
+    // does, and num_queues follows the descriptors.
+    let tap = EventFd::new(0).unwrap();
+    let body = r#"{"fds": [42], "mac": "52:54:00:00:00:09", "id": "net9"}"#;
+    let (code, reply) = put_with_fds(&mut s, "vm.add-net", body, &[tap.as_raw_fd()]);
+    assert_eq!(code, 200, "{reply}");
+    assert_eq!(reply, json!({ "id": "net9", "bdf": "0000:00:05.0" }));
+    {
+        let nets = vm.nets.lock().unwrap();
+        let added = nets.first().expect("the handler ran");
+        assert_eq!(added.id.as_deref(), Some("net9"));
+        assert_eq!(added.cfg.num_queues, 2);
+        assert_eq!(added.cfg.mac, [0x52, 0x54, 0, 0, 0, 9]);
+        assert_eq!(added.fds.len(), 1);
+        // The same eventfd: a count written here is read through it.
+        tap.write(7).unwrap();
+        let mut count = [0u8; 8];
+        (&added.fds[0]).read_exact(&mut count).unwrap();
+        assert_eq!(u64::from_ne_bytes(count), 7);
+    }
+
+    // Descriptors the request cannot use are closed: two for one queue
+    // pair is a 400 that says so, and the handler never sees them.
+    let (mut read_end, write_end) = pipe();
+    let raw = write_end.as_raw_fd();
+    let (code, reply) = put_with_fds(&mut s, "vm.add-net", r#"{"num_queues": 2}"#, &[raw, raw]);
+    assert_eq!(code, 400, "{reply}");
+    let msg = reply["error"].as_str().unwrap_or_default();
+    assert!(msg.contains("one fd per queue pair"), "{msg}");
+    assert!(
+        msg.contains("2 file descriptors received and closed"),
+        "{msg}"
+    );
+    // On an endpoint that takes none, too.
+    let (code, _) = put_with_fds(&mut s, "vm.add-disk", r#"{"path": "/img"}"#, &[raw]);
+    assert_eq!(code, 200);
+    assert_eq!(vm.disks.lock().unwrap().len(), 1);
+    drop(write_end);
+    assert!(writers_gone(&mut read_end), "the server kept a descriptor");
+    assert_eq!(vm.nets.lock().unwrap().len(), 1);
+
+    // More than the bound on one request: refused, every one closed (the
+    // surplus as it arrives), and the connection serves on.
+    let (mut read_end, write_end) = pipe();
+    let many = vec![write_end.as_raw_fd(); MAX_REQUEST_FDS + 1];
+    let (code, reply) = put_with_fds(&mut s, "vm.add-net", "{}", &many);
+    assert_eq!(code, 400, "{reply}");
+    let msg = reply["error"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains(&format!("more than {MAX_REQUEST_FDS} file descriptors")),
+        "{msg}"
+    );
+    drop(write_end);
+    assert!(writers_gone(&mut read_end), "the server kept a descriptor");
+    assert_eq!(vm.nets.lock().unwrap().len(), 1, "the handler never ran");
+    // Exactly the bound is taken: 8 pairs on 16 descriptors.
+    let fds: Vec<EventFd> = (0..MAX_REQUEST_FDS)
+        .map(|_| EventFd::new(0).unwrap())
+        .collect();
+    let raws: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    let (code, reply) = put_with_fds(&mut s, "vm.add-net", r#"{"id": "mq"}"#, &raws);
+    assert_eq!(code, 200, "{reply}");
+    let nets = vm.nets.lock().unwrap();
+    let mq = nets.get(1).expect("the second NIC");
+    assert_eq!((mq.fds.len(), mq.cfg.num_queues), (16, 32));
+}
