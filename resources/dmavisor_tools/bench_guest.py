@@ -828,8 +828,17 @@ def report(outdir, records, meta):
         md.append("")
     md += ["## Comparisons across boots", "",
            "Same configuration, two VMMs: ratio of medians, then the Mann-Whitney U test.", ""]
-    md += [f"- x{rnum(rat)}: {text}" for _, _, _, rat, text in comparisons(records)] or [
+    comps = comparisons(records)
+    md += [f"- x{rnum(rat)}: {text}" for _, _, _, rat, text in comps] or [
         "- (no configuration ran under two VMMs)"]
+    tested = [t for *_, t in comps if "too few to test" not in t]
+    if tested:
+        found = sum(1 for t in tested if "no significant difference" not in t)
+        # each test has a 5% chance of a false "faster" or "slower"
+        md += ["", f"{len(tested)} comparisons tested at p < 0.05: about "
+               f"{0.05 * len(tested):.2g} significant results are expected by chance alone; "
+               f"{found} found. A single significant cell among many is no finding until "
+               "a second run repeats it."]
     md.append("")
     md += ["## Plots", "", "![throughput](throughput.png)", "", "![latency](latency.png)", "",
            "![DMA microbenchmark](dma.png)", "", "![requests per DMA](requests_per_dma.png)", ""]
