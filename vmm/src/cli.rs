@@ -10,7 +10,9 @@ use crate::error::Error;
 /// dmavisor: boots a Linux kernel in a KVM virtual machine.
 ///
 /// The guest's `poweroff` ends dmavisor with exit code 0; a guest reboot
-/// also ends it with exit code 0 (there is no in-place reset). A guest
+/// also ends it with exit code 0. With --api-socket neither does: the VM
+/// is torn down and dmavisor serves on (a reboot rebuilds it in place),
+/// until vmm.shutdown (exit code 0). A guest
 /// triple fault or a KVM failure ends it with exit code 1, bad options with 2,
 /// a panic in any of its threads with 101.
 ///

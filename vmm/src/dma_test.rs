@@ -541,6 +541,12 @@ impl PciDevice for DmaTestDevice {
         &self.config
     }
 
+    /// The VM's teardown: the streaming thread, a DMA consumer, is
+    /// stopped and joined (`DmaStreamer`'s drop) before memory goes.
+    fn stop(&mut self) {
+        self.streamer = None;
+    }
+
     fn config_mut(&mut self) -> &mut PciConfiguration {
         &mut self.config
     }

@@ -15,10 +15,14 @@ pub enum ExitEvent {
         /// vCPU index.
         vcpu: u8,
     },
-    /// `vmm.shutdown` or `vm.shutdown` through the REST API.
+    /// `vmm.shutdown` through the REST API: the VM (if any) is torn down
+    /// and the VMM ends.
     ApiShutdown,
-    /// `vm.reboot` through the REST API: the caller boots the VM again
-    /// (see `crate::reboot`) instead of ending the process.
+    /// `vm.shutdown` (or `vm.delete` of a running VM) through the REST
+    /// API: the VM is torn down and the VMM goes on serving the API.
+    VmShutdown,
+    /// `vm.reboot` through the REST API: the VM is torn down and built
+    /// again from its configuration, in this process.
     ApiReboot,
     /// An unrecoverable KVM or VMM error.
     Error(Failure),
@@ -78,13 +82,15 @@ pub enum Failure {
 }
 
 impl ExitEvent {
-    /// Exit code of the VMM process: 0 for guest-requested power-off or
-    /// reboot, 1 for failures.
+    /// Exit code of the VMM process when this event ends it: 0 for a
+    /// guest-requested power-off or reboot (a VMM without an API socket
+    /// ends on either), 1 for failures.
     pub fn exit_code(&self) -> i32 {
         match self {
             ExitEvent::PowerOff
             | ExitEvent::Reset
             | ExitEvent::ApiShutdown
+            | ExitEvent::VmShutdown
             | ExitEvent::ApiReboot => 0,
             ExitEvent::TripleFault { .. } | ExitEvent::Error(_) => 1,
         }
@@ -94,11 +100,12 @@ impl ExitEvent {
     pub fn describe(&self) -> String {
         match self {
             ExitEvent::PowerOff => "guest powered off".into(),
-            ExitEvent::Reset => "guest requested a reboot; dmavisor does not reset in place".into(),
+            ExitEvent::Reset => "guest requested a reboot".into(),
             ExitEvent::TripleFault { vcpu } => format!(
                 "guest triple fault on vCPU {vcpu} (KVM_EXIT_SHUTDOWN): the guest kernel crashed or did not boot"
             ),
             ExitEvent::ApiShutdown => "shut down through the API".into(),
+            ExitEvent::VmShutdown => "VM shut down through the API".into(),
             ExitEvent::ApiReboot => "reboot requested through the API".into(),
             ExitEvent::Error(failure) => failure.to_string(),
         }

@@ -12,7 +12,7 @@ use vmm::config::VmConfig;
 use vmm::error::Error;
 use vmm::exit::{ExitEvent, Failure};
 use vmm::sandbox::SandboxError;
-use vmm::{api, cli, panic_exit, reboot, sandbox, sandbox_rules, vm};
+use vmm::{api, cli, event_monitor, panic_exit, sandbox, sandbox_rules, vm};
 
 fn init_logging(verbosity: u8) {
     let default = match verbosity {
@@ -26,29 +26,12 @@ fn init_logging(verbosity: u8) {
         .init();
 }
 
-/// What a rebooted image inherits from the one before it.
-struct Inherited {
-    api_fd: Option<std::os::fd::RawFd>,
-    config: Option<String>,
-}
-
-/// Serves the API (if asked) and boots the VM of the command line or of
-/// the reboot hand-over (if any); the VM then runs on its own threads.
-/// The sandbox goes in first: every thread starts inside it.
-fn start(cli: &cli::Cli, vmm: &Arc<Controller>, inherited: Inherited) -> Result<(), Error> {
-    // A handed-over configuration is the VM as it ran (created through
-    // the API, or changed by hotplug since the command line built it).
-    let config = match inherited.config {
-        Some(json) => Some(
-            api::vm_config::parse(json.as_bytes()).map_err(|e| Error::HandedOver(Box::new(e)))?,
-        ),
-        None => cli.to_config()?,
-    };
-    let mut socket = cli.api_socket()?;
-    // A rebooted image serves the socket its predecessor listened on.
-    if let (Some(fd), Some(_)) = (inherited.api_fd, &socket) {
-        socket = Some(ApiSocket::Fd(fd));
-    }
+/// Serves the API (if asked) and boots the VM of the command line (if
+/// any); the VM then runs on its own threads. The sandbox goes in first:
+/// every thread starts inside it.
+fn start(cli: &cli::Cli, vmm: &Arc<Controller>) -> Result<(), Error> {
+    let config = cli.to_config()?;
+    let socket = cli.api_socket()?;
     let options = cli.sandbox()?;
     if let Err(e) = confine(&options, config.as_ref(), socket.as_ref()) {
         eprintln!("dmavisor: error: {e}");
@@ -59,6 +42,7 @@ fn start(cli: &cli::Cli, vmm: &Arc<Controller>, inherited: Inherited) -> Result<
     }
     if let Some(s) = &socket {
         api::spawn(s, vmm.clone())?;
+        vmm.set_serving_api(true);
     }
     if config.is_some() {
         vmm.boot_reserved()?;
@@ -68,7 +52,8 @@ fn start(cli: &cli::Cli, vmm: &Arc<Controller>, inherited: Inherited) -> Result<
 
 /// no_new_privs, Landlock (if asked) and the seccomp mode of every thread
 /// started from now on; the main thread itself is never filtered (it
-/// re-executes the binary on `vm.reboot`, and a filter survives `execve`).
+/// tears VMs down and builds them again on a reboot, which needs the
+/// calls of every thread kind).
 fn confine(
     options: &cli::SandboxOptions,
     config: Option<&VmConfig>,
@@ -86,22 +71,39 @@ fn confine(
     Ok(())
 }
 
-fn main() {
-    // Before anything opens a descriptor or starts a thread.
-    reboot::record_startup_fds();
-    let inherited = Inherited {
-        api_fd: reboot::take_inherited_api_fd(),
-        config: reboot::take_inherited_config(),
+/// Opens `--event-monitor`'s stream before any thread starts (and before
+/// Landlock, which may not allow its path): exit code and error if not.
+fn open_event_monitor(cli: &cli::Cli) -> Result<(), (i32, String)> {
+    let Some(target) = cli.event_monitor().map_err(|e| (2, e.to_string()))? else {
+        return Ok(());
     };
+    let file = target
+        .open()
+        .map_err(|e| (1, format!("--event-monitor {target:?}: {e}")))?;
+    // main runs once: nothing was installed before.
+    let _ = event_monitor::install(Box::new(file));
+    Ok(())
+}
+
+fn main() {
     let cli = cli::Cli::parse();
+    if cli.version {
+        println!("{}", cli::version_line());
+        return;
+    }
     init_logging(cli.verbose);
+    if let Err((code, e)) = open_event_monitor(&cli) {
+        eprintln!("dmavisor: error: {e}");
+        std::process::exit(code);
+    }
+    event_monitor::emit("vmm", "starting", &[]);
     panic_exit::install();
     let (exit_tx, exit_rx) = channel();
     let vmm = Arc::new(Controller::new(
         exit_tx,
         Box::new(|config, exit| Ok(vm::start(config, exit)?)),
     ));
-    if let Err(e) = start(&cli, &vmm, inherited) {
+    if let Err(e) = start(&cli, &vmm) {
         eprintln!("dmavisor: error: {e}");
         let code = if matches!(e.step_error(), Error::InvalidOption { .. }) {
             2
@@ -110,27 +112,18 @@ fn main() {
         };
         std::process::exit(code);
     }
-    // The controller holds a sender: this waits until something ends the VMM.
-    let event = exit_rx
-        .recv()
-        .unwrap_or(ExitEvent::Error(Failure::ChannelClosed));
-    vmm.finish(&event);
-    if event == ExitEvent::ApiReboot {
-        // A VM created through the API is not in the arguments, and one
-        // whose devices were hotplugged is no longer what they say.
-        let from_cli = cli
-            .to_config()
-            .ok()
-            .flatten()
-            .map(|c| api::vm_config::to_json(&c).to_string());
-        let handover = vmm
-            .config_json()
-            .filter(|now| Some(now) != from_cli.as_ref());
-        let e = reboot::reexec(api::listener_fd(), handover.as_deref());
-        eprintln!("dmavisor: error: {e}");
-        std::process::exit(1);
-    }
-    let code = event.exit_code();
+    // The controller holds a sender: this waits for the events that end
+    // a VM (torn down, then rebuilt or left created) or the VMM.
+    let event = loop {
+        let event = exit_rx
+            .recv()
+            .unwrap_or(ExitEvent::Error(Failure::ChannelClosed));
+        if let Some(code) = vmm.on_exit(&event, || exit_rx.try_recv().ok()) {
+            break (event, code);
+        }
+    };
+    let (event, code) = event;
+    event_monitor::emit("vmm", "shutdown", &[]);
     if code != 0 {
         eprintln!("dmavisor: {}", event.describe());
     }

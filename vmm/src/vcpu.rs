@@ -259,8 +259,12 @@ impl Vcpu {
         // wait for a vCPU that will never park.
         let _running = self.control.running_guard();
         loop {
-            // A pause kicks the thread out of KVM_RUN (EINTR); it parks here.
-            self.control.checkpoint();
+            // A pause kicks the thread out of KVM_RUN (EINTR); it parks
+            // here. A teardown kicks it out the same way and ends it here.
+            if !self.control.checkpoint() {
+                debug!("vCPU {index}: stopped for the VM's teardown");
+                return;
+            }
             match self.fd.run() {
                 Ok(VcpuExit::IoIn(..)) => {
                     let (port, size, data) = io_exit_data(&mut self.fd);

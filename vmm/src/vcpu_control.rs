@@ -53,6 +53,22 @@ pub enum PauseError {
     Signal(#[source] vmm_sys_util::errno::Error),
 }
 
+/// Why [`VcpuControl::stop`] failed.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum StopError {
+    /// Some vCPU thread did not end in time.
+    #[error("{running} vCPU thread(s) still ran {waited:?} after the VM was told to stop")]
+    Timeout {
+        /// Threads not ended.
+        running: usize,
+        /// How long the stop waited.
+        waited: Duration,
+    },
+    /// The kick signal's handler could not be installed.
+    #[error("installing the vCPU kick signal handler: {0}")]
+    Signal(#[source] vmm_sys_util::errno::Error),
+}
+
 /// The signal that kicks a vCPU thread out of `KVM_RUN`.
 pub fn kick_signal() -> libc::c_int {
     SIGRTMIN()
@@ -82,6 +98,9 @@ struct State {
     parked: usize,
     /// vCPU threads that have left their run loop for good.
     exited: usize,
+    /// The VM is being torn down: every vCPU leaves its run loop at its
+    /// next checkpoint, for good.
+    stop: bool,
 }
 
 /// The pause state shared by the vCPU threads and the API.
@@ -121,23 +140,86 @@ impl VcpuControl {
     }
 
     /// Called by a vCPU thread before each `KVM_RUN`: parks while the VM
-    /// is to be paused.
-    pub fn checkpoint(&self) {
-        // A pause that sets the flag after this load kicks the thread out
-        // of the KVM_RUN it is about to enter, and it comes back here.
+    /// is to be paused. Returns false once the VM is being torn down
+    /// ([`VcpuControl::stop`]): the thread must leave its run loop.
+    pub fn checkpoint(&self) -> bool {
+        // A pause or stop that sets the flag after this load kicks the
+        // thread out of the KVM_RUN it is about to enter, and it comes
+        // back here.
         if !self.pause_requested.load(Ordering::Acquire) {
-            return;
+            return true;
         }
         let mut st = self.lock();
+        if st.stop {
+            return false;
+        }
         if !st.pause {
-            return;
+            return true;
         }
         st.parked += 1;
         self.changed.notify_all();
-        while st.pause {
+        while st.pause && !st.stop {
             st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         st.parked -= 1;
+        !st.stop
+    }
+
+    /// Ends every vCPU thread for good and joins it: a parked vCPU is let
+    /// go, a running one is kicked out of `KVM_RUN` every
+    /// [`KICK_INTERVAL`] until its checkpoint sends it out of its loop.
+    /// Returns how many threads were joined.
+    ///
+    /// WHY joined and not only told: guest RAM may be unmapped and the VM
+    /// file closed only once no thread can be inside `KVM_RUN` or a
+    /// device access any more. A thread that has not ended within
+    /// `timeout` is an error; the caller must then keep the VM's memory
+    /// mapped (it ends the VMM).
+    pub fn stop(&self, timeout: Duration) -> Result<usize, StopError> {
+        if let Err(PauseError::Signal(e)) = install_kick_handler() {
+            return Err(StopError::Signal(e));
+        }
+        {
+            let mut st = self.lock();
+            st.stop = true;
+            self.pause_requested.store(true, Ordering::Release);
+            self.changed.notify_all();
+        }
+        let started = Instant::now();
+        loop {
+            self.kick_all();
+            let running = self
+                .threads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .filter(|t| !t.is_finished())
+                .count();
+            if running == 0 {
+                break;
+            }
+            if started.elapsed() >= timeout {
+                return Err(StopError::Timeout {
+                    running,
+                    waited: started.elapsed(),
+                });
+            }
+            std::thread::sleep(KICK_INTERVAL);
+        }
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        let joined = threads.len();
+        for t in threads {
+            if t.join().is_err() {
+                warn!("a vCPU thread panicked");
+            }
+        }
+        debug!("{joined} vCPU thread(s) stopped in {:?}", started.elapsed());
+        Ok(joined)
+    }
+
+    /// vCPU threads registered and not joined yet.
+    pub fn threads(&self) -> usize {
+        self.threads.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// A guard that a vCPU thread holds while it runs: dropping it (the
@@ -258,8 +340,8 @@ mod tests {
         thread::spawn(move || {
             let _running = ctl.running_guard();
             while !stop.load(Ordering::Relaxed) {
-                if park {
-                    ctl.checkpoint();
+                if park && !ctl.checkpoint() {
+                    return;
                 }
                 count.fetch_add(1, Ordering::Relaxed);
                 thread::sleep(Duration::from_millis(1));
@@ -344,6 +426,74 @@ mod tests {
     }
 
     #[test]
+    fn stop_ends_running_parked_and_blocked_vcpus_and_joins_them() {
+        let ctl = VcpuControl::new(3);
+        let count = Arc::new(AtomicU64::new(0));
+        // Never told to stop by its own flag: only the control ends it.
+        let never = Arc::new(AtomicBool::new(false));
+        let token = Arc::new(());
+        for _ in 0..2 {
+            let t = token.clone();
+            let (c, n, s) = (ctl.clone(), count.clone(), never.clone());
+            ctl.add_thread(thread::spawn(move || {
+                let _t = t;
+                let _running = c.running_guard();
+                while !s.load(Ordering::Relaxed) {
+                    if !c.checkpoint() {
+                        return;
+                    }
+                    n.fetch_add(1, Ordering::Relaxed);
+                    thread::sleep(Duration::from_millis(1));
+                }
+            }));
+        }
+        // A third one blocked in a syscall (as in KVM_RUN): only the kick
+        // brings it back to its checkpoint.
+        let mut fds = [0; 2];
+        // SAFETY: fds is a valid array of two descriptors to fill.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let rd = fds[0];
+        install_kick_handler().unwrap();
+        let (c, t) = (ctl.clone(), token.clone());
+        ctl.add_thread(thread::spawn(move || {
+            let _t = t;
+            let _running = c.running_guard();
+            while c.checkpoint() {
+                let mut b = [0u8; 1];
+                // SAFETY: reads at most one byte into `b`.
+                unsafe { libc::read(rd, b.as_mut_ptr().cast(), 1) };
+            }
+        }));
+        // Parked first: a stop must also release a paused VM's vCPUs.
+        ctl.pause(Duration::from_secs(5)).unwrap();
+        assert_eq!(ctl.stop(Duration::from_secs(5)), Ok(3));
+        assert_eq!(ctl.threads(), 0, "every handle joined");
+        assert_eq!(Arc::strong_count(&token), 1, "every thread ended");
+        let after = count.load(Ordering::Relaxed);
+        thread::sleep(Duration::from_millis(20));
+        assert_eq!(count.load(Ordering::Relaxed), after, "a stopped vCPU ran");
+        // SAFETY: both descriptors are ours, closed once.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+    }
+
+    #[test]
+    fn a_vcpu_that_never_checks_in_fails_the_stop() {
+        let ctl = VcpuControl::new(1);
+        let count = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        ctl.add_thread(fake_vcpu(&ctl, count, stop.clone(), false));
+        let err = ctl.stop(Duration::from_millis(100)).unwrap_err();
+        assert!(
+            matches!(err, StopError::Timeout { running: 1, .. }),
+            "{err:?}"
+        );
+        stop.store(true, Ordering::Relaxed);
+    }
+
+    #[test]
     fn ended_vcpus_do_not_hold_up_a_pause() {
         let ctl = VcpuControl::new(2);
         let stop = Arc::new(AtomicBool::new(true));
@@ -379,7 +529,9 @@ mod tests {
         let h = thread::spawn(move || {
             let _running = c.running_guard();
             loop {
-                c.checkpoint();
+                if !c.checkpoint() {
+                    return;
+                }
                 r.store(true, Ordering::SeqCst);
                 let mut b = [0u8; 1];
                 // SAFETY: reads at most one byte into `b`.

@@ -1,5 +1,6 @@
 //! Building the VM from a [`VmConfig`] and starting its vCPUs; the caller
-//! waits on the exit channel for why it ends.
+//! waits on the exit channel for why it ends, and tears it down through
+//! the [`VmOwner`] that the build filled.
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -51,6 +52,7 @@ use crate::sandbox::{self, ThreadKind};
 use crate::vcpu::{BootEntry, Vcpu};
 use crate::vcpu_control::VcpuControl;
 use crate::vfio::hotplug::VfioHotplug;
+use crate::vm_owner::VmOwner;
 
 fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), Error> {
     for (slot, region) in mem.iter().enumerate() {
@@ -64,8 +66,9 @@ fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), Error> {
             memory_size: region.len(),
             userspace_addr: host as u64,
         };
-        // SAFETY: the region is a live mapping owned by `mem`, which outlives
-        // the VM (both live until the process exits).
+        // SAFETY: the region is a live mapping owned by `mem`; the VM's
+        // owner (`crate::vm_owner`) stops every vCPU and device before it
+        // drops the KVM VM, and drops guest RAM only after that.
         unsafe { vm.set_user_memory_region(desc) }
             .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
     }
@@ -400,13 +403,53 @@ fn create_vcpus(
     Ok(vcpus)
 }
 
+/// What the VM's end logs: the devices' DMA figures.
+struct Figures {
+    hotplug: Arc<VfioHotplug>,
+    iotlbs: Vec<(String, Arc<crate::vhost_user::iotlb::BackendIotlb>)>,
+    iommu: Option<Arc<virtio_iommu::device::IommuDevice>>,
+}
+
+impl Figures {
+    fn log(&self) {
+        for (_, m) in self.hotplug.mirrors() {
+            m.log_stats();
+        }
+        for (name, iotlb) in &self.iotlbs {
+            iotlb.log_stats(name);
+        }
+        if let Some(p) = &self.iommu {
+            let c = p.request_counts();
+            info!(
+                "virtio-iommu: {} MAP, {} UNMAP, {} ATTACH, {} DETACH, {} PROBE, {} \
+                 ATTACH_TABLE, {} INVALIDATE requests ({} failed, INVALIDATEs took {} us); \
+                 {} invalidation batches ({} us), {} consumer calls",
+                c.map,
+                c.unmap,
+                c.attach,
+                c.detach,
+                c.probe,
+                c.attach_table,
+                c.invalidate,
+                c.failed,
+                c.invalidate_ns / 1000,
+                c.invalidation_batches,
+                c.invalidation_ns / 1000,
+                c.invalidator_calls
+            );
+        }
+    }
+}
+
 /// Builds the VM described by `config` and starts its vCPUs; every reason
 /// for it to end is sent on `exit_tx`. Returns without waiting for the
 /// guest, so the REST API can boot a VM and go on answering.
 ///
 /// The build is a sequence of named steps: memory and boot, the KVM VM,
 /// legacy devices, PCI devices, ACPI (once), vCPUs; a failure says which
-/// ([`StartError`]).
+/// ([`StartError`]). Every part goes to a [`VmOwner`] as soon as it is
+/// made: a failed step drops the owner, which tears down what was built
+/// and releases guest RAM. The returned `finish` tears the VM down.
 pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartError> {
     let step = StartError::step;
     let started = Instant::now();
@@ -415,7 +458,9 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
         crate::vfio::check_assignable(d).map_err(step(StartError::CheckDevices))?;
     }
     let image = load_memory_and_boot(config).map_err(step(StartError::MemoryAndBoot))?;
+    let mut owner = VmOwner::new(image.mem.clone());
     let (kvm, vm) = create_kvm_vm(config, &image.mem).map_err(step(StartError::KvmVm))?;
+    owner.own_vm(vm.clone());
     let LegacyDevices {
         pio,
         mmio,
@@ -426,6 +471,7 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
         eject_rx,
     } = add_legacy_devices(config, &vm, image.windows, &exit_tx)
         .map_err(step(StartError::LegacyDevices))?;
+    owner.own_buses(pio.clone(), mmio.clone(), pci.clone());
     let resources = VmResources {
         vm: vm.clone(),
         mem: image.mem.clone(),
@@ -435,12 +481,14 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
         exit: exit_tx.clone(),
         irq_router: Arc::new(crate::interrupt::GsiRouter::new(vm.clone())),
     };
+    owner.own_resources(resources.clone());
     let devices = add_pci_devices(config, &resources).map_err(step(StartError::PciDevices))?;
     write_acpi(config, &image.mem, image.windows, devices.iommu.as_ref())
         .map_err(step(StartError::Acpi))?;
 
     // From here on the vIOMMU is shared with the hotplug thread.
     let iommu = devices.iommu.map(|p| Arc::new(Mutex::new(p)));
+    owner.own_iommu(iommu.clone());
     let iommu_device = iommu
         .as_ref()
         .map(|p| p.lock().unwrap_or_else(|e| e.into_inner()).device());
@@ -453,7 +501,9 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
         eject_rx,
     )
     .map_err(step(StartError::Hotplug))?;
+    owner.own_hotplug(hotplug.clone());
     let vcpu_control = VcpuControl::new(usize::from(config.cpus.boot));
+    owner.own_vcpus(vcpu_control.clone());
     let counters = crate::api::vm_state::CounterSources {
         iommu: iommu_device.clone(),
         vfio: Some(hotplug.clone()),
@@ -484,12 +534,13 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
     );
 
     if let (Some(dev), SerialConfig::Tty) = (&serial, &config.serial) {
-        spawn_stdin_reader(dev.clone()).map_err(|source| {
+        let reader = spawn_stdin_reader(dev.clone()).map_err(|source| {
             StartError::Threads(Box::new(Error::Os {
                 what: "stdin thread",
                 source,
             }))
         })?;
+        owner.own_stdin(reader);
     }
     for vcpu in vcpus {
         let name = format!("vcpu{}", vcpu.index());
@@ -503,7 +554,14 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
         vcpu_control.add_thread(handle);
     }
     drop(exit_tx);
+    // Only the owner (and the API's view) hold the VM from here on.
+    drop((resources, iommu, image, vm, kvm));
 
+    let figures = Figures {
+        hotplug,
+        iotlbs: devices.net.iotlbs,
+        iommu: iommu_device,
+    };
     let finish = move |event: &ExitEvent| {
         if let Some(dev) = &serial {
             dev.lock().unwrap_or_else(|e| e.into_inner()).flush();
@@ -513,38 +571,12 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
             event.describe(),
             started.elapsed().as_secs_f64()
         );
-        for (_, m) in hotplug.mirrors() {
-            m.log_stats();
-        }
-        for (name, iotlb) in &devices.net.iotlbs {
-            iotlb.log_stats(name);
-        }
-        if let Some(p) = &iommu_device {
-            let c = p.request_counts();
-            info!(
-                "virtio-iommu: {} MAP, {} UNMAP, {} ATTACH, {} DETACH, {} PROBE, {} \
-                 ATTACH_TABLE, {} INVALIDATE requests ({} failed, INVALIDATEs took {} us); \
-                 {} invalidation batches ({} us), {} consumer calls",
-                c.map,
-                c.unmap,
-                c.attach,
-                c.detach,
-                c.probe,
-                c.attach_table,
-                c.invalidate,
-                c.failed,
-                c.invalidate_ns / 1000,
-                c.invalidation_batches,
-                c.invalidation_ns / 1000,
-                c.invalidator_calls
-            );
-        }
-        // Other vCPU threads may still be inside KVM_RUN: unmapping guest
-        // RAM under them makes KVM fail with EFAULT. The caller ends the
-        // process right after this, so the VM is deliberately leaked.
-        std::mem::forget(iommu);
-        std::mem::forget(resources);
-        std::mem::forget(image.mem);
+        figures.log();
+        // What the figures held goes before the owner checks that guest
+        // RAM was released.
+        drop(figures);
+        drop(serial);
+        owner.teardown();
     };
     Ok(Booted {
         api,

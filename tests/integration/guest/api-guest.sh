@@ -7,7 +7,9 @@
 # module, is an input device named "Power Button"; a press is a KEY_POWER
 # input event on its /dev/input/eventN. With no acpid here, this script is
 # the userspace that answers it: it reports the press and ends, and the
-# initramfs init then powers off (S5), which ends the VMM with status 0.
+# initramfs init then powers off (S5). With api.button=reboot on the
+# kernel command line it runs `reboot` instead (the guest asks for a
+# reset, which dmavisor answers by rebuilding the VM in place).
 echo "GUEST-UP cpus=$(grep -c '^processor' /proc/cpuinfo)"
 ev=
 for d in /sys/class/input/event*; do
@@ -37,4 +39,9 @@ if dd of=/dev/null bs=24 count=1 <&3 2>/dev/null; then
     echo "GUEST-POWER-BUTTON pressed"
 fi
 kill "$beat"
+if grep -q 'api.button=reboot' /proc/cmdline; then
+    echo "GUEST-REBOOTING"
+    reboot -f
+    sleep 60
+fi
 exit 0

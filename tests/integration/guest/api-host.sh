@@ -3,21 +3,29 @@
 # (guest/api-guest.sh) under dmavisor with --api-socket and drives the
 # REST API with curl --unix-socket as a management stack would.
 #
-#   api-host.sh lifecycle|shutdown|create BIN KERNEL INITRD
+#   api-host.sh lifecycle|shutdown|create|boot_again|guest_reboot BIN KERNEL INITRD
 #
 # lifecycle: ping, info, counters; bad requests (404, 405, 400, 501) with
 #   the VM still running; pause (heartbeats stop, info says Paused, a
 #   second pause and a resume-while-running are refused); resume
 #   (heartbeats go on); reboot (the guest boots again, the same socket and
-#   PID answer); power button (the guest sees the press and powers off,
-#   the VMM exits 0).
+#   PID answer); power button (the guest sees the press and powers off;
+#   the VM is torn down, the VMM serves on with it created), then
+#   vmm.shutdown (exit 0).
 # shutdown: pause, then vmm.shutdown of the paused VM (exit 0).
 # create: dmavisor with only --api-socket; before vm.create, vm.info and
 #   vm.boot answer 404 and bad bodies 400; vm.create with a VmConfig JSON
 #   body (2 vCPUs, 512M, the kernel and initramfs), a second create 409,
 #   vm.boot (the guest comes up and beats), vm.info Running with the
-#   config; vm.reboot (the config is handed over: the same VM boots again),
-#   then vm.shutdown ends the VMM with 0.
+#   config; vm.reboot (the same VM boots again in the same process), then
+#   vm.shutdown (the VMM serves on, the VM created), vmm.shutdown (exit 0).
+# boot_again: vm.shutdown of a running guest; the VMM answers vm.info
+#   (Created); vm.boot boots the same VM a second time in the same
+#   process; vm.delete of the running VM frees it (vm.info 404);
+#   vmm.shutdown (exit 0).
+# guest_reboot: api.button=reboot: the power button makes the guest run
+#   `reboot`; the VM is rebuilt in place and boots a second time in the
+#   same process; then vm.shutdown and vmm.shutdown (exit 0).
 #
 # Prints one "API-REQ name method path body" and one "API-REP name
 # HTTP=code body" line per request, "API-OBS name key=value..." for what
@@ -32,12 +40,14 @@ sock=$dir/api.sock
 serial=$dir/serial.log
 log=$dir/vmm.log
 
+cmdline="console=ttyS0 quiet panic=-1"
+[ "$mode" = guest_reboot ] && cmdline="$cmdline api.button=reboot"
 if [ "$mode" = create ]; then
     # Only the API: the VM comes from vm.create.
     "$bin" --api-socket "path=$sock" -v 2>"$log" &
 else
     "$bin" --api-socket "path=$sock" --kernel "$kernel" --initramfs "$initrd" \
-        --cmdline "console=ttyS0 quiet panic=-1" --cpus boot=2,max=4 \
+        --cmdline "$cmdline" --cpus boot=2,max=4 \
         --memory size=512M --serial "file=$serial" -v 2>"$log" &
 fi
 vm=$!
@@ -72,6 +82,18 @@ api() {
 }
 alive() {
     if kill -0 "$vm" 2>/dev/null; then echo "API-ALIVE $1 1"; else echo "API-ALIVE $1 0"; fi
+}
+# wait_state STATE SECONDS: until vm.info says STATE (a VM torn down by
+# vm.shutdown or a guest power-off reads "Created").
+wait_state() {
+    t0=$(date +%s)
+    while [ $(($(date +%s) - t0)) -lt "$2" ]; do
+        kill -0 "$vm" 2>/dev/null || break
+        curl -sS -m 5 --unix-socket "$sock" http://localhost/api/v1/vm.info 2>/dev/null |
+            grep -q "\"state\":\"$1\"" && break
+        sleep 0.2
+    done
+    echo "API-OBS wait_state state=$1 waited_s=$(($(date +%s) - t0))"
 }
 # The VMM must end on its own, promptly.
 wait_exit() {
@@ -124,7 +146,11 @@ lifecycle)
     wait_for GUEST-BUTTON-OPEN 2 30
 
     api power_button PUT vm.power-button
-    wait_exit 120 vm.power-button
+    wait_state Created 120
+    api info_after_poweroff GET vm.info
+    alive after_poweroff
+    api vmm_shutdown PUT vmm.shutdown
+    wait_exit 30 vmm.shutdown
     ;;
 create)
     t0=$(date +%s)
@@ -157,7 +183,47 @@ create)
     api ping_after_reboot GET vmm.ping
     api info_after_reboot GET vm.info
     api shutdown PUT vm.shutdown
-    wait_exit 10 vm.shutdown
+    wait_state Created 30
+    api info_after_shutdown GET vm.info
+    alive after_shutdown
+    api vmm_shutdown PUT vmm.shutdown
+    wait_exit 30 vmm.shutdown
+    ;;
+boot_again)
+    wait_for GUEST-BEAT 2 60
+    api ping GET vmm.ping
+    api shutdown PUT vm.shutdown
+    wait_state Created 30
+    api info_after_shutdown GET vm.info
+    api ping_after_shutdown GET vmm.ping
+    alive after_shutdown
+    beats=$(count GUEST-BEAT)
+    sleep 3
+    echo "API-OBS shut_down_beats before=$beats after=$(count GUEST-BEAT)"
+    api boot PUT vm.boot
+    wait_for GUEST-UP 2 180
+    wait_for GUEST-BEAT $((beats + 2)) 60
+    api ping_after_boot GET vmm.ping
+    api info_after_boot GET vm.info
+    api delete PUT vm.delete
+    api info_after_delete GET vm.info
+    alive after_delete
+    api vmm_shutdown PUT vmm.shutdown
+    wait_exit 30 vmm.shutdown
+    ;;
+guest_reboot)
+    wait_for GUEST-BUTTON-OPEN 1 60
+    api ping GET vmm.ping
+    api power_button PUT vm.power-button
+    wait_for GUEST-UP 2 180
+    wait_for GUEST-BUTTON-OPEN 2 60
+    api ping_after_reboot GET vmm.ping
+    api info_after_reboot GET vm.info
+    api shutdown PUT vm.shutdown
+    wait_state Created 30
+    api info_after_shutdown GET vm.info
+    api vmm_shutdown PUT vmm.shutdown
+    wait_exit 30 vmm.shutdown
     ;;
 shutdown)
     api ping GET vmm.ping

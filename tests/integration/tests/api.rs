@@ -4,11 +4,13 @@
 //! bad requests, pause and resume (the guest's one-per-second heartbeats
 //! stop and go on), reboot (the guest boots a second time behind the same
 //! socket and PID), the ACPI power button (the guest sees the press and
-//! powers off, the VMM exits 0), `vmm.shutdown` of a paused VM, and a VM
+//! powers off; the VMM serves on), `vmm.shutdown` of a paused VM, a VM
 //! configured remotely: dmavisor started with only `--api-socket`, then
-//! `vm.create` (cloud-hypervisor's `VmConfig` JSON) and `vm.boot`.
+//! `vm.create` (cloud-hypervisor's `VmConfig` JSON) and `vm.boot`; and
+//! issue 29's VM owner: `vm.shutdown` then `vm.boot` again in the same
+//! process, and a reboot the guest asks for rebuilt in place.
 //!
-//! The three cases run in ONE KVM-environment session; the requests and
+//! The cases run in ONE KVM-environment session; the requests and
 //! answers are printed as a transcript.
 
 use std::sync::OnceLock;
@@ -25,8 +27,11 @@ use serde_json::Value;
 /// nested runners.
 const LIFECYCLE_TIMEOUT_SECS: u32 = 600;
 const SHUTDOWN_TIMEOUT_SECS: u32 = 300;
-/// Two boots (the second after the reboot hand-over) and slack.
+/// Two boots (the second after the reboot) and slack.
 const CREATE_TIMEOUT_SECS: u32 = 600;
+/// Two boots and slack.
+const BOOT_AGAIN_TIMEOUT_SECS: u32 = 600;
+const GUEST_REBOOT_TIMEOUT_SECS: u32 = 600;
 const SESSION_TIMEOUT: Duration = Duration::from_secs(2100);
 
 fn session() -> &'static SharedSession {
@@ -59,6 +64,8 @@ fn session() -> &'static SharedSession {
                             case("lifecycle", LIFECYCLE_TIMEOUT_SECS),
                             case("shutdown", SHUTDOWN_TIMEOUT_SECS),
                             case("create", CREATE_TIMEOUT_SECS),
+                            case("boot_again", BOOT_AGAIN_TIMEOUT_SECS),
+                            case("guest_reboot", GUEST_REBOOT_TIMEOUT_SECS),
                         ],
                         None,
                     )
@@ -81,11 +88,18 @@ fn case(name: &str) -> CaseResult {
 /// the guest's markers, the VMM's lifecycle log lines and its exit status.
 fn print_transcript(name: &str, out: &str) {
     println!("--- API transcript of {name} ---");
-    let guest_markers = ["GUEST-UP", "GUEST-POWER-BUTTON", "GUEST-BUTTON-OPEN"];
+    let guest_markers = [
+        "GUEST-UP",
+        "GUEST-POWER-BUTTON",
+        "GUEST-BUTTON-OPEN",
+        "GUEST-REBOOTING",
+    ];
     let vmm_lines = [
         "through the API",
-        "rebooting",
+        "rebooted in place",
+        "guest requested a reboot",
         "guest powered off",
+        "torn down",
         "API listening",
     ];
     for l in out.lines().filter(|l| {
@@ -223,9 +237,17 @@ fn api_socket_endpoints() {
         "press not seen:\n{out}"
     );
     assert_eq!(serial_count(out, "GUEST-SCRIPT-EXIT=0"), 1, "{out}");
+    assert!(out.contains("guest powered off"), "{out}");
+    // The VM is torn down and the VMM serves on (issue 29), until
+    // vmm.shutdown.
+    let (code, off) = reply(out, "info_after_poweroff");
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(off["state"], "Created", "{off}");
+    assert!(out.contains("API-ALIVE after_poweroff 1"), "{out}");
+    assert!(out.contains("guest RAM released"), "{out}");
+    assert_eq!(reply(out, "vmm_shutdown").0, 204, "{out}");
     assert!(!out.contains("API-EXIT-TIMEOUT"), "{out}");
     assert!(out.contains("VMM-EXIT rc=0"), "{out}");
-    assert!(out.contains("guest powered off"), "{out}");
     assert!(!out.contains("Kernel panic"), "{out}");
 }
 
@@ -251,8 +273,9 @@ fn api_shutdown_of_a_paused_vm() {
 /// `vm.create` (404s), bad bodies refused (400) with the VMM still
 /// answering, then `vm.create` with a JSON body and `vm.boot` bring the
 /// guest up; `vm.info` shows it Running with the configuration sent;
-/// `vm.reboot` brings the same VM back (the configuration is not on the
-/// command line: the reboot hands it over); `vm.shutdown` ends the VMM
+/// `vm.reboot` brings the same VM back (its configuration is not on the
+/// command line: the rebuild takes the running VM's); `vm.shutdown`
+/// leaves the VMM serving with the VM created; `vmm.shutdown` ends it
 /// with status 0.
 #[test]
 fn api_create_and_boot_remotely() {
@@ -330,12 +353,117 @@ fn api_create_and_boot_remotely() {
     let (code, rebooted) = reply(out, "info_after_reboot");
     assert_eq!(code, 200, "{out}");
     assert_eq!(rebooted["state"], "Running", "{rebooted}");
-    assert_eq!(&rebooted["config"], config, "the handed-over configuration");
+    assert_eq!(&rebooted["config"], config, "the same configuration");
 
-    // vm.shutdown ends the VMM with 0.
+    // vm.shutdown: the VMM serves on with the VM created; vmm.shutdown
+    // ends it with 0.
     assert_eq!(reply(out, "shutdown").0, 204, "{out}");
+    let (code, down) = reply(out, "info_after_shutdown");
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(down["state"], "Created", "{down}");
+    assert_eq!(&down["config"], config, "{down}");
+    assert!(out.contains("API-ALIVE after_shutdown 1"), "{out}");
+    assert_eq!(reply(out, "vmm_shutdown").0, 204, "{out}");
     assert!(!out.contains("API-EXIT-TIMEOUT"), "{out}");
     assert!(out.contains("VMM-EXIT rc=0"), "{out}");
     assert!(out.contains("shut down through the API"), "{out}");
+    assert!(!out.contains("Kernel panic"), "{out}");
+}
+
+/// Lines of the VMM's log with `text`.
+fn vmm_count(out: &str, text: &str) -> usize {
+    out.lines()
+        .filter(|l| l.starts_with("VMM: ") && l.contains(text))
+        .count()
+}
+
+/// Issue 29: `vm.shutdown` tears the VM down in the process and the VMM
+/// goes on answering (`vm.info` says Created, the guest stops beating);
+/// `vm.boot` boots the same VM a second time in the same process;
+/// `vm.delete` of the running VM frees it (`vm.info` 404); `vmm.shutdown`
+/// ends the VMM with 0. Each teardown joined every thread and released
+/// guest RAM (the VMM's own report).
+#[test]
+fn shutdown_then_boot_again() {
+    let r = case("api_boot_again");
+    let out = &r.output;
+    print_transcript("api_boot_again", out);
+    let (code, ping) = reply(out, "ping");
+    assert_eq!(code, 200, "{out}");
+    let pid = ping["pid"].as_u64();
+    assert!(pid.is_some(), "{ping}");
+
+    assert_eq!(reply(out, "shutdown").0, 204, "{out}");
+    let (code, down) = reply(out, "info_after_shutdown");
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(down["state"], "Created", "{down}");
+    assert_eq!(down["config"]["cpus"]["boot_vcpus"], 2, "{down}");
+    assert_eq!(reply(out, "ping_after_shutdown").1["pid"].as_u64(), pid);
+    assert!(out.contains("API-ALIVE after_shutdown 1"), "{out}");
+    let before = observed(out, "shut_down_beats", "before");
+    assert!(before >= 2, "{out}");
+    assert_eq!(
+        observed(out, "shut_down_beats", "after"),
+        before,
+        "the guest ran after vm.shutdown:\n{out}"
+    );
+
+    // The same VM again, same process.
+    assert_eq!(reply(out, "boot").0, 204, "{out}");
+    assert_eq!(serial_count(out, "GUEST-UP cpus=2"), 2, "boots:\n{out}");
+    assert!(
+        serial_count(out, "GUEST-BEAT") >= before as usize + 2,
+        "no heartbeats after vm.boot:\n{out}"
+    );
+    assert_eq!(reply(out, "ping_after_boot").1["pid"].as_u64(), pid);
+    let (code, up) = reply(out, "info_after_boot");
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(up["state"], "Running", "{up}");
+    assert_eq!(up["config"], down["config"], "the same configuration");
+
+    // vm.delete of the running VM: torn down and forgotten.
+    assert_eq!(reply(out, "delete").0, 204, "{out}");
+    assert_eq!(reply(out, "info_after_delete").0, 404, "{out}");
+    assert!(out.contains("API-ALIVE after_delete 1"), "{out}");
+    assert_eq!(
+        vmm_count(out, "guest RAM released"),
+        2,
+        "two teardowns, each releasing guest RAM:\n{out}"
+    );
+    assert_eq!(reply(out, "vmm_shutdown").0, 204, "{out}");
+    assert!(!out.contains("API-EXIT-TIMEOUT"), "{out}");
+    assert!(out.contains("VMM-EXIT rc=0"), "{out}");
+    assert!(!out.contains("Kernel panic"), "{out}");
+}
+
+/// Issue 29: the guest runs `reboot`; the VM is torn down and rebuilt in
+/// place (no new process image: the same PID answers), the guest boots a
+/// second time; then `vm.shutdown` and `vmm.shutdown` (exit 0).
+#[test]
+fn guest_reboot_rebuilds_in_place() {
+    let r = case("api_guest_reboot");
+    let out = &r.output;
+    print_transcript("api_guest_reboot", out);
+    let (code, ping) = reply(out, "ping");
+    assert_eq!(code, 200, "{out}");
+    let pid = ping["pid"].as_u64();
+    assert!(pid.is_some(), "{ping}");
+    assert_eq!(reply(out, "power_button").0, 204, "{out}");
+    assert_eq!(serial_count(out, "GUEST-REBOOTING"), 1, "{out}");
+    assert!(out.contains("guest requested a reboot"), "{out}");
+    assert_eq!(vmm_count(out, "VM rebooted in place"), 1, "{out}");
+    assert_eq!(serial_count(out, "GUEST-UP cpus=2"), 2, "boots:\n{out}");
+    assert_eq!(serial_count(out, "GUEST-BUTTON-OPEN"), 2, "{out}");
+    assert_eq!(reply(out, "ping_after_reboot").1["pid"].as_u64(), pid);
+    let (code, info) = reply(out, "info_after_reboot");
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(info["state"], "Running", "{info}");
+    // Then off: the VM torn down, the VMM still answering, then ended.
+    assert_eq!(reply(out, "shutdown").0, 204, "{out}");
+    assert_eq!(reply(out, "info_after_shutdown").1["state"], "Created");
+    assert_eq!(vmm_count(out, "guest RAM released"), 2, "{out}");
+    assert_eq!(reply(out, "vmm_shutdown").0, 204, "{out}");
+    assert!(!out.contains("API-EXIT-TIMEOUT"), "{out}");
+    assert!(out.contains("VMM-EXIT rc=0"), "{out}");
     assert!(!out.contains("Kernel panic"), "{out}");
 }

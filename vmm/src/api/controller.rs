@@ -4,13 +4,23 @@
 //!
 //! WHY the VM is built on the caller's thread: `vm.boot` answers once the
 //! VM is built and its vCPUs started, as cloud-hypervisor's does, and
-//! nothing in a build waits on a vCPU; `main` only waits on the exit
-//! channel. A VM is never torn down in the process (see `crate::reboot`):
-//! ending a running VM ends the VMM.
+//! nothing in a build waits on a vCPU.
+//!
+//! Every VM ends on `main`'s thread ([`Controller::on_exit`]), one exit
+//! event at a time: the guest's power-off or reboot, `vm.shutdown`,
+//! `vm.reboot`, `vm.delete` of a running VM (which waits for it) and
+//! `vmm.shutdown`. The VM is torn down in the process (`crate::vm_owner`)
+//! and the VMM goes on: it serves the API with the VM created again
+//! (`vm.boot` starts it anew), or, for a reboot, builds it again at once
+//! from its configuration (hotplugged devices included). A VMM without
+//! an API socket ends after a power-off or a reboot, with status 0, as
+//! nothing could boot its VM again; failures end it with status 1.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use log::{info, warn};
+use log::{debug, info, warn};
 
 use super::routes::{ApiError, VmApi, VmSlot, VmmApi};
 use super::vm_config;
@@ -28,8 +38,8 @@ type Finish = Box<dyn FnOnce(&ExitEvent) + Send>;
 pub struct Booted {
     /// The running VM as the REST API sees it.
     pub api: Arc<dyn VmApi>,
-    /// Flushes the serial output and logs the devices' figures. The vCPU
-    /// threads are not stopped: the caller ends the process right after.
+    /// Flushes the serial output, logs the devices' figures and tears
+    /// the VM down (every thread joined, guest RAM released).
     pub finish: Box<dyn FnOnce(&ExitEvent) + Send>,
 }
 
@@ -44,14 +54,24 @@ enum Phase {
     Running {
         vm: Arc<dyn VmApi>,
         finish: Option<Finish>,
+        /// What it was booted from: its configuration if its own view
+        /// cannot be read back.
+        booted_from: VmConfig,
     },
 }
+
+/// How long `vm.delete` of a running VM waits for `main` to tear it down.
+pub const DELETE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The VMM: at most one VM, created, booted and ended through it.
 pub struct Controller {
     phase: Mutex<Phase>,
+    /// Signalled whenever a torn-down VM's phase settles.
+    settled: Condvar,
     exit: ExitSender,
     build: Builder,
+    /// The API serves: a VM that ends leaves the VMM running.
+    serving: AtomicBool,
 }
 
 impl Controller {
@@ -59,9 +79,17 @@ impl Controller {
     pub fn new(exit: ExitSender, build: Builder) -> Self {
         Self {
             phase: Mutex::new(Phase::Empty),
+            settled: Condvar::new(),
             exit,
             build,
+            serving: AtomicBool::new(false),
         }
+    }
+
+    /// The API serves (`--api-socket`): a VM that powers off or reboots
+    /// leaves the VMM running.
+    pub fn set_serving_api(&self, on: bool) {
+        self.serving.store(on, Ordering::SeqCst);
     }
 
     fn lock(&self) -> MutexGuard<'_, Phase> {
@@ -105,11 +133,14 @@ impl Controller {
     }
 
     fn build_and_run(&self, config: VmConfig) -> Result<(), Error> {
+        crate::event_monitor::emit("vm", "booting", &[]);
         match (self.build)(&config, self.exit.clone()) {
             Ok(booted) => {
+                crate::event_monitor::emit("vm", "booted", &[]);
                 *self.lock() = Phase::Running {
                     vm: booted.api,
                     finish: Some(booted.finish),
+                    booted_from: config,
                 };
                 Ok(())
             }
@@ -118,6 +149,7 @@ impl Controller {
                     config,
                     booting: false,
                 };
+                self.settled.notify_all();
                 Err(e)
             }
         }
@@ -134,17 +166,112 @@ impl Controller {
         }
     }
 
-    /// Once the exit channel said why the VMM ends: flushes the running
-    /// VM's serial output and logs its figures.
-    pub fn finish(&self, event: &ExitEvent) {
-        let finish = match &mut *self.lock() {
-            Phase::Running { finish, .. } => finish.take(),
-            _ => None,
+    /// Handles one event of the exit channel on `main`'s thread: tears
+    /// the running VM down (if one runs), drops what it had sent before it
+    /// stopped (`pending` yields the channel's queued events), then serves
+    /// on, rebuilds it for a reboot, or returns the exit code that ends
+    /// the VMM.
+    pub fn on_exit(
+        &self,
+        event: &ExitEvent,
+        mut pending: impl FnMut() -> Option<ExitEvent>,
+    ) -> Option<i32> {
+        let ends_vmm = match event {
+            ExitEvent::ApiShutdown | ExitEvent::TripleFault { .. } | ExitEvent::Error(_) => true,
+            ExitEvent::PowerOff | ExitEvent::Reset => !self.serving.load(Ordering::SeqCst),
+            ExitEvent::VmShutdown | ExitEvent::ApiReboot => false,
         };
+        let stopped = self.stop_running(event);
+        let (mut shutdown_asked, mut vm_shutdown_asked) = (false, false);
+        if stopped.is_some() {
+            // The VM's threads are joined: whatever it sent is queued
+            // now, and is about a VM that is gone. A vmm.shutdown outlives
+            // it, and a vm.shutdown (or vm.delete) wins over a reboot.
+            while let Some(e) = pending() {
+                match e {
+                    ExitEvent::ApiShutdown => shutdown_asked = true,
+                    ExitEvent::VmShutdown => vm_shutdown_asked = true,
+                    other => debug!("dropped after the teardown: {}", other.describe()),
+                }
+            }
+        }
+        let rebuild = matches!(event, ExitEvent::Reset | ExitEvent::ApiReboot)
+            && !vm_shutdown_asked
+            && !(ends_vmm || shutdown_asked);
+        if stopped.is_some() && !rebuild {
+            crate::event_monitor::emit("vm", "shutdown", &[]);
+        }
+        if ends_vmm || shutdown_asked {
+            return Some(if ends_vmm { event.exit_code() } else { 0 });
+        }
+        let Some(config) = stopped else {
+            debug!("{}: no VM runs", event.describe());
+            return None;
+        };
+        // A VM that could not come back (a vhost-user back-end serves one
+        // connection) stays created rather than blocking this thread.
+        let obstacle = super::vm_state::reboot_obstacle(&config);
+        if let (true, Some(why)) = (rebuild, &obstacle) {
+            warn!("reboot: {why}; the VM stays created");
+        }
+        if rebuild && obstacle.is_none() {
+            crate::event_monitor::emit("vm", "rebooting", &[]);
+            match self.build_and_run(config) {
+                Ok(()) => {
+                    info!("VM rebooted in place");
+                    crate::event_monitor::emit("vm", "rebooted", &[]);
+                }
+                Err(e) => warn!("reboot: {e}; the VM stays created"),
+            }
+        } else {
+            self.settle(config);
+        }
+        None
+    }
+
+    /// Takes the running VM out of its slot and tears it down; the slot
+    /// stays busy (created, being booted) until the caller settles it.
+    /// Returns the configuration to boot it again with.
+    fn stop_running(&self, event: &ExitEvent) -> Option<VmConfig> {
+        let (vm, finish, config) = {
+            let mut phase = self.lock();
+            let Phase::Running { .. } = &*phase else {
+                return None;
+            };
+            let Phase::Running {
+                vm,
+                finish,
+                booted_from,
+            } = std::mem::replace(&mut *phase, Phase::Empty)
+            else {
+                return None;
+            };
+            // The VM's own view includes hotplugged devices.
+            let config = vm_config::parse(vm.config().to_string().as_bytes()).unwrap_or_else(|e| {
+                warn!("the running VM's configuration does not parse ({e}); using the booted one");
+                booted_from
+            });
+            *phase = Phase::Created {
+                config: config.clone(),
+                booting: true,
+            };
+            (vm, finish, config)
+        };
+        // The API's view holds devices too: it goes first.
+        drop(vm);
         match finish {
             Some(f) => f(event),
             None => info!("{}", event.describe()),
         }
+        Some(config)
+    }
+
+    fn settle(&self, config: VmConfig) {
+        *self.lock() = Phase::Created {
+            config,
+            booting: false,
+        };
+        self.settled.notify_all();
     }
 }
 
@@ -207,19 +334,42 @@ impl VmmApi for Controller {
 
     fn delete(&self) -> Result<(), ApiError> {
         let mut phase = self.lock();
+        if let Phase::Running { vm, .. } = &*phase {
+            // main tears it down (`on_exit`); the reply waits for it.
+            vm.shutdown();
+            let deadline = Instant::now() + DELETE_TIMEOUT;
+            while matches!(
+                &*phase,
+                Phase::Running { .. } | Phase::Created { booting: true, .. }
+            ) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(ApiError::Failed(format!(
+                        "vm.delete: the VM was not shut down within {DELETE_TIMEOUT:?}"
+                    )));
+                }
+                phase = self
+                    .settled
+                    .wait_timeout(phase, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
         match &*phase {
             Phase::Empty => Ok(()),
             Phase::Created { booting: false, .. } => {
                 *phase = Phase::Empty;
                 info!("VM deleted through the API");
+                crate::event_monitor::emit("vm", "deleted", &[]);
                 Ok(())
             }
             _ => Err(ApiError::WrongState(
-                "vm.delete: the VM runs (it is shut down, with the VMM)".into(),
+                "vm.delete: the VM is being booted".into(),
             )),
         }
     }
 
+    /// `vmm.shutdown`: main tears the VM down (if one runs) and ends.
     fn shutdown(&self) {
         // The main thread may already be gone with another reason.
         let _ = self.exit.send(ExitEvent::ApiShutdown);
@@ -277,7 +427,7 @@ mod tests {
             Ok(())
         }
         fn shutdown(&self) {
-            let _ = self.0.send(ExitEvent::ApiShutdown);
+            let _ = self.0.send(ExitEvent::VmShutdown);
         }
         fn reboot(&self) {
             let _ = self.0.send(ExitEvent::ApiReboot);
@@ -341,15 +491,154 @@ mod tests {
         assert!(matches!(c.slot(), VmSlot::Running(_)));
         assert_eq!(probe.builds.load(Ordering::SeqCst), 1);
         assert_eq!(c.boot().map_err(|e| e.status()), Err(405));
-        assert_eq!(c.delete().map_err(|e| e.status()), Err(405));
         assert_eq!(c.create(config()).map_err(|e| e.status()), Err(409));
-        assert_eq!(c.config_json(), Some(json));
-        // vm.reboot goes to the running VM, which asks main to re-exec.
+        assert_eq!(c.config_json().as_ref(), Some(&json));
+        // vm.reboot goes to the running VM, which asks main to rebuild
+        // it: torn down once, built again in place.
         c.reboot();
-        assert_eq!(rx.try_recv(), Ok(ExitEvent::ApiReboot));
-        c.finish(&ExitEvent::ApiReboot);
-        c.finish(&ExitEvent::ApiReboot);
-        assert_eq!(probe.finished.load(Ordering::SeqCst), 1, "finished once");
+        let event = rx.try_recv().expect("an event");
+        assert_eq!(event, ExitEvent::ApiReboot);
+        assert_eq!(c.on_exit(&event, || rx.try_recv().ok()), None);
+        assert_eq!(probe.finished.load(Ordering::SeqCst), 1, "torn down once");
+        assert_eq!(probe.builds.load(Ordering::SeqCst), 2, "built again");
+        assert!(matches!(c.slot(), VmSlot::Running(_)));
+        assert_eq!(c.config_json(), Some(json));
+    }
+
+    /// Feeds `events` to `on_exit` as main does, draining what follows.
+    fn deliver(c: &Controller, rx: &Receiver<ExitEvent>, event: ExitEvent) -> Option<i32> {
+        c.on_exit(&event, || rx.try_recv().ok())
+    }
+
+    #[test]
+    fn vm_shutdown_tears_down_and_vm_boot_starts_it_again() {
+        let (c, probe, rx) = controller();
+        c.set_serving_api(true);
+        c.create(config()).expect("create");
+        c.boot().expect("boot");
+        // vm.shutdown: the VM asks main, which tears it down and serves on.
+        if let VmSlot::Running(vm) = c.slot() {
+            vm.shutdown();
+        }
+        let event = rx.try_recv().expect("an event");
+        assert_eq!(event, ExitEvent::VmShutdown);
+        assert_eq!(deliver(&c, &rx, event), None, "the VMM goes on");
+        assert_eq!(probe.finished.load(Ordering::SeqCst), 1);
+        assert!(matches!(c.slot(), VmSlot::Created { booting: false, .. }));
+        assert_eq!(
+            vm_config::parse(c.config_json().expect("kept").as_bytes()).expect("valid"),
+            config()
+        );
+        // A second vm.shutdown finds nothing to shut down.
+        assert_eq!(deliver(&c, &rx, ExitEvent::VmShutdown), None);
+        assert_eq!(probe.finished.load(Ordering::SeqCst), 1);
+        // vm.boot: the same configuration again.
+        c.boot().expect("boot again");
+        assert_eq!(probe.builds.load(Ordering::SeqCst), 2);
+        assert!(matches!(c.slot(), VmSlot::Running(_)));
+        // vmm.shutdown: the VM torn down, the VMM ends with 0.
+        c.shutdown();
+        let event = rx.try_recv().expect("an event");
+        assert_eq!(deliver(&c, &rx, event), Some(0));
+        assert_eq!(probe.finished.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn guest_power_off_and_reboot_end_a_vmm_without_api() {
+        for event in [ExitEvent::PowerOff, ExitEvent::Reset] {
+            let (c, probe, rx) = controller();
+            c.create_and_boot(config()).expect("boot");
+            assert_eq!(deliver(&c, &rx, event.clone()), Some(0), "{event:?}");
+            assert_eq!(probe.finished.load(Ordering::SeqCst), 1, "torn down");
+            assert_eq!(probe.builds.load(Ordering::SeqCst), 1, "not rebuilt");
+        }
+        let (c, probe, rx) = controller();
+        c.set_serving_api(true);
+        c.create_and_boot(config()).expect("boot");
+        let crash = ExitEvent::TripleFault { vcpu: 0 };
+        assert_eq!(deliver(&c, &rx, crash), Some(1), "failures end the VMM");
+        assert_eq!(probe.finished.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn guest_reboot_rebuilds_in_place_and_power_off_leaves_it_created() {
+        let (c, probe, rx) = controller();
+        c.set_serving_api(true);
+        c.create_and_boot(config()).expect("boot");
+        assert_eq!(deliver(&c, &rx, ExitEvent::Reset), None);
+        assert_eq!(probe.finished.load(Ordering::SeqCst), 1);
+        assert_eq!(probe.builds.load(Ordering::SeqCst), 2);
+        assert!(matches!(c.slot(), VmSlot::Running(_)));
+        assert_eq!(deliver(&c, &rx, ExitEvent::PowerOff), None);
+        assert_eq!(probe.finished.load(Ordering::SeqCst), 2);
+        assert_eq!(probe.builds.load(Ordering::SeqCst), 2);
+        assert!(matches!(c.slot(), VmSlot::Created { booting: false, .. }));
+        // A rebuild that fails leaves the VM created, the VMM serving.
+        c.boot().expect("boot");
+        probe.fail.store(true, Ordering::SeqCst);
+        assert_eq!(deliver(&c, &rx, ExitEvent::Reset), None);
+        assert!(matches!(c.slot(), VmSlot::Created { booting: false, .. }));
+    }
+
+    #[test]
+    fn a_vhost_user_vm_is_not_rebuilt_on_a_guest_reboot() {
+        let (c, probe, rx) = controller();
+        c.set_serving_api(true);
+        let vu = vm_config::parse(
+            br#"{"payload": {"kernel": "/k"}, "memory": {"size": 1073741824, "shared": true},
+                "net": [{"vhost_user": true, "vhost_socket": "/tmp/vu.sock"}]}"#,
+        )
+        .expect("valid");
+        c.create_and_boot(vu).expect("boot");
+        assert_eq!(deliver(&c, &rx, ExitEvent::Reset), None);
+        assert_eq!(probe.finished.load(Ordering::SeqCst), 1);
+        assert_eq!(probe.builds.load(Ordering::SeqCst), 1, "not rebuilt");
+        assert!(matches!(c.slot(), VmSlot::Created { booting: false, .. }));
+    }
+
+    #[test]
+    fn what_a_torn_down_vm_sent_is_dropped() {
+        let (c, probe, rx) = controller();
+        c.set_serving_api(true);
+        c.create_and_boot(config()).expect("boot");
+        // A second vCPU's reset queued behind the first one's power-off:
+        // about the VM that is gone, so nothing is rebuilt.
+        let tx = c.exit.clone();
+        tx.send(ExitEvent::Reset).expect("queued");
+        assert_eq!(deliver(&c, &rx, ExitEvent::PowerOff), None);
+        assert_eq!(probe.builds.load(Ordering::SeqCst), 1);
+        assert!(rx.try_recv().is_err(), "drained");
+        assert!(matches!(c.slot(), VmSlot::Created { booting: false, .. }));
+        // A vmm.shutdown queued behind a VM's end is kept.
+        c.boot().expect("boot");
+        tx.send(ExitEvent::ApiShutdown).expect("queued");
+        assert_eq!(deliver(&c, &rx, ExitEvent::Reset), Some(0));
+        assert_eq!(probe.builds.load(Ordering::SeqCst), 2, "no rebuild");
+    }
+
+    #[test]
+    fn delete_of_a_running_vm_waits_for_its_teardown() {
+        let (c, probe, rx) = controller();
+        c.set_serving_api(true);
+        let c = Arc::new(c);
+        c.create_and_boot(config()).expect("boot");
+        // main's loop.
+        let main = {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                while let Ok(e) = rx.recv() {
+                    if let Some(code) = c.on_exit(&e, || rx.try_recv().ok()) {
+                        return code;
+                    }
+                }
+                -1
+            })
+        };
+        c.delete().expect("delete");
+        assert!(is_empty(&c), "deleted once torn down");
+        assert_eq!(probe.finished.load(Ordering::SeqCst), 1);
+        c.shutdown();
+        assert_eq!(main.join().expect("main"), 0);
     }
 
     #[test]
@@ -378,7 +667,7 @@ mod tests {
         // Without a VM, the VMM still shuts down through the channel.
         c.shutdown();
         assert_eq!(rx.try_recv(), Ok(ExitEvent::ApiShutdown));
-        c.finish(&ExitEvent::ApiShutdown);
+        assert_eq!(deliver(&c, &rx, ExitEvent::ApiShutdown), Some(0));
         assert_eq!(probe.finished.load(Ordering::SeqCst), 0);
     }
 

@@ -71,9 +71,9 @@ pub trait VmApi: Send + Sync {
     /// Whether [`VmApi::reboot`] can rebuild this VM; checked before the
     /// 204 is sent, so a refusal changes nothing.
     fn can_reboot(&self) -> Result<(), ApiError>;
-    /// Ends the VM (and, since dmavisor cannot build a second VM in the
-    /// same process, the VMM) with exit status 0. Called by the server
-    /// once the reply that asked for it has been sent.
+    /// Ends the VM (`vm.shutdown`): it is torn down and the VMM goes on
+    /// serving the API, where `vm.boot` starts it again. Called by the
+    /// server once the reply that asked for it has been sent.
     fn shutdown(&self);
     /// Tears the VM down and boots it again from its configuration.
     /// Called by the server once the reply that asked for it has been sent.
@@ -145,7 +145,8 @@ pub trait VmmApi: Send + Sync {
     fn create(&self, config: VmConfig) -> Result<(), ApiError>;
     /// Builds and starts the created VM.
     fn boot(&self) -> Result<(), ApiError>;
-    /// Forgets a created, not booted VM (nothing to do if there is none).
+    /// Forgets the VM: a running one is shut down first, as
+    /// `vm.shutdown` does (nothing to do if there is none).
     fn delete(&self) -> Result<(), ApiError>;
     /// Ends the VMM (and its VM, if one runs) with exit status 0; called
     /// once the reply has been sent.
@@ -162,6 +163,8 @@ pub enum After {
     Nothing,
     /// [`VmmApi::shutdown`].
     Shutdown,
+    /// [`VmApi::shutdown`] of the running VM.
+    ShutdownVm,
     /// [`VmmApi::reboot`].
     Reboot,
 }
@@ -307,16 +310,15 @@ fn boot(vmm: &dyn VmmApi) -> Reply {
     }
 }
 
-/// A running VM is shut down as `vm.shutdown` does (which ends the VMM);
-/// a created one is forgotten.
+/// A running VM is shut down as `vm.shutdown` does, then forgotten (the
+/// reply waits for both); a created one is forgotten.
 fn delete(vmm: &dyn VmmApi) -> Reply {
-    match vmm.slot() {
-        VmSlot::Running(_) => Reply::no_content(After::Shutdown),
-        VmSlot::Created { booting: true, .. } => {
-            Reply::error(405, "vm.delete: the VM is being booted")
-        }
-        VmSlot::Empty | VmSlot::Created { .. } => Reply::from_result(vmm.delete()),
+    // The slot's view of a running VM is let go before the delete waits
+    // for its teardown: it holds the VM's devices, and guest RAM with them.
+    if matches!(vmm.slot(), VmSlot::Created { booting: true, .. }) {
+        return Reply::error(405, "vm.delete: the VM is being booted");
     }
+    Reply::from_result(vmm.delete())
 }
 
 /// `vm.add-device`: the body is cloud-hypervisor's `DeviceConfig`.
@@ -479,7 +481,7 @@ pub fn handle_with_fds(
         Endpoint::Delete => delete(vmm),
         Endpoint::VmmShutdown => Reply::no_content(After::Shutdown),
         Endpoint::Counters => vm().map_or_else(|r| r, |vm| Reply::json(200, &vm.counters())),
-        Endpoint::VmShutdown => vm().map_or_else(|r| r, |_| Reply::no_content(After::Shutdown)),
+        Endpoint::VmShutdown => vm().map_or_else(|r| r, |_| Reply::no_content(After::ShutdownVm)),
         Endpoint::Pause => vm().map_or_else(|r| r, |vm| Reply::from_result(vm.pause())),
         Endpoint::Resume => vm().map_or_else(|r| r, |vm| Reply::from_result(vm.resume())),
         Endpoint::PowerButton => {
@@ -677,9 +679,7 @@ mod tests {
         fn delete(&self) -> Result<(), ApiError> {
             let mut slot = self.lock();
             match *slot {
-                FakeSlot::Running(_) | FakeSlot::Created(_, true) => {
-                    Err(ApiError::WrongState("running".into()))
-                }
+                FakeSlot::Created(_, true) => Err(ApiError::WrongState("booting".into())),
                 _ => {
                     *slot = FakeSlot::Empty;
                     Ok(())
@@ -763,13 +763,13 @@ mod tests {
     #[test]
     fn shutdowns_answer_204_then_shut_down() {
         let (vmm, _vm) = FakeVmm::running();
-        for url in ["/api/v1/vmm.shutdown", "/api/v1/vm.shutdown"] {
+        // vmm.shutdown ends the VMM, vm.shutdown only the VM.
+        for (url, after) in [
+            ("/api/v1/vmm.shutdown", After::Shutdown),
+            ("/api/v1/vm.shutdown", After::ShutdownVm),
+        ] {
             let r = handle("PUT", url, b"", &vmm);
-            assert_eq!(
-                (r.status, r.body, r.after),
-                (204, None, After::Shutdown),
-                "{url}"
-            );
+            assert_eq!((r.status, r.body, r.after), (204, None, after), "{url}");
         }
         // The server calls it after replying, not the route.
         assert_eq!(vmm.shutdowns.load(Ordering::Relaxed), 0);
@@ -1077,9 +1077,11 @@ mod tests {
             handle("PUT", "/api/v1/vm.create", CREATE_BODY, &vmm).status,
             204
         );
+        // A running one is shut down and forgotten before the reply.
         let (running, _vm) = FakeVmm::running();
         let r = put(&running, "vm.delete");
-        assert_eq!((r.status, r.after), (204, After::Shutdown));
+        assert_eq!((r.status, r.after), (204, After::Nothing));
+        assert!(matches!(running.slot(), VmSlot::Empty));
         // One being booted (from the command line) is left alone.
         let booting = FakeVmm::new(FakeSlot::Created(
             Box::new(super::super::vm_config::parse(CREATE_BODY).expect("valid")),

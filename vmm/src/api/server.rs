@@ -516,6 +516,12 @@ impl Server {
                 info!("API: shutting down");
                 vmm.shutdown();
             }
+            After::ShutdownVm => {
+                info!("API: shutting the VM down");
+                if let super::routes::VmSlot::Running(vm) = vmm.slot() {
+                    vm.shutdown();
+                }
+            }
             After::Reboot => {
                 info!("API: rebooting");
                 vmm.reboot();

@@ -121,7 +121,7 @@ fn pci_device_info(id: &str, addr: crate::pci::PciAddress) -> Value {
     })
 }
 
-/// Why a reboot (a fresh process image, see `crate::reboot`) cannot
+/// Why `vm.reboot` (a teardown and a rebuild in this process) cannot
 /// rebuild this VM: a vhost-user back-end serves one connection, so the
 /// rebuilt VM could not reconnect to it.
 pub fn reboot_obstacle(c: &VmConfig) -> Option<String> {
@@ -327,8 +327,9 @@ impl VmApi for VmState {
     }
 
     fn shutdown(&self) {
-        // The main thread may already be gone with another reason.
-        let _ = self.exit.send(ExitEvent::ApiShutdown);
+        // The main thread tears the VM down and the VMM goes on; it may
+        // already be gone with another reason.
+        let _ = self.exit.send(ExitEvent::VmShutdown);
     }
 
     fn reboot(&self) {
@@ -385,7 +386,7 @@ mod tests {
         let s = VmState::new(&config(""), CounterSources::default(), tx, lifecycle(1));
         assert_eq!(s.counters(), json!({}));
         s.shutdown();
-        assert_eq!(rx.try_recv(), Ok(ExitEvent::ApiShutdown));
+        assert_eq!(rx.try_recv(), Ok(ExitEvent::VmShutdown));
         assert_eq!(s.can_reboot(), Ok(()));
         s.reboot();
         assert_eq!(rx.try_recv(), Ok(ExitEvent::ApiReboot));

@@ -89,6 +89,16 @@ impl Bus {
         Ok(())
     }
 
+    /// Removes every device and returns how many there were. For a VM's
+    /// teardown: a bus and PCI bus 0 hold each other (through the
+    /// configuration ports), so the graph is freed only once it is cut.
+    pub fn clear(&self) -> usize {
+        let mut ranges = self.ranges.write().unwrap_or_else(|e| e.into_inner());
+        let n = ranges.len();
+        ranges.clear();
+        n
+    }
+
     /// Removes the device registered at exactly `base` and returns it.
     pub fn remove(&self, base: u64) -> Result<SharedBusDevice, BusError> {
         let mut ranges = self.ranges.write().unwrap_or_else(|e| e.into_inner());

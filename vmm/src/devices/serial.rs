@@ -2,6 +2,7 @@
 //! GSI 4 through a KVM irqfd, so raising it costs no ioctl.
 
 use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -76,13 +77,69 @@ impl BusDevice for SerialDevice {
     }
 }
 
-/// Feeds stdin to the UART from a background thread until EOF.
-pub fn spawn_stdin_reader(serial: Arc<Mutex<SerialDevice>>) -> io::Result<()> {
-    sandbox::spawn(ThreadKind::Serial, "serial-stdin", move || {
-        let mut stdin = io::stdin();
+/// The thread that feeds stdin to the UART, until EOF or until the VM's
+/// teardown stops it ([`StdinReader::stop`]).
+pub struct StdinReader {
+    stop: EventFd,
+    handle: thread::JoinHandle<()>,
+}
+
+impl StdinReader {
+    /// Ends the thread and joins it. WHY it can be stopped: a VM torn
+    /// down in a VMM that goes on (`vm.shutdown`, a reboot in place) must
+    /// not leave a reader that would feed the next VM's keystrokes to the
+    /// old UART, or two readers sharing stdin.
+    pub fn stop(self) {
+        if let Err(e) = self.stop.write(1) {
+            warn!("serial: cannot stop the stdin reader: {e}");
+            return;
+        }
+        if self.handle.join().is_err() {
+            warn!("serial: the stdin reader panicked");
+        }
+    }
+}
+
+/// Feeds stdin to the UART from a background thread until EOF or
+/// [`StdinReader::stop`].
+pub fn spawn_stdin_reader(serial: Arc<Mutex<SerialDevice>>) -> io::Result<StdinReader> {
+    spawn_reader(io::stdin(), serial)
+}
+
+/// [`spawn_stdin_reader`] on any descriptor (tests use a pipe).
+fn spawn_reader<R: Read + AsRawFd + Send + 'static>(
+    mut input: R,
+    serial: Arc<Mutex<SerialDevice>>,
+) -> io::Result<StdinReader> {
+    let stop = EventFd::new(libc::EFD_NONBLOCK)?;
+    let stopped = stop.try_clone()?;
+    let handle = sandbox::spawn(ThreadKind::Serial, "serial-stdin", move || {
         let mut buf = [0u8; 64];
         loop {
-            let n = match stdin.read(&mut buf) {
+            let mut fds = [
+                libc::pollfd {
+                    fd: input.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: stopped.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: `fds` is a valid array of two pollfd for the call.
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+            if r < 0 {
+                if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return;
+            }
+            if fds[1].revents != 0 {
+                return;
+            }
+            let n = match input.read(&mut buf) {
                 Ok(0) => return,
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -96,13 +153,16 @@ pub fn spawn_stdin_reader(serial: Arc<Mutex<SerialDevice>>) -> io::Result<()> {
                     .enqueue_input(pending);
                 pending = pending.get(taken..).unwrap_or_default();
                 if !pending.is_empty() {
-                    // FIFO full: let the guest drain it.
+                    // FIFO full: let the guest drain it (or stop).
+                    if stopped.read().is_ok() {
+                        return;
+                    }
                     thread::sleep(Duration::from_millis(5));
                 }
             }
         }
-    })
-    .map(|_| ())
+    })?;
+    Ok(StdinReader { stop, handle })
 }
 
 #[cfg(test)]
@@ -141,5 +201,33 @@ mod tests {
         let mut rx = [0u8];
         dev.read(0x3f8, 0, &mut rx);
         assert_eq!(rx[0], b'x');
+    }
+
+    #[test]
+    fn the_reader_feeds_input_and_stops_while_its_input_is_silent() {
+        let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let dev = Arc::new(Mutex::new(SerialDevice::new(
+            irq,
+            Box::new(SharedBuf::default()),
+        )));
+        let (rd, mut wr) = std::os::unix::net::UnixStream::pair().unwrap();
+        let reader = spawn_reader(rd, dev.clone()).unwrap();
+        wr.write_all(b"k").unwrap();
+        let t0 = std::time::Instant::now();
+        loop {
+            let mut lsr = [0u8];
+            dev.lock().unwrap().read(0x3f8, 5, &mut lsr);
+            if lsr[0] & 1 != 0 {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "input not fed");
+            thread::sleep(Duration::from_millis(1));
+        }
+        // Nothing more arrives and the writer stays open: only the stop
+        // can end the thread, which then lets go of the UART.
+        assert_eq!(Arc::strong_count(&dev), 2);
+        reader.stop();
+        assert_eq!(Arc::strong_count(&dev), 1, "the thread ended");
+        drop(wr);
     }
 }

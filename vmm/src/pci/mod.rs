@@ -95,4 +95,11 @@ pub trait PciDevice: Send {
     /// plugged cannot be handed a range a stale slot still covers (the
     /// device itself may live on a little while an access holds it).
     fn unplugged(&mut self) {}
+
+    /// The VM is being torn down (its vCPUs have stopped): end every
+    /// thread of the function and every use of guest memory, and return
+    /// only when none is left, as a device reset does. Called before the
+    /// VM's memory is unmapped; the default is for functions with no
+    /// thread of their own.
+    fn stop(&mut self) {}
 }

@@ -443,6 +443,26 @@ impl PciRoot {
         Ok(device)
     }
 
+    /// The functions plugged in now and their addresses, host bridge
+    /// (slot 0) excepted: what a VM's teardown unplugs.
+    pub fn plugged(&self) -> Vec<(PciAddress, SharedPciDevice)> {
+        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+        slots
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter_map(|(i, d)| Some((u8::try_from(i).ok()?, d.clone()?)))
+            .map(|(device, d)| {
+                let addr = PciAddress {
+                    bus: 0,
+                    device,
+                    function: 0,
+                };
+                (addr, d)
+            })
+            .collect()
+    }
+
     fn bus_for(&self, kind: BarKind) -> &Bus {
         if kind.is_memory() {
             &self.mmio_bus

@@ -31,6 +31,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
 use log::{info, warn};
 
@@ -152,6 +153,8 @@ pub struct VfioHotplug {
     /// A guest ejected a slot with no hotplugged function (logged once: a
     /// guest can do it at will).
     stray_eject: AtomicBool,
+    /// The eject thread, joined by the VM's teardown ([`VfioHotplug::join`]).
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 fn slot_of(addr: PciAddress) -> u8 {
@@ -220,9 +223,10 @@ impl VfioHotplug {
                     .collect(),
             ),
             stray_eject: AtomicBool::new(false),
+            thread: Mutex::new(None),
         });
         let worker = Arc::downgrade(&me);
-        sandbox::spawn(ThreadKind::Hotplug, "pci-hotplug", move || {
+        let handle = sandbox::spawn(ThreadKind::Hotplug, "pci-hotplug", move || {
             for slot in ejected {
                 match worker.upgrade() {
                     Some(h) => h.ejected(slot),
@@ -234,7 +238,42 @@ impl VfioHotplug {
             what: "PCI hotplug thread",
             source,
         })?;
+        *me.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
         Ok(me)
+    }
+
+    /// The VM is being torn down (its vCPUs have stopped): every function
+    /// of the list is torn down as the guest's eject would (unplugged and
+    /// stopped, taken from behind the vIOMMU, its container, image or TAP
+    /// closed), while guest memory is still mapped. Returns how many.
+    pub fn shutdown(&self) -> usize {
+        let slots: Vec<u8> = self.lock().iter().map(|p| slot_of(p.addr)).collect();
+        for &slot in &slots {
+            self.ejected(slot);
+        }
+        slots.len()
+    }
+
+    /// Joins the eject thread, which ends once the hotplug registers (its
+    /// channel's sender) are gone with the VM's buses. Bounded: the thread
+    /// holds no guest memory (only a weak reference to this list), so one
+    /// that has not ended within `timeout` is left behind, with a warning.
+    pub fn join(&self, timeout: std::time::Duration) -> bool {
+        let Some(handle) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return true;
+        };
+        let t0 = std::time::Instant::now();
+        while !handle.is_finished() {
+            if t0.elapsed() >= timeout {
+                warn!("the PCI hotplug thread still runs after {timeout:?}; left behind");
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        if handle.join().is_err() {
+            warn!("the PCI hotplug thread panicked");
+        }
+        true
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<Plugged>> {

@@ -524,6 +524,16 @@ impl PciDevice for VirtioPciDevice {
         &self.config
     }
 
+    /// The device's reset path (the one the driver's status write takes):
+    /// its queues' consumers stop and are joined before this returns.
+    fn stop(&mut self) {
+        if self.active {
+            self.device.reset();
+            self.active = false;
+        }
+        self.unregister_ioevents();
+    }
+
     fn config_mut(&mut self) -> &mut PciConfiguration {
         &mut self.config
     }
