@@ -103,6 +103,7 @@ fn main() {
         exit_tx,
         Box::new(|config, exit| Ok(vm::start(config, exit)?)),
     ));
+    vmm.bound_exit_teardown();
     if let Err(e) = start(&cli, &vmm) {
         eprintln!("dmavisor: error: {e}");
         let code = if matches!(e.step_error(), Error::InvalidOption { .. }) {

@@ -63,6 +63,31 @@ enum Phase {
 /// How long `vm.delete` of a running VM waits for `main` to tear it down.
 pub const DELETE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long the teardown before the VMM ends may take. WHY a bound: the
+/// process ending releases everything at once (as it did before VMs were
+/// torn down in the process), so a device whose stop hangs (a back-end
+/// that never answers) must not keep the VMM from ending.
+pub const EXIT_TEARDOWN_BOUND: Duration = Duration::from_secs(30);
+
+/// Ends the process with `code` after `bound`, if it has not ended by
+/// then; the VMM's last act, so nothing is left to wait for.
+fn exit_anyway_after(bound: Duration, code: i32) {
+    // The narrowest allow-list there is (sleep, write, exit): that of the
+    // serial reader.
+    let spawned = crate::sandbox::spawn(
+        crate::sandbox::ThreadKind::Serial,
+        "exit-watchdog",
+        move || {
+            std::thread::sleep(bound);
+            eprintln!("dmavisor: the VM's teardown took over {bound:?}; ending the VMM anyway");
+            std::process::exit(code);
+        },
+    );
+    if let Err(e) = spawned {
+        warn!("no exit watchdog ({e}); the teardown is not bounded");
+    }
+}
+
 /// The VMM: at most one VM, created, booted and ended through it.
 pub struct Controller {
     phase: Mutex<Phase>,
@@ -72,6 +97,9 @@ pub struct Controller {
     build: Builder,
     /// The API serves: a VM that ends leaves the VMM running.
     serving: AtomicBool,
+    /// The teardown before the VMM ends is bounded by
+    /// [`EXIT_TEARDOWN_BOUND`] (the process is ended anyway after it).
+    bounded_exit: AtomicBool,
 }
 
 impl Controller {
@@ -83,7 +111,15 @@ impl Controller {
             exit,
             build,
             serving: AtomicBool::new(false),
+            bounded_exit: AtomicBool::new(false),
         }
+    }
+
+    /// Ends the process [`EXIT_TEARDOWN_BOUND`] after an event that ends
+    /// the VMM, whether the VM's teardown has finished or not (`main`;
+    /// tests leave it off, they are not the process).
+    pub fn bound_exit_teardown(&self) {
+        self.bounded_exit.store(true, Ordering::SeqCst);
     }
 
     /// The API serves (`--api-socket`): a VM that powers off or reboots
@@ -181,6 +217,9 @@ impl Controller {
             ExitEvent::PowerOff | ExitEvent::Reset => !self.serving.load(Ordering::SeqCst),
             ExitEvent::VmShutdown | ExitEvent::ApiReboot => false,
         };
+        if ends_vmm && self.bounded_exit.load(Ordering::SeqCst) {
+            exit_anyway_after(EXIT_TEARDOWN_BOUND, event.exit_code());
+        }
         let stopped = self.stop_running(event);
         let (mut shutdown_asked, mut vm_shutdown_asked) = (false, false);
         if stopped.is_some() {
