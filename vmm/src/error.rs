@@ -96,10 +96,6 @@ pub enum Error {
     /// `Controller::boot_reserved` without a `Controller::reserve` first.
     #[error("device setup: no VM reserved for booting")]
     NothingReserved,
-    /// The configuration a reboot handed over (`crate::reboot`) is not
-    /// valid: only a different dmavisor binary could have written it.
-    #[error("the VM configuration handed over by vm.reboot: {0}")]
-    HandedOver(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// Building the VM failed at one of `vm::start`'s steps.
     #[error("{0}")]
     Start(#[from] StartError),

@@ -49,7 +49,9 @@ pub fn api_socket_rules(socket: Option<&ApiSocket>) -> Vec<LandlockRule> {
 
 /// What the VMM opens whatever the configuration, where the host has it:
 /// KVM, TUN and VFIO nodes; the sysfs and procfs files it reads; and its
-/// own binary with the dynamic loader's files, for `vm.reboot`'s re-exec.
+/// own binary with the dynamic loader's files (read and execute; kept from
+/// when `vm.reboot` re-executed the binary, which reboots in place no
+/// longer do).
 pub fn host_rules() -> Vec<LandlockRule> {
     let kvm = std::env::var_os(crate::kvm_check::KVM_DEVICE_ENV)
         .map(PathBuf::from)

@@ -191,8 +191,8 @@ impl Controller {
         }
     }
 
-    /// The created or running VM's configuration as `vm.info` prints it:
-    /// what a reboot hands over to the next process image.
+    /// The created or running VM's configuration as `vm.info` prints it
+    /// (a running one's includes its hotplugged devices).
     pub fn config_json(&self) -> Option<String> {
         match &*self.lock() {
             Phase::Empty => None,

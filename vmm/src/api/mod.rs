@@ -33,8 +33,6 @@ mod server_tests;
 #[cfg(test)]
 mod fd_tests;
 
-use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::thread;
 
@@ -45,16 +43,6 @@ use crate::error::Error;
 use crate::sandbox::{self, ThreadKind};
 pub use routes::{VmApi, VmmApi};
 use server::{Limits, Server};
-
-/// The listening socket's descriptor once the API serves (-1 before): a
-/// reboot hands it to the next process image (`crate::reboot`), so the
-/// socket keeps its path, its backlog and its clients.
-static LISTENER_FD: AtomicI32 = AtomicI32::new(-1);
-
-/// The API's listening socket, if it serves.
-pub fn listener_fd() -> Option<RawFd> {
-    Some(LISTENER_FD.load(Ordering::SeqCst)).filter(|fd| *fd >= 0)
-}
 
 /// The kinds of thread the API runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,7 +83,6 @@ pub(crate) fn spawn_thread(
 /// Starts serving the API on `socket` for `vmm`.
 pub fn spawn(socket: &ApiSocket, vmm: Arc<dyn VmmApi>) -> Result<(), Error> {
     let listener = socket.listen()?;
-    LISTENER_FD.store(listener.as_raw_fd(), Ordering::SeqCst);
     let server = Server::new(listener, vmm, Limits::default())?;
     info!("API listening on {socket:?}");
     spawn_thread(ApiThread::Server, move || server.run())?;

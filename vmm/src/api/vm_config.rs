@@ -3,9 +3,9 @@
 //! them, for the subset dmavisor implements) to and from [`VmConfig`].
 //!
 //! WHY one struct both ways: a management stack reads a VM's `config`
-//! from `vm.info` and sends it back to `vm.create` (and `vm.reboot` hands
-//! a created VM's configuration to the next process image the same way),
-//! so what is printed must be exactly what is accepted. Every value is
+//! from `vm.info` and sends it back to `vm.create` (and a reboot rebuilds
+//! the running VM from what it prints the same way), so what is printed
+//! must be exactly what is accepted. Every value is
 //! checked by the same `from_spec` functions the command line's parsers
 //! end in; unknown fields are refused, not ignored, so a request for a
 //! feature dmavisor lacks gets a 400 that names it.

@@ -83,7 +83,7 @@ pub enum SandboxError {
 }
 
 /// Sets `no_new_privs` for the whole process (threads started later
-/// inherit it): an `execve` (the reboot re-exec) never gains privileges.
+/// inherit it): nothing the VMM could execute ever gains privileges.
 pub fn set_no_new_privs() -> Result<(), SandboxError> {
     // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments only and
     // changes no memory of ours.

@@ -7,9 +7,9 @@
 //! needs neither KVM ioctls nor sockets; one process-wide list would be
 //! the union of all of them.
 //!
-//! The main thread stays unfiltered: it only waits for the exit event and,
-//! on `vm.reboot`, re-executes the binary, and a filter survives `execve`
-//! (the new image would start under it).
+//! The main thread stays unfiltered: it waits for exit events, tears VMs
+//! down and, on a reboot, builds them again (`crate::vm_owner`), which
+//! takes the calls of every thread kind.
 
 use std::sync::OnceLock;
 
