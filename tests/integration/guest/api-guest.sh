@@ -11,6 +11,12 @@
 # kernel command line it runs `reboot` instead (the guest asks for a
 # reset, which dmavisor answers by rebuilding the VM in place).
 echo "GUEST-UP cpus=$(grep -c '^processor' /proc/cpuinfo)"
+# Virtio disks the guest's driver bound (its queues then run on workers).
+disks=
+for b in /sys/block/vd*; do
+    [ -e "$b" ] && disks="$disks ${b##*/}"
+done
+echo "GUEST-DISKS$disks"
 ev=
 for d in /sys/class/input/event*; do
     [ "$(cat "$d/device/name" 2>/dev/null)" = "Power Button" ] && ev=/dev/input/${d##*/}

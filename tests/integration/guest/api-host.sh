@@ -19,7 +19,8 @@
 #   vm.boot (the guest comes up and beats), vm.info Running with the
 #   config; vm.reboot (the same VM boots again in the same process), then
 #   vm.shutdown (the VMM serves on, the VM created), vmm.shutdown (exit 0).
-# boot_again: vm.shutdown of a running guest; the VMM answers vm.info
+# boot_again (with a virtio-blk disk): vm.shutdown of a running guest;
+#   the VMM answers vm.info
 #   (Created); vm.boot boots the same VM a second time in the same
 #   process; vm.delete of the running VM frees it (vm.info 404);
 #   vmm.shutdown (exit 0).
@@ -42,13 +43,20 @@ log=$dir/vmm.log
 
 cmdline="console=ttyS0 quiet panic=-1"
 [ "$mode" = guest_reboot ] && cmdline="$cmdline api.button=reboot"
+# boot_again: a virtio-blk disk, so each teardown stops a device whose
+# queue workers the guest's driver started.
+set --
+if [ "$mode" = boot_again ]; then
+    truncate -s 8M "$dir/disk.img"
+    set -- --disk "path=$dir/disk.img"
+fi
 if [ "$mode" = create ]; then
     # Only the API: the VM comes from vm.create.
     "$bin" --api-socket "path=$sock" -v 2>"$log" &
 else
     "$bin" --api-socket "path=$sock" --kernel "$kernel" --initramfs "$initrd" \
         --cmdline "$cmdline" --cpus boot=2,max=4 \
-        --memory size=512M --serial "file=$serial" -v 2>"$log" &
+        --memory size=512M --serial "file=$serial" "$@" -v 2>"$log" &
 fi
 vm=$!
 

@@ -40,8 +40,10 @@ fn session() -> &'static SharedSession {
         SharedSession::run("api", SESSION_TIMEOUT, || {
             let bookworm = ensure_images("bookworm").map_err(|e| e.to_string())?;
             let mut spec = InitramfsSpec::new("bookworm", guest_script("api-guest.sh"));
-            // The power button's driver and its /dev/input/eventN.
-            spec.modules = vec!["button".into(), "evdev".into()];
+            // The power button's driver and its /dev/input/eventN; the
+            // virtio-blk driver for boot_again's disk.
+            spec.modules = vec!["button".into(), "evdev".into(), "virtio_blk".into()];
+            spec.optional_modules = vec!["virtio_pci".into()];
             let initrd = build_initramfs(&spec).map_err(|e| e.to_string())?;
             let (cases, vmm_error) = match dmavisor_binary() {
                 Ok(bin) => {
@@ -93,6 +95,7 @@ fn print_transcript(name: &str, out: &str) {
         "GUEST-POWER-BUTTON",
         "GUEST-BUTTON-OPEN",
         "GUEST-REBOOTING",
+        "GUEST-DISKS",
     ];
     let vmm_lines = [
         "through the API",
@@ -411,6 +414,13 @@ fn shutdown_then_boot_again() {
     // The same VM again, same process.
     assert_eq!(reply(out, "boot").0, 204, "{out}");
     assert_eq!(serial_count(out, "GUEST-UP cpus=2"), 2, "boots:\n{out}");
+    // Both boots drove the disk: each teardown stopped a started device.
+    assert_eq!(serial_count(out, "GUEST-DISKS vda"), 2, "{out}");
+    assert_eq!(
+        vmm_count(out, "joined, 1 device(s)"),
+        2,
+        "each teardown stopped the disk:\n{out}"
+    );
     assert!(
         serial_count(out, "GUEST-BEAT") >= before as usize + 2,
         "no heartbeats after vm.boot:\n{out}"
