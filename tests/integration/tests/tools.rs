@@ -205,68 +205,6 @@ fn runner_assigns_a_nic_behind_an_iommu() {
     assert!(!field("peer").is_empty(), "{line}");
 }
 
-/// Both ends of a vhost-user connection, for the counting relay's test:
-/// a back-end listening on argv[1], a front-end connecting to the relay
-/// on argv[2]. The front-end hands over a pipe (an fd-carrying request)
-/// and the back-end channel, sends two IOTLB UPDATEs and one INVALIDATE of
-/// 8 KiB; the back-end writes through the pipe it received, sends one MISS
-/// on the back-end channel, and the front-end reads it. Every IOTLB message
-/// asks for an acknowledgement; the relay holds the INVALIDATE's for 300 ms.
-/// Prints what each end saw.
-const VU_COUNT_DRIVER: &str = r#"
-import array, os, socket, struct, sys, threading, time
-H = struct.Struct("<III")
-def send(s, req, flags, payload=b"", fds=()):
-    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
-    s.sendmsg([H.pack(req, flags, len(payload)) + payload], anc)
-def recv(s):
-    fds = array.array("i")
-    msg, anc, _, _ = s.recvmsg(H.size, socket.CMSG_LEN(64))
-    for _l, _k, d in anc:
-        fds.frombytes(d[: len(d) - len(d) % 4])
-    req, flags, size = H.unpack(msg)
-    body = b""
-    while len(body) < size:
-        body += s.recv(size - len(body))
-    return req, flags, body, list(fds)
-iotlb = lambda iova, size, kind: struct.pack("<QQQBB", iova, size, 0, 3, kind)
-srv = socket.socket(socket.AF_UNIX); srv.bind(sys.argv[1]); srv.listen(1)
-seen = {}
-def backend():
-    c, _ = srv.accept()
-    _r, _f, _b, fds = recv(c)
-    os.write(fds[0], b"through-the-relay")
-    _r, _f, _b, chan = recv(c)
-    b = socket.socket(fileno=chan[0])
-    kinds = []
-    for _ in range(3):
-        kinds.append(recv(c)[2][25])
-        send(c, 22, 5, struct.pack("<Q", 0))
-    seen["backend_iotlb_kinds"] = kinds
-    send(b, 1, 1, iotlb(0x1000, 0x1000, 1))
-    c.close(); b.close()
-t = threading.Thread(target=backend); t.start()
-for _ in range(100):
-    if os.path.exists(sys.argv[2]): break
-    time.sleep(0.05)
-f = socket.socket(socket.AF_UNIX); f.connect(sys.argv[2])
-rd, wr = os.pipe()
-send(f, 5, 1, struct.pack("<Q", 0), [wr])
-mine, theirs = socket.socketpair()
-send(f, 21, 1, struct.pack("<Q", 0), [theirs.fileno()])
-waits = []
-for msg in (iotlb(0x1000, 0x1000, 2), iotlb(0x3000, 0x1000, 2), iotlb(0x1000, 0x2000, 3)):
-    t0 = time.monotonic()
-    send(f, 22, 9, msg)
-    assert recv(f)[0] == 22
-    waits.append(time.monotonic() - t0)
-seen["slow_acks"] = [w >= 0.3 for w in waits]
-req, _fl, body, _ = recv(mine)
-seen["frontend_got"] = [req, body[25]]
-seen["pipe"] = os.read(rd, 64).decode()
-t.join(); f.close()
-print("DRIVER", seen, flush=True)
-"#;
 
 /// The vhost-user counting relay (`guest/vhost-user-count.py`, used by the
 /// vhost_user group to compare dmavisor's and QEMU's IOTLB traffic):
@@ -290,7 +228,8 @@ fn vhost_user_count_relays_descriptors_and_counts_iotlb_messages() {
         .spawn()
         .unwrap();
     let driver = Command::new("timeout")
-        .args(["30", "python3", "-c", VU_COUNT_DRIVER])
+        .args(["30", "python3"])
+        .arg(guest_script("vhost-user-count-driver.py"))
         .arg(&back)
         .arg(&front)
         .output()
