@@ -22,13 +22,22 @@ use crate::error::Error;
 /// Needs a hardware-backed /dev/kvm (kvm_intel/kvm_amd); elsewhere run it
 /// inside resources/run-kvm. DMAVISOR_KVM_DEVICE names another device node.
 #[derive(Debug, Parser)]
-#[command(name = "dmavisor", version, about, long_about)]
+#[command(name = "dmavisor", about, long_about, disable_version_flag = true)]
 pub struct Cli {
+    /// Prints the version line management stacks parse (libvirt's ch
+    /// driver needs `cloud-hypervisor vNN...`), then exits.
+    #[arg(short = 'V', long)]
+    pub version: bool,
+
     /// Kernel to boot: a bzImage (e.g. Debian's vmlinuz, 64-bit Linux boot
     /// protocol) or an ELF vmlinux with a PVH entry note (boots faster: the
     /// guest skips decompression). Without it (and with --api-socket) the
     /// VM comes from the API's vm.create.
-    #[arg(long, value_name = "PATH", required_unless_present = "api_socket")]
+    #[arg(
+        long,
+        value_name = "PATH",
+        required_unless_present_any = ["api_socket", "version"]
+    )]
     pub kernel: Option<PathBuf>,
 
     /// Initramfs (cpio, optionally compressed) handed to the kernel.
@@ -99,6 +108,12 @@ pub struct Cli {
     /// waits for vm.create and vm.boot.
     #[arg(long = "api-socket", value_name = "path=..|fd=..")]
     pub api_socket: Option<String>,
+
+    /// cloud-hypervisor's JSON lifecycle events (vm booted, paused,
+    /// shutdown, ...): path=FILE (a file, or a FIFO whose reader may come
+    /// later) or fd=N (an inherited descriptor).
+    #[arg(long = "event-monitor", value_name = "path=..|fd=..")]
+    pub event_monitor: Option<String>,
 
     /// Per-thread seccomp filters: true (a forbidden system call ends the
     /// VMM, naming the thread and the call), log (the kernel logs it and
@@ -188,6 +203,14 @@ impl Cli {
         })
     }
 
+    /// Where lifecycle events go (`--event-monitor`), if anywhere.
+    pub fn event_monitor(&self) -> Result<Option<crate::event_monitor::EventMonitorTarget>, Error> {
+        self.event_monitor
+            .as_deref()
+            .map(crate::event_monitor::EventMonitorTarget::parse)
+            .transpose()
+    }
+
     /// Where the REST API listens (`--api-socket`), if anywhere.
     pub fn api_socket(&self) -> Result<Option<crate::api_socket::ApiSocket>, Error> {
         self.api_socket
@@ -197,9 +220,79 @@ impl Cli {
     }
 }
 
+/// The cloud-hypervisor release whose REST API (endpoints, `VmConfig`
+/// fields, event stream) dmavisor implements, the subset its README lists.
+pub const CLOUD_HYPERVISOR_API: (u32, u32) = (53, 0);
+
+/// `--version`'s line. WHY it starts as cloud-hypervisor's does: libvirt's
+/// ch driver takes what follows `cloud-hypervisor ` (after the last `/`
+/// of the whole output, a leading `v` and up to the first `-`) as
+/// `major.minor.micro` and refuses releases it does not support; so the
+/// line names the API level, and holds no `/`.
+pub fn version_line() -> String {
+    let (major, minor) = CLOUD_HYPERVISOR_API;
+    format!(
+        "cloud-hypervisor v{major}.{minor}.0 (dmavisor {}, API of cloud-hypervisor v{major})",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// libvirt's reading of `--version` (src/ch/ch_conf.c), restated:
+    /// the version it finds, or `None` where it reports an error.
+    fn libvirt_version(output: &str) -> Option<(u32, u32, u32)> {
+        let rest = output.strip_prefix("cloud-hypervisor ")?;
+        let rest = rest.rsplit('/').next()?;
+        let rest = rest.strip_prefix('v').unwrap_or(rest);
+        let rest = rest.split('-').next()?;
+        let mut parts = rest.splitn(3, '.');
+        let num = |s: Option<&str>| -> Option<u32> {
+            let s = s?;
+            let digits: String = s.chars().take_while(|c| c.is_ascii_digit()).collect();
+            digits.parse().ok()
+        };
+        let major = num(parts.next())?;
+        let minor = num(parts.next()).unwrap_or(0);
+        let micro = num(parts.next()).unwrap_or(0);
+        Some((major, minor, micro))
+    }
+
+    #[test]
+    fn version_line_is_one_libvirt_accepts() {
+        let line = version_line();
+        let (major, minor, _) = libvirt_version(&format!("{line}\n")).expect("parsed");
+        assert_eq!((major, minor), CLOUD_HYPERVISOR_API);
+        // libvirt's ch driver needs v28 or later for what it sends.
+        assert!(major >= 28, "{line}");
+        assert!(line.contains("dmavisor"), "{line}");
+        // The parser restated finds a '/' anywhere in the output.
+        assert_eq!(libvirt_version("cloud-hypervisor v40.0 (a/b)"), None);
+        let cli = Cli::try_parse_from(["dmavisor", "--version"]).expect("alone");
+        assert!(cli.version && cli.kernel.is_none());
+    }
+
+    #[test]
+    fn event_monitor_flag() {
+        use crate::event_monitor::EventMonitorTarget;
+        let cli = Cli::try_parse_from([
+            "dmavisor",
+            "--api-socket",
+            "fd=3",
+            "--event-monitor",
+            "path=/run/ev.fifo",
+        ])
+        .unwrap();
+        assert_eq!(
+            cli.event_monitor().unwrap(),
+            Some(EventMonitorTarget::Path("/run/ev.fifo".into()))
+        );
+        let cli =
+            Cli::try_parse_from(["dmavisor", "--kernel", "/k", "--event-monitor", "x=1"]).unwrap();
+        assert!(cli.event_monitor().is_err());
+    }
 
     #[test]
     fn full_command_line() {

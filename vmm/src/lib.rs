@@ -19,6 +19,7 @@ pub mod devices;
 pub mod dma;
 pub mod dma_test;
 pub mod error;
+pub mod event_monitor;
 pub mod exit;
 pub mod interrupt;
 pub mod kvm_check;

@@ -18,6 +18,7 @@
 //! A VMM started with only `--api-socket` serves the API alone until
 //! `vm.create` and `vm.boot` (`vm_config`).
 
+pub mod ch_fields;
 pub mod controller;
 pub mod error;
 pub mod fd_stream;

@@ -40,6 +40,10 @@ pub enum VmConfigError {
     /// Not JSON, or not of `VmConfig`'s shape (a type, an unknown field).
     #[error("invalid VmConfig: {0}")]
     Json(#[from] serde_json::Error),
+    /// A cloud-hypervisor field dmavisor lacks, set to something other
+    /// than its unused value.
+    #[error(transparent)]
+    Unsupported(#[from] super::ch_fields::Unsupported),
     /// A value out of range or unsupported.
     #[error("invalid VmConfig: {field}: {reason}")]
     Invalid {
@@ -207,7 +211,9 @@ impl VmConfigSpec {
 
 /// Parses and checks a `vm.create` body.
 pub fn parse(body: &[u8]) -> Result<VmConfig, VmConfigError> {
-    serde_json::from_slice::<VmConfigSpec>(body)?.to_config()
+    let mut body: Value = serde_json::from_slice(body)?;
+    super::ch_fields::drop_unused_vm(&mut body)?;
+    serde_json::from_value::<VmConfigSpec>(body)?.to_config()
 }
 
 /// `vm.info`'s `config` for `c`.
@@ -272,7 +278,9 @@ mod tests {
             (br#"{"payload": {"kernel": "/k"}, "iommu_config": {"queues": 2}}"#, "iommu: true"),
             (br#"{"payload": {"kernel": "/k"}, "iommu": true, "iommu_config": {"queues": 0}}"#, "queues"),
             (br#"{"payload": {"kernel": "/k"}, "iommu": true, "iommu_config": {"impl": "fast"}}"#, "impl"),
-            (br#"{"payload": {"kernel": "/k"}, "rng": {"src": "/dev/urandom"}}"#, "rng"),
+            (br#"{"payload": {"kernel": "/k"}, "rng": {"src": "/dev/hwrng"}}"#, "rng="),
+            (br#"{"payload": {"kernel": "/k"}, "memory": {"size": 536870912, "hugepages": true}}"#, "memory.hugepages=true is not supported by dmavisor"),
+            (br#"{"payload": {"kernel": "/k"}, "sound": true}"#, "unknown field `sound`"),
         ] {
             let text = String::from_utf8_lossy(body);
             match parse(body) {

@@ -225,6 +225,7 @@ impl VmApi for VmState {
     }
 
     fn pause(&self) -> Result<(), ApiError> {
+        crate::event_monitor::emit("vm", "pausing", &[]);
         self.lifecycle.control.pause(PAUSE_TIMEOUT)?;
         if let Some(vm) = &self.lifecycle.clock {
             match vm.get_clock() {
@@ -235,6 +236,7 @@ impl VmApi for VmState {
             }
         }
         info!("VM paused through the API");
+        crate::event_monitor::emit("vm", "paused", &[]);
         Ok(())
     }
 
@@ -242,6 +244,7 @@ impl VmApi for VmState {
         if !self.lifecycle.control.is_paused() {
             return Err(crate::vcpu_control::PauseError::NotPaused.into());
         }
+        crate::event_monitor::emit("vm", "resuming", &[]);
         let frozen = self
             .frozen_clock
             .lock()
@@ -258,6 +261,7 @@ impl VmApi for VmState {
         }
         self.lifecycle.control.resume()?;
         info!("VM resumed through the API");
+        crate::event_monitor::emit("vm", "resumed", &[]);
         Ok(())
     }
 

@@ -315,6 +315,8 @@ impl VfioHotplug {
         drop(plugged);
         self.announce(addr)?;
         info!("vfio {name}: hotplugged at {addr}; the guest was notified");
+        let bdf = format!("0000:{addr}");
+        crate::event_monitor::emit("vm", "device-added", &[("id", &name), ("bdf", &bdf)]);
         Ok((name, addr))
     }
 
@@ -384,6 +386,8 @@ impl VfioHotplug {
         drop(plugged);
         self.announce(addr)?;
         info!("{what}: at {addr}; the guest was notified");
+        let bdf = format!("0000:{addr}");
+        crate::event_monitor::emit("vm", "device-added", &[("id", &id), ("bdf", &bdf)]);
         Ok((id, addr))
     }
 
@@ -460,6 +464,8 @@ impl VfioHotplug {
         drop(device);
         drop(plugged);
         info!("{id}: removed from {addr} (ejected by the guest)");
+        let bdf = format!("0000:{addr}");
+        crate::event_monitor::emit("vm", "device-removed", &[("id", &id), ("bdf", &bdf)]);
     }
 
     /// The configurations of the assigned functions, in the order they
