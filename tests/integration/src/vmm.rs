@@ -76,6 +76,40 @@ pub fn dmavisor_binary() -> Result<PathBuf, HarnessError> {
     })
 }
 
+static CH_CLIENT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+
+/// Path of the release `ch-client-call` (tests/ch-client: one REST call
+/// through the crates.io cloud-hypervisor-client), built once per test
+/// process. `DMAVISOR_CH_CLIENT` overrides it with a prebuilt binary.
+pub fn ch_client_binary() -> Result<PathBuf, HarnessError> {
+    if let Some(p) = std::env::var_os("DMAVISOR_CH_CLIENT").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        return if p.exists() {
+            Ok(p)
+        } else {
+            Err(HarnessError::Missing(p))
+        };
+    }
+    let res = CH_CLIENT.get_or_init(|| {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(repo_root())
+            .args(["build", "--release", "-p", "ch-client-call"]);
+        run_checked(&mut cmd).map_err(|e| e.to_string())?;
+        let bin = target_dir().join("release").join("ch-client-call");
+        if bin.exists() {
+            Ok(bin)
+        } else {
+            Err(format!("{} not found after cargo build", bin.display()))
+        }
+    });
+    res.clone().map_err(|msg| HarnessError::Command {
+        cmd: "cargo build --release -p ch-client-call".into(),
+        status: "error".into(),
+        stderr: msg,
+    })
+}
+
 /// A guest boot under dmavisor, turned into a command line with
 /// [`GuestBoot::argv`] (cloud-hypervisor-style flags).
 #[derive(Debug, Clone)]

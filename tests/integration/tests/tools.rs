@@ -205,7 +205,6 @@ fn runner_assigns_a_nic_behind_an_iommu() {
     assert!(!field("peer").is_empty(), "{line}");
 }
 
-
 /// The vhost-user counting relay (`guest/vhost-user-count.py`, used by the
 /// vhost_user group to compare dmavisor's and QEMU's IOTLB traffic):
 /// file descriptors cross it intact (the back-end writes into the

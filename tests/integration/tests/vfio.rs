@@ -32,7 +32,8 @@ use integration_tests::paths::{
     build_guest_tool, build_preload_lib, guest_script, path_arg, repo_root,
 };
 use integration_tests::session::{Case, CaseResult, Plan, SharedSession};
-use integration_tests::vmm::{dmavisor_binary, net_host_argv};
+use integration_tests::vmm::{ch_client_binary, dmavisor_binary, net_host_argv};
+use serde_json::Value;
 
 /// Bytes each way: 1 MiB, which keeps the vIOMMU traffic (one MAP and one
 /// UNMAP per packet) and with it the nested runner's exposure to its own
@@ -58,6 +59,11 @@ fn qemu_case(name: &str, mode: &str, counter: &Path, kernel: &Path, initrd: &Pat
     argv.extend(net_host_argv(mode, "-", kernel, initrd));
     Case::new(name, argv, CASE_TIMEOUT_SECS)
 }
+
+/// The case of [`ch_api_client_full_lifecycle`]: three boots, a hotplug
+/// round with pings, pause and resume, and slack for a loaded runner.
+const CH_CLIENT_CASE: &str = "ch_client_lifecycle";
+const CH_CLIENT_TIMEOUT_SECS: u32 = 1200;
 
 fn session() -> &'static SharedSession {
     static RUN: OnceLock<SharedSession> = OnceLock::new();
@@ -112,6 +118,16 @@ fn session() -> &'static SharedSession {
             uspec.script_timeout = Some(300);
             let uinitrd = build_initramfs(&uspec).map_err(|e| e.to_string())?;
             let counter = build_preload_lib("vfio-ioctl-count")?;
+            // The lifecycle driven by cloud-hypervisor-client: the NIC, a
+            // virtio-net and a virtio-blk hotplugged behind the vIOMMU.
+            let mut cspec = InitramfsSpec::new("trixie", guest_script("ch-client-guest.sh"));
+            cspec.modules = ["virtio_iommu", "e1000e", "virtio_net", "virtio_blk"]
+                .map(String::from)
+                .to_vec();
+            cspec.optional_modules = vec!["virtio_pci".into()];
+            cspec.script_timeout = Some(CH_CLIENT_TIMEOUT_SECS - 60);
+            let cinitrd = build_initramfs(&cspec).map_err(|e| e.to_string())?;
+            let client = path_arg(&ch_client_binary().map_err(|e| e.to_string())?);
             let (bk, tk) = (&bookworm.vmlinuz, &trixie.vmlinuz);
             let mut cases = vec![
                 net_case("vfio_nic_no_viommu", "dmavisor-vfio", &bin, bk, &initrd),
@@ -155,6 +171,18 @@ fn session() -> &'static SharedSession {
                         path_arg(&uinitrd),
                     ],
                     400,
+                ),
+                Case::new(
+                    CH_CLIENT_CASE,
+                    vec![
+                        "sh".into(),
+                        path_arg(&guest_script("ch-client-host.sh")),
+                        bin.clone(),
+                        client,
+                        path_arg(tk),
+                        path_arg(&cinitrd),
+                    ],
+                    CH_CLIENT_TIMEOUT_SECS,
                 ),
             ];
             // The reference: QEMU 7.2's vfio-pci, alone and behind
@@ -577,4 +605,172 @@ fn vfio_dma_after_unmap_blocked() {
             && l.contains("0x200000")),
         "no host IOMMU write fault for the unmapped IOVA:\n{context}"
     );
+}
+
+/// The `CH-CLIENT command ...` answers of a transcript, in order: (command,
+/// ok, body).
+fn client_calls(out: &str) -> Vec<(String, bool, Value)> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("CH-CLIENT "))
+        .map(|l| {
+            let mut it = l.splitn(3, ' ');
+            let cmd = it.next().unwrap_or_default().to_string();
+            let ok = it.next() == Some("ok");
+            let body = serde_json::from_str(it.next().unwrap_or_default()).unwrap_or(Value::Null);
+            (cmd, ok, body)
+        })
+        .collect()
+}
+
+/// The guest's `GUEST-CH-<what>` serial line.
+fn ch_marker<'a>(out: &'a str, what: &str) -> &'a str {
+    let key = format!("GUEST-CH-{what} ");
+    out.lines()
+        .find(|l| l.starts_with("SERIAL: ") && l.contains(&key))
+        .unwrap_or_else(|| panic!("no {key}line:\n{out}"))
+}
+
+/// Issue 29: a management stack's whole conversation, made by the crates.io
+/// `cloud-hypervisor-client` (generated from cloud-hypervisor's OpenAPI
+/// description, not written here) against dmavisor started with only
+/// `--api-socket` (`guest/ch-client-host.sh`): create, boot, info,
+/// counters, pause (the guest's heartbeats stop), resume, add-device (the
+/// runner's assigned NIC), add-net, add-disk (all behind the strict
+/// vIOMMU; the guest pings over both NICs and reads the disk's pattern),
+/// remove-device of the three (the guest sees them go), reboot (in the same
+/// process), shutdown, boot again, shutdown, delete, vmm shutdown (exit 0).
+/// Every answer must parse in that client.
+#[test]
+fn ch_api_client_full_lifecycle() {
+    let r = case(CH_CLIENT_CASE);
+    let out = &r.output;
+    println!("--- cloud-hypervisor-client transcript ---");
+    for l in out.lines().filter(|l| {
+        l.starts_with("CH-")
+            || l.starts_with("VMM-EXIT")
+            || (l.starts_with("SERIAL: ") && l.contains("GUEST-CH-") && !l.contains("BEAT"))
+    }) {
+        println!("{l}");
+    }
+    println!("--- end of transcript ---");
+    let calls = client_calls(out);
+    let order: Vec<&str> = calls.iter().map(|(c, _, _)| c.as_str()).collect();
+    assert_eq!(
+        order,
+        [
+            "ping",
+            "create",
+            "boot",
+            "info",
+            "counters",
+            "pause",
+            "info",
+            "resume",
+            "add-device",
+            "add-net",
+            "add-disk",
+            "info",
+            "remove-device",
+            "remove-device",
+            "remove-device",
+            "info",
+            "reboot",
+            "shutdown",
+            "info",
+            "boot",
+            "info",
+            "shutdown",
+            "delete",
+            "info",
+            "vmm-shutdown"
+        ],
+        "{out}"
+    );
+    // Every call but the vm.info after vm.delete succeeded and parsed.
+    let last_info = calls.iter().rposition(|(c, _, _)| c == "info");
+    for (i, (cmd, ok, _)) in calls.iter().enumerate() {
+        assert_eq!(*ok, Some(i) != last_info, "{cmd} (call {i}):\n{out}");
+    }
+    let states: Vec<&str> = calls
+        .iter()
+        .filter(|(c, _, _)| c == "info")
+        .map(|(_, _, b)| b["state"].as_str().unwrap_or("-"))
+        .collect();
+    assert_eq!(
+        states,
+        ["Running", "Paused", "Running", "Running", "Created", "Running", "-"],
+        "{out}"
+    );
+    let counters = &calls[4].2;
+    assert!(
+        counters.as_object().is_some_and(|m| !m.is_empty()),
+        "vm.counters: {counters}"
+    );
+    // The hotplug replies are cloud-hypervisor's PciDeviceInfo.
+    for (i, id) in [(8, "chnic"), (9, "chnet"), (10, "chdisk")] {
+        let body = &calls[i].2;
+        assert_eq!(body["id"], id, "{body}");
+        assert!(
+            body["bdf"].as_str().is_some_and(|b| b.contains(':')),
+            "{body}"
+        );
+    }
+    let listed = calls[11].2["config"].to_string();
+    for id in ["chnic", "chdisk"] {
+        assert!(listed.contains(id), "vm.info lists {id}: {listed}");
+    }
+    assert!(
+        listed.contains("dmvtap7"),
+        "vm.info lists the NIC: {listed}"
+    );
+    let after = calls[15].2["config"].to_string();
+    for id in ["chnic", "chdisk", "dmvtap7"] {
+        assert!(!after.contains(id), "{id} gone from vm.info: {after}");
+    }
+    // Paused: no heartbeat in 3 s.
+    let obs = |key: &str| -> i64 {
+        out.lines()
+            .filter(|l| l.starts_with("CH-OBS "))
+            .find_map(|l| token_value(l, key))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no CH-OBS {key}=:\n{out}"))
+    };
+    assert_eq!(
+        obs("paused_beats_before"),
+        obs("paused_beats_after"),
+        "{out}"
+    );
+    // The guest saw the three functions behind the vIOMMU, and each works.
+    let seen = ch_marker(out, "SEEN");
+    assert!(!seen.contains("none"), "{seen}");
+    assert_eq!(
+        ch_marker(out, "IOMMU"),
+        "SERIAL: GUEST-CH-IOMMU nic=DMA vnet=DMA blk=DMA",
+        "{out}"
+    );
+    let image_md5 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("CH-OBS image_md5="))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(
+        token_value(ch_marker(out, "DISK"), "md5"),
+        Some(image_md5),
+        "{out}"
+    );
+    for what in ["NIC", "VNET"] {
+        let line = ch_marker(out, what);
+        assert_eq!(token_value(line, "received"), Some("3"), "{line}");
+    }
+    assert!(
+        ch_marker(out, "GONE").contains("nic=1 vnet=1 blk=1"),
+        "{out}"
+    );
+    // Three boots in one process: first, after vm.reboot, after vm.boot.
+    let ups = out
+        .lines()
+        .filter(|l| l.starts_with("SERIAL: GUEST-CH-UP"))
+        .count();
+    assert_eq!(ups, 3, "{out}");
+    assert_eq!(obs("pid_alive_after_reboot"), 1, "{out}");
+    assert!(out.contains("VMM-EXIT rc=0"), "{out}");
 }
