@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::locks::Unpoison;
 use crate::space::{
     check_map_args, DomainSpace, Fault, Limits, MapError, Perm, QueueContext, SpaceStats,
     Translation, UnmapError, IOVA_MAX,
@@ -52,11 +53,11 @@ impl BaselineSpace {
     fn read(&self) -> RwLockReadGuard<'_, Inner> {
         // Every update below is applied fully or not at all before any
         // panic point, so a poisoned lock still guards a consistent map.
-        self.inner.read().unwrap_or_else(|p| p.into_inner())
+        self.inner.read().unpoisoned()
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, Inner> {
-        self.inner.write().unwrap_or_else(|p| p.into_inner())
+        self.inner.write().unpoisoned()
     }
 }
 

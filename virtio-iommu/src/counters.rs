@@ -10,7 +10,9 @@
 //! instruction); a reader sums the blocks.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
+
+use crate::locks::Unpoison;
 
 /// The request types a worker counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,7 +157,7 @@ impl CounterRegistry {
     /// reset for example, does not grow the list: it holds at most as many
     /// blocks as workers ever lived at the same time.
     pub fn register(&self) -> Arc<CounterBlock> {
-        let mut blocks = self.blocks.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut blocks = self.blocks.lock().unpoisoned();
         if let Some(free) = blocks.iter().find(|b| Arc::strong_count(b) == 1) {
             return Arc::clone(free);
         }
@@ -166,7 +168,7 @@ impl CounterRegistry {
 
     /// The sum of every block.
     pub fn totals(&self) -> RequestCounts {
-        let blocks = self.blocks.lock().unwrap_or_else(PoisonError::into_inner);
+        let blocks = self.blocks.lock().unpoisoned();
         let mut t = RequestCounts::default();
         for b in blocks.iter() {
             b.add_to(&mut t);

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::locks::Unpoison;
 use crate::wire::{FaultEvent, FAULT_SIZE};
 
 /// Default number of pending fault events kept for the event queue.
@@ -69,10 +70,7 @@ impl RateLimiter {
 
     /// Same as [`check`](Self::check) at an explicit time (for tests).
     pub fn check_at(&self, now: Instant) -> RateDecision {
-        let mut s = match self.state.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut s = self.state.lock().unpoisoned();
         let mut suppressed_before = 0;
         if now.saturating_duration_since(s.start) >= self.window {
             s.start = now;
@@ -114,10 +112,7 @@ impl FaultQueue {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<FaultEvent>> {
-        match self.queue.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        self.queue.lock().unpoisoned()
     }
 
     /// Records a fault: logs it (rate-limited) and queues it for the event

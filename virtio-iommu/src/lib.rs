@@ -9,7 +9,7 @@ pub(crate) mod domain;
 pub(crate) mod endpoint;
 pub mod events;
 pub mod invalidation;
-mod locks;
+pub mod locks;
 pub mod magazine;
 pub mod mapping;
 pub mod mutation;

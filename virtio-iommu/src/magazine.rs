@@ -15,6 +15,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use crate::locks::Unpoison;
 use crate::node::NodePtr;
 
 /// Nodes per magazine.
@@ -112,7 +113,7 @@ impl Depot {
         // A panic while holding this lock cannot leave the vectors
         // inconsistent (push/pop only), so a poisoned lock is still usable.
         self.exchanges.fetch_add(1, Ordering::Relaxed);
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.lock().unpoisoned()
     }
 
     /// Trades an empty magazine for a full one, if the depot has one.
@@ -180,7 +181,7 @@ impl Drop for Depot {
     fn drop(&mut self) {
         // Every table and worker holds an Arc<Depot>: none is left, so no
         // reader can reach these nodes any more.
-        let inner = std::mem::take(self.inner.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let inner = std::mem::take(self.inner.get_mut().unpoisoned());
         for m in inner.full {
             for n in m.0 {
                 n.free_to_system();

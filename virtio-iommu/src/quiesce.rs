@@ -33,7 +33,7 @@
 //! version, they fail.
 
 use std::ops::RangeInclusive;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 // The epoch and the slots are the whole protocol; under `--cfg loom` they
@@ -44,6 +44,7 @@ use loom::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 
 use crate::invalidation::Invalidator;
+use crate::locks::Unpoison;
 
 /// Most live slots one quiescer tracks (device threads are few; a bound
 /// keeps a registration bug from growing the list without end). A slot
@@ -134,7 +135,7 @@ impl Quiescer {
 
     /// A slot for one more device thread.
     pub fn register(self: &Arc<Self>) -> Result<Arc<ReaderSlot>, TooManyReaders> {
-        let mut readers = self.readers.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut readers = self.readers.lock().unpoisoned();
         readers.retain(|r| !r.retired.load(Ordering::Acquire));
         if readers.len() >= MAX_READERS {
             return Err(TooManyReaders);
@@ -167,11 +168,7 @@ impl Quiescer {
         fence(Ordering::SeqCst);
         // A snapshot, so that no lock is held while waiting (a device
         // thread being set up registers its slot meanwhile).
-        let readers: Vec<Arc<SlotState>> = self
-            .readers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let readers: Vec<Arc<SlotState>> = self.readers.lock().unpoisoned().clone();
         self.waits.fetch_add(1, Ordering::Relaxed);
         let mut waited = false;
         for slot in &readers {

@@ -63,6 +63,8 @@ use std::sync::{Arc, Mutex};
 
 use log::debug;
 
+use virtio_iommu::locks::Unpoison;
+
 use crate::devices::dma_copy::copy_guest;
 pub use crate::devices::dma_copy::DmaError;
 use crate::devices::dma_stream::{DmaStreamer, StreamJob};
@@ -202,7 +204,7 @@ pub fn add_dma_test(
         }
         (false, _) => DmaSpace::identity(mem.clone()),
     };
-    dev.lock().unwrap_or_else(|e| e.into_inner()).set_dma(dma);
+    dev.lock().unpoisoned().set_dma(dma);
     log::info!(
         "dma-test device at {addr}{}",
         if cfg.iommu { " behind the vIOMMU" } else { "" }

@@ -33,6 +33,8 @@ use std::time::{Duration, Instant};
 use log::{debug, info, warn};
 use serde::Serialize;
 
+use virtio_iommu::locks::Unpoison;
+
 use crate::error::{Error, OptionReason};
 use crate::options::parse_options;
 
@@ -139,7 +141,7 @@ pub fn install(out: Box<dyn Write + Send>) -> Result<(), Box<dyn Write + Send>> 
             start: Instant::now(),
             out: Mutex::new(out),
         })
-        .map_err(|m| m.out.into_inner().unwrap_or_else(|e| e.into_inner()))
+        .map_err(|m| m.out.into_inner().unpoisoned())
 }
 
 /// The text of one event, as written to the stream.
@@ -178,7 +180,7 @@ pub fn emit(source: &str, event: &str, properties: &[(&str, &str)]) {
     let Some(text) = render(m.start.elapsed(), source, event, properties) else {
         return;
     };
-    let mut out = m.out.lock().unwrap_or_else(|e| e.into_inner());
+    let mut out = m.out.lock().unpoisoned();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use log::{debug, warn};
 use thiserror::Error;
+use virtio_iommu::locks::Unpoison;
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 /// How often a pausing thread kicks the vCPUs that have not parked yet.
@@ -128,15 +129,12 @@ impl VcpuControl {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unpoisoned()
     }
 
     /// Registers a started vCPU thread so that pauses can kick it.
     pub fn add_thread(&self, handle: JoinHandle<()>) {
-        self.threads
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(handle);
+        self.threads.lock().unpoisoned().push(handle);
     }
 
     /// Called by a vCPU thread before each `KVM_RUN`: parks while the VM
@@ -159,7 +157,7 @@ impl VcpuControl {
         st.parked += 1;
         self.changed.notify_all();
         while st.pause && !st.stop {
-            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+            st = self.changed.wait(st).unpoisoned();
         }
         st.parked -= 1;
         !st.stop
@@ -191,7 +189,7 @@ impl VcpuControl {
             let running = self
                 .threads
                 .lock()
-                .unwrap_or_else(|e| e.into_inner())
+                .unpoisoned()
                 .iter()
                 .filter(|t| !t.is_finished())
                 .count();
@@ -206,7 +204,7 @@ impl VcpuControl {
             }
             std::thread::sleep(KICK_INTERVAL);
         }
-        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        let threads = std::mem::take(&mut *self.threads.lock().unpoisoned());
         let joined = threads.len();
         for t in threads {
             if t.join().is_err() {
@@ -219,7 +217,7 @@ impl VcpuControl {
 
     /// vCPU threads registered and not joined yet.
     pub fn threads(&self) -> usize {
-        self.threads.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.threads.lock().unpoisoned().len()
     }
 
     /// A guard that a vCPU thread holds while it runs: dropping it (the
@@ -239,7 +237,7 @@ impl VcpuControl {
         for t in self
             .threads
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .unpoisoned()
             .iter()
             .filter(|t| !t.is_finished())
         {
@@ -289,11 +287,7 @@ impl VcpuControl {
                 });
             }
             // Woken by a parking vCPU or after one kick interval.
-            drop(
-                self.changed
-                    .wait_timeout(st, KICK_INTERVAL)
-                    .unwrap_or_else(|e| e.into_inner()),
-            );
+            drop(self.changed.wait_timeout(st, KICK_INTERVAL).unpoisoned());
         }
     }
 

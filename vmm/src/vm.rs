@@ -15,6 +15,8 @@ use log::{debug, info, warn};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
+use virtio_iommu::locks::Unpoison;
+
 use crate::acpi::dsdt::{COM1_IRQ, COM1_PORT};
 use crate::acpi::tables::create_acpi_tables_with;
 use crate::acpi::AcpiConfig;
@@ -489,9 +491,7 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
     // From here on the vIOMMU is shared with the hotplug thread.
     let iommu = devices.iommu.map(|p| Arc::new(Mutex::new(p)));
     owner.own_iommu(iommu.clone());
-    let iommu_device = iommu
-        .as_ref()
-        .map(|p| p.lock().unwrap_or_else(|e| e.into_inner()).device());
+    let iommu_device = iommu.as_ref().map(|p| p.lock().unpoisoned().device());
     let hotplug = VfioHotplug::start(
         resources.clone(),
         iommu.clone(),
@@ -564,7 +564,7 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
     };
     let finish = move |event: &ExitEvent| {
         if let Some(dev) = &serial {
-            dev.lock().unwrap_or_else(|e| e.into_inner()).flush();
+            dev.lock().unpoisoned().flush();
         }
         info!(
             "{} after {:.3} s",

@@ -35,6 +35,8 @@ use kvm_ioctls::VmFd;
 use log::{debug, error, info, warn};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
+use virtio_iommu::locks::Unpoison;
+
 use crate::devices::bus::Bus;
 use crate::devices::serial::StdinReader;
 use crate::memory::GuestMemoryMmap;
@@ -271,11 +273,7 @@ impl Drop for VmOwner {
 }
 
 fn is_viommu(dev: &SharedPciDevice) -> bool {
-    let id = dev
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .config()
-        .read_reg(0);
+    let id = dev.lock().unpoisoned().config().read_reg(0);
     id == (VIRTIO_IOMMU_PCI_ID << 16 | VIRTIO_PCI_VENDOR)
 }
 
@@ -300,7 +298,7 @@ fn stop_devices(pci: &PciRoot) -> usize {
 fn stop_device(pci: &PciRoot, addr: crate::pci::PciAddress) -> usize {
     match pci.remove_device(addr) {
         Ok(dev) => {
-            dev.lock().unwrap_or_else(|e| e.into_inner()).stop();
+            dev.lock().unpoisoned().stop();
             1
         }
         Err(e) => {

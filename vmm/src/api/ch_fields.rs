@@ -127,6 +127,7 @@ const PAYLOAD: &[(&str, Unused)] = &[
 pub const NET: &[(&str, Unused)] = &[
     ("host_mac", Unused::Empty),
     ("mtu", Unused::Empty),
+    PCI_COMMON[0],
     PCI_COMMON[1],
     PCI_COMMON[2],
     ("rate_limiter_config", Unused::Empty),
@@ -244,6 +245,20 @@ fn each(
     Ok(())
 }
 
+/// A hotplug body (`NetConfig`, `DiskConfig`, `DeviceConfig`) as `T`,
+/// once the fields of `rules` at their unused values are dropped; the
+/// error names the field or says what the typed parse refused.
+pub fn parse_section<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    rules: &[(&str, Unused)],
+) -> Result<T, String> {
+    let mut v: Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    if let Value::Object(o) = &mut v {
+        drop_unused(o, rules, "").map_err(|e| e.to_string())?;
+    }
+    serde_json::from_value(v).map_err(|e| e.to_string())
+}
+
 /// Drops every unused cloud-hypervisor field of a `VmConfig` body.
 pub fn drop_unused_vm(body: &mut Value) -> Result<(), Unsupported> {
     let Value::Object(obj) = body else {
@@ -312,5 +327,29 @@ mod tests {
             assert!(text.contains(says), "{text}");
             assert!(text.ends_with("is not supported by dmavisor"), "{text}");
         }
+    }
+
+    #[test]
+    fn hotplug_bodies_drop_unused_fields() {
+        let spec: crate::vfio::config::DeviceSpec = parse_section(
+            br#"{"path": "/sys/bus/pci/devices/0000:00:03.0", "x_exclude_mmap_bars": [],
+                 "pci_segment": 0}"#,
+            DEVICE,
+        )
+        .expect("ch-remote's add-device body");
+        assert_eq!(spec.id, None);
+        let e = parse_section::<crate::vfio::config::DeviceSpec>(
+            br#"{"path": "/p", "x_exclude_mmap_bars": [1]}"#,
+            DEVICE,
+        )
+        .expect_err("a BAR left unmapped");
+        assert!(
+            e.contains("x_exclude_mmap_bars=[1] is not supported"),
+            "{e}"
+        );
+        let e =
+            parse_section::<crate::block::config::DiskSpec>(br#"{"path": "/d", "wat": 1}"#, DISK)
+                .expect_err("unknown");
+        assert!(e.contains("unknown field"), "{e}");
     }
 }

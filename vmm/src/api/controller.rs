@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 
 use log::{debug, info, warn};
 
+use virtio_iommu::locks::Unpoison;
+
 use super::routes::{ApiError, VmApi, VmSlot, VmmApi};
 use super::vm_config;
 use crate::config::VmConfig;
@@ -131,7 +133,7 @@ impl Controller {
     fn lock(&self) -> MutexGuard<'_, Phase> {
         // A panic ends the process (`crate::panic_exit`): no half-made
         // state to protect.
-        self.phase.lock().unwrap_or_else(|e| e.into_inner())
+        self.phase.lock().unpoisoned()
     }
 
     /// Takes `config` (the command line's VM, or the one a reboot handed
@@ -387,11 +389,7 @@ impl VmmApi for Controller {
                         "vm.delete: the VM was not shut down within {DELETE_TIMEOUT:?}"
                     )));
                 }
-                phase = self
-                    .settled
-                    .wait_timeout(phase, left)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+                phase = self.settled.wait_timeout(phase, left).unpoisoned().0;
             }
         }
         match &*phase {

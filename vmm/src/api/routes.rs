@@ -19,6 +19,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 pub use super::error::ApiError;
+
 use crate::block::config::{DiskConfig, DiskSpec};
 use crate::config::VmConfig;
 use crate::net::config::NetSpec;
@@ -323,7 +324,8 @@ fn delete(vmm: &dyn VmmApi) -> Reply {
 
 /// `vm.add-device`: the body is cloud-hypervisor's `DeviceConfig`.
 fn add_device(vm: &dyn VmApi, body: &[u8]) -> Reply {
-    let device = match serde_json::from_slice::<DeviceSpec>(body) {
+    let device = match super::ch_fields::parse_section::<DeviceSpec>(body, super::ch_fields::DEVICE)
+    {
         Ok(spec) => VfioConfig::from_spec(&spec),
         Err(e) => return Reply::error(400, format!("vm.add-device: invalid DeviceConfig: {e}")),
     };
@@ -367,6 +369,9 @@ fn add_net(vm: &dyn VmApi, body: &[u8], fds: Vec<File>) -> Reply {
         None | Some(Value::Null) | Some(Value::Array(_)) => {}
         Some(_) => return bad("fds must be an array".into()),
     }
+    if let Err(e) = super::ch_fields::drop_unused(&mut obj, super::ch_fields::NET, "") {
+        return bad(e.to_string());
+    }
     let mut spec = match serde_json::from_value::<NetSpec>(Value::Object(obj)) {
         Ok(s) => s,
         Err(e) => return bad(format!("invalid NetConfig: {e}")),
@@ -392,7 +397,7 @@ fn add_net(vm: &dyn VmApi, body: &[u8], fds: Vec<File>) -> Reply {
 
 /// `vm.add-disk`: the body is cloud-hypervisor's `DiskConfig`.
 fn add_disk(vm: &dyn VmApi, body: &[u8]) -> Reply {
-    let disk = match serde_json::from_slice::<DiskSpec>(body) {
+    let disk = match super::ch_fields::parse_section::<DiskSpec>(body, super::ch_fields::DISK) {
         Ok(spec) => DiskConfig::from_spec(&spec),
         Err(e) => return Reply::error(400, format!("vm.add-disk: invalid DiskConfig: {e}")),
     };
@@ -524,6 +529,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use virtio_iommu::locks::Unpoison;
 
     /// A VM with the state machine of the real one: pause only when
     /// running, resume only when paused; `stuck` makes pauses time out,
@@ -635,7 +641,7 @@ mod tests {
             (Self::new(FakeSlot::Running(vm.clone())), vm)
         }
         fn lock(&self) -> std::sync::MutexGuard<'_, FakeSlot> {
-            self.slot.lock().unwrap_or_else(|e| e.into_inner())
+            self.slot.lock().unpoisoned()
         }
         fn created_config(&self) -> Option<VmConfig> {
             match &*self.lock() {

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
+use virtio_iommu::locks::Unpoison;
+
 use super::routes::{ApiError, RunState, VmApi, VmSlot, VmmApi};
 use super::server::{Limits, Server, MAX_BODY};
 use crate::config::VmConfig;
@@ -77,7 +79,7 @@ impl VmmApi for SlowVmm {
         Ok(())
     }
     fn boot(&self) -> Result<(), ApiError> {
-        let gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        let gate = self.gate.lock().unpoisoned();
         let _ = gate.recv_timeout(Duration::from_secs(20));
         self.boots.fetch_add(1, Ordering::SeqCst);
         Ok(())

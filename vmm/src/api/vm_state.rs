@@ -14,6 +14,8 @@ use serde_json::{json, Map, Value};
 
 use virtio_iommu::device::IommuDevice;
 
+use virtio_iommu::locks::Unpoison;
+
 use super::error::ApiError;
 use super::routes::{RunState, VmApi};
 use crate::block::DiskConfig;
@@ -230,7 +232,7 @@ impl VmApi for VmState {
         if let Some(vm) = &self.lifecycle.clock {
             match vm.get_clock() {
                 Ok(c) => {
-                    *self.frozen_clock.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+                    *self.frozen_clock.lock().unpoisoned() = Some(c);
                 }
                 Err(e) => warn!("vm.pause: KVM_GET_CLOCK: {e}; the guest will see the pause"),
             }
@@ -245,11 +247,7 @@ impl VmApi for VmState {
             return Err(crate::vcpu_control::PauseError::NotPaused.into());
         }
         crate::event_monitor::emit("vm", "resuming", &[]);
-        let frozen = self
-            .frozen_clock
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let frozen = self.frozen_clock.lock().unpoisoned().take();
         if let (Some(vm), Some(c)) = (&self.lifecycle.clock, frozen) {
             let at = kvm_clock_data {
                 clock: c.clock,

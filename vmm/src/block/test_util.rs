@@ -10,6 +10,8 @@ use std::sync::Mutex;
 use virtio_queue::Queue;
 use vm_memory::{Bytes, GuestAddress};
 
+use virtio_iommu::locks::Unpoison;
+
 use crate::dma::DmaSpace;
 use crate::memory::GuestMemoryMmap;
 use crate::virtio::test_ring::{leaked_ram, DriverRing, RingAddrs};
@@ -109,10 +111,7 @@ pub struct Recorder {
 
 impl VirtioInterrupt for Recorder {
     fn notify_queue(&self, queue: u16) {
-        self.notified
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(queue);
+        self.notified.lock().unpoisoned().push(queue);
     }
 
     fn notify_config(&self) {}

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
 
 use thiserror::Error;
+use virtio_iommu::locks::Unpoison;
 
 /// A device that answers guest accesses inside one address range.
 ///
@@ -79,7 +80,7 @@ impl Bus {
         if len == 0 || base.checked_add(len).is_none() {
             return Err(BusError::InvalidRange { base, len });
         }
-        let mut ranges = self.ranges.write().unwrap_or_else(|e| e.into_inner());
+        let mut ranges = self.ranges.write().unpoisoned();
         if let Some((prev_base, prev)) = ranges.range(..base.saturating_add(len)).next_back() {
             if prev_base.saturating_add(prev.len) > base {
                 return Err(BusError::Overlap { base, len });
@@ -93,7 +94,7 @@ impl Bus {
     /// teardown: a bus and PCI bus 0 hold each other (through the
     /// configuration ports), so the graph is freed only once it is cut.
     pub fn clear(&self) -> usize {
-        let mut ranges = self.ranges.write().unwrap_or_else(|e| e.into_inner());
+        let mut ranges = self.ranges.write().unpoisoned();
         let n = ranges.len();
         ranges.clear();
         n
@@ -101,7 +102,7 @@ impl Bus {
 
     /// Removes the device registered at exactly `base` and returns it.
     pub fn remove(&self, base: u64) -> Result<SharedBusDevice, BusError> {
-        let mut ranges = self.ranges.write().unwrap_or_else(|e| e.into_inner());
+        let mut ranges = self.ranges.write().unpoisoned();
         ranges
             .remove(&base)
             .map(|e| e.device)
@@ -110,7 +111,7 @@ impl Bus {
 
     /// Moves the range registered at `old_base` to `new_base` (same length).
     pub fn relocate(&self, old_base: u64, new_base: u64) -> Result<(), BusError> {
-        let mut ranges = self.ranges.write().unwrap_or_else(|e| e.into_inner());
+        let mut ranges = self.ranges.write().unpoisoned();
         let entry = ranges
             .remove(&old_base)
             .ok_or(BusError::NotFound(old_base))?;
@@ -133,7 +134,7 @@ impl Bus {
 
     /// Finds the device covering the whole access `[addr, addr + size)`.
     fn resolve(&self, addr: u64, size: usize) -> Option<(u64, SharedBusDevice)> {
-        let ranges = self.ranges.read().unwrap_or_else(|e| e.into_inner());
+        let ranges = self.ranges.read().unpoisoned();
         let (base, entry) = ranges.range(..=addr).next_back()?;
         let end = addr.checked_add(size as u64)?;
         if end <= base.saturating_add(entry.len) {
@@ -148,9 +149,7 @@ impl Bus {
     pub fn read(&self, addr: u64, data: &mut [u8]) -> bool {
         match self.resolve(addr, data.len()) {
             Some((base, dev)) => {
-                dev.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .read(base, addr - base, data);
+                dev.lock().unpoisoned().read(base, addr - base, data);
                 true
             }
             None => false,
@@ -161,9 +160,7 @@ impl Bus {
     pub fn write(&self, addr: u64, data: &[u8]) -> bool {
         match self.resolve(addr, data.len()) {
             Some((base, dev)) => {
-                dev.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .write(base, addr - base, data);
+                dev.lock().unpoisoned().write(base, addr - base, data);
                 true
             }
             None => false,

@@ -19,8 +19,10 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
+
+use virtio_iommu::locks::Unpoison;
 
 use super::dma_copy::{copy_guest, DmaError};
 use crate::dma::{DmaSpace, ThreadDma};
@@ -59,7 +61,7 @@ struct Shared {
 
 impl Shared {
     fn outcome(&self) -> std::sync::MutexGuard<'_, Option<StreamOutcome>> {
-        self.outcome.lock().unwrap_or_else(PoisonError::into_inner)
+        self.outcome.lock().unpoisoned()
     }
 
     fn finish(&self, error: DmaError, bytes: u64, iova: u64) {

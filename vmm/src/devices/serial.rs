@@ -11,6 +11,8 @@ use log::{debug, warn};
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
+use virtio_iommu::locks::Unpoison;
+
 use super::bus::BusDevice;
 use crate::sandbox::{self, ThreadKind};
 
@@ -147,10 +149,7 @@ fn spawn_reader<R: Read + AsRawFd + Send + 'static>(
             };
             let mut pending = buf.get(..n).unwrap_or_default();
             while !pending.is_empty() {
-                let taken = serial
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .enqueue_input(pending);
+                let taken = serial.lock().unpoisoned().enqueue_input(pending);
                 pending = pending.get(taken..).unwrap_or_default();
                 if !pending.is_empty() {
                     // FIFO full: let the guest drain it (or stop).

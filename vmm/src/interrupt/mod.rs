@@ -19,6 +19,7 @@ use kvm_bindings::{
 };
 use kvm_ioctls::VmFd;
 use thiserror::Error;
+use virtio_iommu::locks::Unpoison;
 use vm_allocator::IdAllocator;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -157,10 +158,7 @@ impl GsiRouter {
     }
 
     fn allocate_gsi(&self) -> Result<u32, InterruptError> {
-        self.state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .allocate_gsi()
+        self.state.lock().unpoisoned().allocate_gsi()
     }
 
     fn commit(&self, st: &RouterState) -> Result<(), InterruptError> {
@@ -178,7 +176,7 @@ impl GsiRouter {
     /// Routes `gsi` to `msg` (or removes its route for `None`) and installs
     /// the table if anything changed.
     pub fn set_route(&self, gsi: u32, msg: Option<MsiMessage>) -> Result<(), InterruptError> {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.state.lock().unpoisoned();
         let changed = match msg {
             Some(m) => st.routes.insert(gsi, m) != Some(m),
             None => st.routes.remove(&gsi).is_some(),
@@ -190,7 +188,7 @@ impl GsiRouter {
     }
 
     fn release(&self, gsi: u32) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.state.lock().unpoisoned();
         if st.routes.remove(&gsi).is_some() {
             if let Err(e) = self.commit(&st) {
                 log::warn!("removing MSI route of GSI {gsi}: {e}");

@@ -66,8 +66,13 @@ pub struct Net {
 }
 
 impl Net {
-    /// Opens (creating if needed) and configures the TAP described by `cfg`.
+    /// Opens (creating if needed) and configures the TAP described by `cfg`,
+    /// or, when a client passed that TAP's queues earlier
+    /// ([`super::passed_taps`]), drives duplicates of those.
     pub fn new(cfg: &NetConfig) -> Result<Self, NetError> {
+        if let Some(taps) = super::passed_taps::clones(&cfg.tap) {
+            return Self::from_taps(cfg, taps?);
+        }
         let pairs = cfg.num_queues / 2;
         let multi = pairs > 1;
         let mut taps = Vec::with_capacity(pairs);

@@ -3,6 +3,7 @@
 //!
 //! - [`config`]: the `--net` option.
 //! - [`tap`]: TAP interface setup through ioctls.
+//! - [`passed_taps`]: TAP queues a client passed before the VM was built.
 //! - [`device`]: the [`VirtioDevice`](crate::virtio::VirtioDevice) (features,
 //!   config space, one worker per queue pair).
 //! - [`worker`]: the receive/transmit loop of one queue pair.
@@ -16,6 +17,7 @@ pub mod config;
 pub mod ctrl;
 pub mod device;
 pub mod iov;
+pub mod passed_taps;
 pub mod queue;
 pub mod rx;
 pub mod tap;

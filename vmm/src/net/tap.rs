@@ -70,6 +70,14 @@ pub enum TapError {
     /// a TAP queue this device can drive.
     #[error("the passed file descriptor {0}")]
     NotUsable(&'static str),
+    /// A kept queue (`super::passed_taps`) could not be duplicated.
+    #[error("TAP '{name}': duplicating a passed queue: {source}")]
+    Dup {
+        /// Interface name.
+        name: String,
+        /// errno.
+        source: io::Error,
+    },
     /// An ioctl failed.
     #[error("TAP '{name}': {what}: {source}")]
     Ioctl {
@@ -268,6 +276,12 @@ impl Tap {
     /// The interface name the kernel assigned.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The queue's descriptor, to keep for later devices
+    /// (`super::passed_taps`).
+    pub fn into_file(self) -> File {
+        self.file
     }
 
     /// Which offloads frames read from the TAP may use (TUN_F_*).

@@ -7,6 +7,8 @@ use log::{debug, warn};
 use thiserror::Error;
 use vm_allocator::{AddressAllocator, AllocPolicy, Error as AllocatorError, RangeInclusive};
 
+use virtio_iommu::locks::Unpoison;
+
 use super::config::{BarKind, BarPlaceError, BarReprogram};
 use super::host_bridge::HostBridge;
 use super::{PciDevice, SharedPciDevice};
@@ -278,7 +280,7 @@ struct BarRegion {
 /// memory or I/O space off reaches no device register.
 impl BusDevice for BarRegion {
     fn read(&mut self, _base: u64, offset: u64, data: &mut [u8]) {
-        let mut dev = self.device.lock().unwrap_or_else(|e| e.into_inner());
+        let mut dev = self.device.lock().unpoisoned();
         if dev.config().bar_decodes(self.bar) {
             dev.read_bar(self.bar, offset, data);
         } else {
@@ -286,7 +288,7 @@ impl BusDevice for BarRegion {
         }
     }
     fn write(&mut self, _base: u64, offset: u64, data: &[u8]) {
-        let mut dev = self.device.lock().unwrap_or_else(|e| e.into_inner());
+        let mut dev = self.device.lock().unpoisoned();
         if dev.config().bar_decodes(self.bar) {
             dev.write_bar(self.bar, offset, data);
         }
@@ -339,13 +341,13 @@ impl PciRoot {
         device: SharedPciDevice,
         range: std::ops::Range<usize>,
     ) -> Result<PciAddress, PciError> {
-        let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.slots.write().unpoisoned();
         let slot = range
             .into_iter()
             .find(|&s| slots.get(s).is_some_and(Option::is_none))
             .ok_or(PciError::NoFreeSlot)?;
         let bars: Vec<_> = {
-            let dev = device.lock().unwrap_or_else(|e| e.into_inner());
+            let dev = device.lock().unpoisoned();
             dev.config().bars().collect()
         };
         let mut allocated = Vec::new();
@@ -356,14 +358,14 @@ impl PciRoot {
                 let range = self
                     .allocators
                     .lock()
-                    .unwrap_or_else(|e| e.into_inner())
+                    .unpoisoned()
                     .window(window)
                     .allocate(bar.kind, bar.size)?;
                 allocated.push((index, window, range));
                 let addr = range.start();
                 device
                     .lock()
-                    .unwrap_or_else(|e| e.into_inner())
+                    .unpoisoned()
                     .config_mut()
                     .set_bar_address(index, addr);
                 let region = Arc::new(Mutex::new(BarRegion {
@@ -379,7 +381,7 @@ impl PciRoot {
             }
             Ok(())
         })();
-        let mut alloc = self.allocators.lock().unwrap_or_else(|e| e.into_inner());
+        let mut alloc = self.allocators.lock().unpoisoned();
         if let Err(e) = result {
             for (kind, addr) in mapped {
                 let _ = self.bus_for(kind).remove(addr);
@@ -414,13 +416,13 @@ impl PciRoot {
         if addr.bus != 0 || addr.function != 0 || addr.device == 0 {
             return Err(PciError::NoDevice(addr));
         }
-        let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.slots.write().unpoisoned();
         let device = slots
             .get_mut(usize::from(addr.device))
             .and_then(Option::take)
             .ok_or(PciError::NoDevice(addr))?;
         {
-            let mut dev = device.lock().unwrap_or_else(|e| e.into_inner());
+            let mut dev = device.lock().unpoisoned();
             dev.unplugged();
             for (index, bar) in dev.config().bars() {
                 if let Err(e) = self.bus_for(bar.kind).remove(bar.addr) {
@@ -432,7 +434,7 @@ impl PciRoot {
             }
         }
         let slot = usize::from(addr.device);
-        let mut alloc = self.allocators.lock().unwrap_or_else(|e| e.into_inner());
+        let mut alloc = self.allocators.lock().unpoisoned();
         let ranges = alloc.by_slot.get_mut(slot).map(std::mem::take);
         if let Some(ranges) = ranges {
             alloc.free_all(slot, ranges);
@@ -446,7 +448,7 @@ impl PciRoot {
     /// The functions plugged in now and their addresses, host bridge
     /// (slot 0) excepted: what a VM's teardown unplugs.
     pub fn plugged(&self) -> Vec<(PciAddress, SharedPciDevice)> {
-        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+        let slots = self.slots.read().unpoisoned();
         slots
             .iter()
             .enumerate()
@@ -475,7 +477,7 @@ impl PciRoot {
         if addr.bus != 0 || addr.function != 0 {
             return None;
         }
-        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+        let slots = self.slots.read().unpoisoned();
         slots.get(usize::from(addr.device)).cloned().flatten()
     }
 
@@ -483,10 +485,7 @@ impl PciRoot {
     /// as all-ones, which is how the guest learns a slot is empty.
     pub fn config_read(&self, addr: PciAddress, reg: usize) -> u32 {
         match self.device_at(addr) {
-            Some(dev) => dev
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .read_config_register(reg),
+            Some(dev) => dev.lock().unpoisoned().read_config_register(reg),
             None => 0xffff_ffff,
         }
     }
@@ -498,7 +497,7 @@ impl PciRoot {
         let Some(dev) = self.device_at(addr) else {
             return;
         };
-        let mut guard = dev.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = dev.lock().unpoisoned();
         let moved = guard.write_config_register(reg, offset, data);
         if reg == 1 {
             // Decoding may have come on: no BAR register may then say
@@ -559,7 +558,7 @@ impl PciRoot {
         dev: &mut dyn PciDevice,
         m: BarReprogram,
     ) -> Result<(), MoveError> {
-        let mut alloc = self.allocators.lock().unwrap_or_else(|e| e.into_inner());
+        let mut alloc = self.allocators.lock().unpoisoned();
         let at = alloc
             .by_slot
             .get(slot)

@@ -10,7 +10,8 @@
 //! One mutex orders the stop against a guest write in flight, so a write
 //! that read "not stopped" cannot land after the stop cleared the bit.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
+use virtio_iommu::locks::Unpoison;
 
 /// PCI command register: bus master enable (bit 2 of the low byte).
 pub const COMMAND_BUS_MASTER: u8 = 1 << 2;
@@ -26,7 +27,7 @@ impl BusMasterGate {
     /// `offset` 0 or 1 of it) through `write`, without the bus-master bit
     /// once the function is stopped.
     pub fn write_command(&self, offset: u64, data: &[u8], write: impl FnOnce(&[u8])) {
-        let stopped = self.stopped.lock().unwrap_or_else(PoisonError::into_inner);
+        let stopped = self.stopped.lock().unpoisoned();
         let mut bytes = data.to_vec();
         if *stopped && offset == 0 {
             if let Some(low) = bytes.first_mut() {
@@ -41,14 +42,14 @@ impl BusMasterGate {
     /// in the device) with guest command writes held off; its result is
     /// returned. Stopped stays set even if `clear` fails.
     pub fn stop<E>(&self, clear: impl FnOnce() -> Result<(), E>) -> Result<(), E> {
-        let mut stopped = self.stopped.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut stopped = self.stopped.lock().unpoisoned();
         *stopped = true;
         clear()
     }
 
     /// Whether the function was stopped.
     pub fn is_stopped(&self) -> bool {
-        *self.stopped.lock().unwrap_or_else(PoisonError::into_inner)
+        *self.stopped.lock().unpoisoned()
     }
 }
 

@@ -35,6 +35,8 @@ use std::thread::JoinHandle;
 
 use log::{info, warn};
 
+use virtio_iommu::locks::Unpoison;
+
 use super::{add_vfio_device, AssignedDevice, VfioConfig, VfioMirror};
 use crate::block::DiskConfig;
 use crate::devices::ged::GedTrigger;
@@ -238,7 +240,7 @@ impl VfioHotplug {
             what: "PCI hotplug thread",
             source,
         })?;
-        *me.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+        *me.thread.lock().unpoisoned() = Some(handle);
         Ok(me)
     }
 
@@ -259,7 +261,7 @@ impl VfioHotplug {
     /// holds no guest memory (only a weak reference to this list), so one
     /// that has not ended within `timeout` is left behind, with a warning.
     pub fn join(&self, timeout: std::time::Duration) -> bool {
-        let Some(handle) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        let Some(handle) = self.thread.lock().unpoisoned().take() else {
             return true;
         };
         let t0 = std::time::Instant::now();
@@ -277,7 +279,7 @@ impl VfioHotplug {
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<Plugged>> {
-        self.plugged.lock().unwrap_or_else(|e| e.into_inner())
+        self.plugged.lock().unpoisoned()
     }
 
     /// Tells the guest slot `addr` gained a function.
@@ -300,7 +302,7 @@ impl VfioHotplug {
         let slots = slots_for(cfg.iommu);
         let dev = match &self.iommu {
             Some(p) => {
-                let mut platform = p.lock().unwrap_or_else(|e| e.into_inner());
+                let mut platform = p.lock().unpoisoned();
                 add_vfio_device(&cfg, &self.res, Some(&mut platform), slots)?
             }
             None => add_vfio_device(&cfg, &self.res, None, slots)?,
@@ -365,7 +367,7 @@ impl VfioHotplug {
             )
         };
         let result = match (&self.iommu, iommu) {
-            (Some(p), true) => plug(Some(&mut p.lock().unwrap_or_else(|e| e.into_inner()))),
+            (Some(p), true) => plug(Some(&mut p.lock().unpoisoned())),
             _ => plug(None),
         };
         let done = match result {
@@ -441,7 +443,7 @@ impl VfioHotplug {
         };
         if p.iommu() {
             if let Some(platform) = &self.iommu {
-                let mut platform = platform.lock().unwrap_or_else(|e| e.into_inner());
+                let mut platform = platform.lock().unpoisoned();
                 let mirror = match &p.function {
                     Function::Assigned { dev, .. } => dev.mirror.clone(),
                     Function::Virtio { .. } => None,

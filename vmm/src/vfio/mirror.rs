@@ -31,12 +31,14 @@
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use log::{debug, error, warn};
 use virtio_iommu::device::{MapMirror, MirrorError};
 use virtio_iommu::mapping::{Invalidator, Perm};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+
+use virtio_iommu::locks::Unpoison;
 
 use super::host::HostFunction;
 use crate::memory::GuestMemoryMmap;
@@ -213,9 +215,7 @@ impl VfioMirror {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Following> {
-        self.following
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.following.lock().unpoisoned()
     }
 
     /// Maps `iova..iova+len` to the host address of guest range

@@ -16,12 +16,14 @@
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use log::{debug, warn};
 use vhost::vhost_user::message::{FrontendReq, VhostUserVringState};
 use vmm_sys_util::epoll::EpollEvent;
 use vmm_sys_util::eventfd::EventFd;
+
+use virtio_iommu::locks::Unpoison;
 
 use super::client::Client;
 use crate::dma::{DmaSpace, ThreadDma};
@@ -64,7 +66,7 @@ pub fn enable_pairs(client: &Mutex<Client>, rings: &[u16], offered: usize, pairs
     if !(1..=offered).contains(&pairs) {
         return false;
     }
-    let mut client = client.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut client = client.lock().unpoisoned();
     for &ring in rings {
         let on = usize::from(ring / 2) < pairs;
         let state = VhostUserVringState::new(u32::from(ring), u32::from(on));

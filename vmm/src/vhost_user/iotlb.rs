@@ -15,7 +15,7 @@ use std::io::Read;
 use std::ops::RangeInclusive;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use log::{debug, warn};
@@ -25,6 +25,8 @@ use virtio_iommu::mapping::{Invalidator, Perm};
 use virtio_iommu::mutation::{self, Mutation};
 use virtio_iommu::translate::EndpointDma;
 use vm_memory::{ByteValued, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+
+use virtio_iommu::locks::Unpoison;
 
 use super::client::{
     decode_header, encode_message, Client, FLAG_NEED_REPLY, FLAG_REPLY, FLAG_VERSION_1, HEADER_LEN,
@@ -179,10 +181,7 @@ impl BackendIotlb {
     /// [`BackendIotlb::set_endpoint`] has named the endpoint. A failed
     /// invalidation stops the device through `stop`.
     pub fn new(client: Arc<Mutex<Client>>, stop: Arc<BackendStop>, mem: GuestMemoryMmap) -> Self {
-        let writer = client
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .writer();
+        let writer = client.lock().unpoisoned().writer();
         Self {
             client,
             writer,
@@ -222,7 +221,7 @@ impl BackendIotlb {
     }
 
     fn order(&self) -> MutexGuard<'_, SendOrder> {
-        self.order.lock().unwrap_or_else(PoisonError::into_inner)
+        self.order.lock().unpoisoned()
     }
 
     /// Bus mastering of the device changed: while it is off no UPDATE goes
@@ -349,14 +348,14 @@ impl BackendIotlb {
     }
 
     fn invalidate_ranges(&self, ranges: &[RangeInclusive<u64>]) {
-        let mut client = self.client.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut client = self.client.lock().unpoisoned();
         self.invalidate_locked(&mut client, ranges);
     }
 }
 
 impl Invalidator for BackendIotlb {
     fn invalidate(&self, domain: u32, ranges: &[RangeInclusive<u64>]) {
-        let ours = *self.domain.lock().unwrap_or_else(PoisonError::into_inner);
+        let ours = *self.domain.lock().unpoisoned();
         if ours == Some(domain) {
             self.invalidate_ranges(ranges);
         }
@@ -379,7 +378,7 @@ impl EndpointListener for BackendIotlb {
     /// drops what the back-end cached from the old domain.
     fn endpoint_moved(&self, endpoint: u32, _from: Option<u32>, to: Option<u32>) {
         if self.endpoint() == Some(endpoint) {
-            *self.domain.lock().unwrap_or_else(PoisonError::into_inner) = to;
+            *self.domain.lock().unpoisoned() = to;
         }
     }
 }

@@ -14,7 +14,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use log::{info, warn};
@@ -26,6 +26,8 @@ use vhost::vhost_user::message::{
 use virtio_queue::QueueT;
 use vm_memory::{ByteValued, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
+
+use virtio_iommu::locks::Unpoison;
 
 use super::calls::{run_call_forwarder, CallForwarder};
 use super::client::{Client, ClientError};
@@ -603,5 +605,5 @@ impl Drop for VhostUserNet {
 }
 
 fn lock(client: &Mutex<Client>) -> MutexGuard<'_, Client> {
-    client.lock().unwrap_or_else(PoisonError::into_inner)
+    client.lock().unpoisoned()
 }

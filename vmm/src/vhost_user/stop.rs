@@ -13,10 +13,12 @@
 //! ends with one error line before the UNMAP can complete.
 
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use log::error;
+
+use virtio_iommu::locks::Unpoison;
 
 use super::client::Client;
 use crate::virtio::VirtioInterrupt;
@@ -83,7 +85,7 @@ impl BackendStop {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.lock().unpoisoned()
     }
 
     /// An activation handed `rings` to the back-end; `interrupt` marks the

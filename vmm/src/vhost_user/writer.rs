@@ -13,9 +13,11 @@ use std::io::Write;
 use std::net::Shutdown;
 use std::os::fd::RawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+use virtio_iommu::locks::Unpoison;
 
 use super::client::{encode_message, FLAG_NEED_REPLY, FLAG_VERSION_1};
 
@@ -48,7 +50,7 @@ impl Writer {
             flags |= FLAG_NEED_REPLY;
         }
         let msg = encode_message(code, flags, body);
-        let _whole = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let _whole = self.lock.lock().unpoisoned();
         // The descriptors travel with the first byte; the rest follows with
         // plain writes if the kernel took only part of the message.
         let sent = self
@@ -65,7 +67,7 @@ impl Writer {
     /// Disconnects the back-end: both directions of the socket are shut
     /// down, so no further message (an UPDATE above all) can reach it.
     pub fn shutdown(&self) {
-        let _whole = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let _whole = self.lock.lock().unpoisoned();
         // ENOTCONN when the peer is already gone: disconnected either way.
         let _ = self.sock.shutdown(Shutdown::Both);
     }

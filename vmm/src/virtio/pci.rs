@@ -28,6 +28,8 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
 
+use virtio_iommu::locks::Unpoison;
+
 use super::common_cfg::{CommonCfgAction, CommonConfig, COMMON_CFG_SIZE, VIRTIO_MSI_NO_VECTOR};
 use super::msix::{MsiSink, MsixState, MSIX_CAP_ID, MSIX_ENTRY_SIZE};
 use super::{
@@ -108,10 +110,7 @@ struct TransportInterrupt {
 impl TransportInterrupt {
     fn signal(&self, vector: u16) {
         if vector != VIRTIO_MSI_NO_VECTOR {
-            self.msix
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .signal(vector);
+            self.msix.lock().unpoisoned().signal(vector);
         }
     }
 }
@@ -495,10 +494,7 @@ impl VirtioPciDevice {
         }
         self.interrupt.needs_reset.store(false, Ordering::SeqCst);
         self.interrupt.isr.store(0, Ordering::SeqCst);
-        self.msix
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear_pending();
+        self.msix.lock().unpoisoned().clear_pending();
         self.sync_vectors();
     }
 
@@ -574,10 +570,7 @@ impl PciDevice for VirtioPciDevice {
         }
         if reg == self.msix_cap_reg {
             let control = (self.config.read_reg(reg) >> 16) as u16;
-            self.msix
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .set_control(control);
+            self.msix.lock().unpoisoned().set_control(control);
         }
         // A BAR move waits for the root to accept it (`bars_moved`).
         moved
@@ -621,12 +614,12 @@ impl PciDevice for VirtioPciDevice {
         } else if within(MSIX_TABLE_OFFSET, self.msix_table_len()) {
             self.msix
                 .lock()
-                .unwrap_or_else(|e| e.into_inner())
+                .unpoisoned()
                 .read_table(offset - MSIX_TABLE_OFFSET, data);
         } else if within(MSIX_PBA_OFFSET, 0x100) {
             self.msix
                 .lock()
-                .unwrap_or_else(|e| e.into_inner())
+                .unpoisoned()
                 .read_pba(offset - MSIX_PBA_OFFSET, data);
         }
     }
@@ -652,7 +645,7 @@ impl PciDevice for VirtioPciDevice {
         } else if within(MSIX_TABLE_OFFSET, self.msix_table_len()) {
             self.msix
                 .lock()
-                .unwrap_or_else(|e| e.into_inner())
+                .unpoisoned()
                 .write_table(offset - MSIX_TABLE_OFFSET, data);
         }
     }

@@ -2,7 +2,9 @@
 //! steps every `--net` and `--disk` takes, in one place.
 
 use std::ops::Range;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
+
+use virtio_iommu::locks::Unpoison;
 
 use super::iommu::IommuPlatform;
 use super::pci::VirtioPciDevice;
@@ -135,9 +137,7 @@ pub fn plug_virtio_pci_in(
                 return Err(e);
             }
         };
-        dev.lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .set_dma_space(dma);
+        dev.lock().unpoisoned().set_dma_space(dma);
     }
     Ok(Plugged { dev, bdf })
 }

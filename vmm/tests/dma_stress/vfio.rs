@@ -13,11 +13,13 @@ use std::collections::BTreeMap;
 use std::io;
 use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use virtio_iommu::mapping::Perm;
 use vm_memory::{Bytes, GuestAddress};
 use vmm::vfio::host::HostFunction;
+
+use virtio_iommu::locks::Unpoison;
 
 use super::rng::Rng;
 use super::{gpa_of, iova, Kind, Shared, REGION, SLOTS};
@@ -49,7 +51,7 @@ impl RecordingHost {
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, (u64, u64, Perm)>> {
-        self.live.lock().unwrap_or_else(PoisonError::into_inner)
+        self.live.lock().unpoisoned()
     }
 
     /// Whether the mirror stopped the function.

@@ -15,11 +15,13 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{PoisonError, RwLock};
+use std::sync::RwLock;
 
 use vhost::vhost_user::message::{BackendReq, FrontendReq};
 use vm_memory::{ByteValued, Bytes, GuestAddress};
 use vmm::vhost_user::iotlb::{IotlbMsg, ACCESS_RW, ACCESS_WO, INVALIDATE, MISS, UPDATE};
+
+use virtio_iommu::locks::Unpoison;
 
 use super::rng::Rng;
 use super::{gpa_of, iova, Kind, Shared, REGION, SLOTS};
@@ -99,7 +101,7 @@ impl BackendCache {
 
     /// Drops the entry covering `at`, if any.
     fn evict(&self, at: u64) {
-        let mut e = self.entries.write().unwrap_or_else(PoisonError::into_inner);
+        let mut e = self.entries.write().unpoisoned();
         if let Some((&first, x)) = e.range(..=at).next_back() {
             if at - first < x.size {
                 e.remove(&first);
@@ -108,7 +110,7 @@ impl BackendCache {
     }
 
     fn apply(&self, m: &IotlbMsg) -> u64 {
-        let mut e = self.entries.write().unwrap_or_else(PoisonError::into_inner);
+        let mut e = self.entries.write().unpoisoned();
         match m.kind {
             UPDATE if m.size > 0 => {
                 while e.len() >= CAPACITY {
@@ -204,7 +206,7 @@ pub fn run(
 /// One write of the region at `at` through a cached translation, holding
 /// the cache's read lock; false on a miss.
 fn write_cached(shared: &Shared, cache: &BackendCache, at: u64) -> bool {
-    let entries = cache.entries.read().unwrap_or_else(PoisonError::into_inner);
+    let entries = cache.entries.read().unpoisoned();
     let Some((&first, e)) = entries.range(..=at).next_back() else {
         return false;
     };
