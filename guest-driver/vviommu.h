@@ -105,36 +105,65 @@ struct vvi_stats {
 };
 
 /*
- * Project feature (docs/page-table.md): page-table mode. The driver writes
- * its mappings into an I/O page table (4 levels, 4 KiB pages, 48-bit IOVA)
- * and only sends INVALIDATE (same layout as UNMAP) when it removes them.
+ * Page-table mode (docs/page-table.md, wire formats in docs/wire-formats.md).
+ * The driver writes its mappings into an I/O page table (4 levels, 4 KiB
+ * pages, 48-bit IOVA) and only sends INVALIDATE when it removes them. The
+ * requests, the PROBE property and their layouts are the virtio-iommu
+ * drafts'; the feature bit (22) and the format code (0xff01) are the
+ * project's own.
  */
 #define VVI_F_PAGE_TABLE	22
-#define VVI_T_ATTACH_TABLE	0xf0
-#define VVI_T_INVALIDATE	0xf1
-#define VVI_PROBE_T_PT_FMT	0xff0
-#define VVI_PT_FMT_X86_4L	1
+#define VVI_T_ATTACH_TABLE	0x06
+#define VVI_T_INVALIDATE	0x07
+#define VVI_PROBE_T_PT_FMT	6
+#define VVI_PT_FMT_X86_4L	0xff01
 #define VVI_PTE_P		BIT_ULL(0)
 #define VVI_PTE_R		BIT_ULL(1)
 #define VVI_PTE_W		BIT_ULL(2)
 #define VVI_PTE_ADDR		GENMASK_ULL(51, 12)
 #define VVI_PT_LEVELS		4
 
+#define VVI_INVAL_G_DOMAIN	BIT(0)
+#define VVI_INVAL_G_VA		BIT(2)
+#define VVI_INV_T_IOTLB		BIT(0)
+#define VVI_INVAL_GRANULE_4K	12
+
+/* 84 bytes: the drafts' ATTACH_TABLE with a page-table root */
 struct vvi_req_attach_table {
 	struct virtio_iommu_req_head head;
 	__le32 domain;
+	__le32 endpoint;
+	__le32 flags;
 	__le16 format;
-	u8 reserved[2];
+	u8 reserved[6];
 	__le64 root;
+	u8 reserved2[48];
 	struct virtio_iommu_req_tail tail;
 } __packed;
 
+/* 64 bytes: the drafts' INVALIDATE */
+struct vvi_req_invalidate {
+	struct virtio_iommu_req_head head;
+	__le16 granularity;
+	__le16 type;
+	__le16 flags;
+	u8 reserved1[2];
+	__le32 domain;
+	__le32 pasid;
+	u8 reserved2[4];
+	__le64 archid;
+	__le64 virt_start;
+	__le64 nr_pages;
+	u8 granule;
+	u8 reserved3[11];
+	struct virtio_iommu_req_tail tail;
+} __packed;
+
+/* the drafts' PAGE_TABLE_FMT value: the format code alone */
 struct vvi_probe_pt_fmt {
 	struct virtio_iommu_probe_property head;
 	__le16 format;
-	u8 levels;
-	u8 input_bits;
-	u8 reserved[4];
+	u8 reserved[2];
 } __packed;
 
 /* one request in flight; the tail is the last 4 bytes of the buffer */
@@ -146,6 +175,7 @@ struct vvi_req {
 		struct virtio_iommu_req_map map;
 		struct virtio_iommu_req_unmap unmap;
 		struct vvi_req_attach_table attach_table;
+		struct vvi_req_invalidate invalidate;
 	} u;
 	void *buf;		/* NULL: the request lives in u */
 	u32 len;		/* whole buffer, tail included */
@@ -278,11 +308,12 @@ struct vvi_range {
 };
 
 /*
- * Project feature (docs/multiqueue.md): num_request_queues request queues
- * at indexes 0..N-1, the event queue at N; config field at offset 40.
+ * Project feature (docs/multiqueue.md): num_queues request queues at
+ * indexes 0..N-1, the event queue at N; num_queues is le16 at config
+ * offset 38, where the virtio-iommu drafts put it.
  */
 #define VVI_F_MULTIQUEUE	23
-#define VVI_CFG_NUM_RQ		40
+#define VVI_CFG_NUM_RQ		38
 #define VVI_MAX_RQ		64
 
 struct vvi_rq {
@@ -384,7 +415,7 @@ void vvi_fill_unmap(struct vvi_req *r, u32 dom, u64 iova, u64 last);
 void vvi_fill_attach(struct vvi_req *r, u32 dom, u32 epid, u32 flags);
 void vvi_fill_detach(struct vvi_req *r, u32 dom, u32 epid);
 void vvi_fill_invalidate(struct vvi_req *r, u32 dom, u64 iova, u64 last);
-void vvi_fill_attach_table(struct vvi_req *r, u32 dom, u64 root);
+void vvi_fill_attach_table(struct vvi_req *r, u32 dom, u32 epid, u64 root);
 int vvi_hot_map(struct vvi_ep *ep, u64 iova, u64 size, u64 phys, u32 prot);
 int vvi_hot_unmap(struct vvi_ep *ep, u64 iova, u64 size);
 int vvi_pt_unmap_sync(struct vvi_ep *ep, u64 iova, u64 size);

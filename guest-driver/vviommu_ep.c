@@ -51,8 +51,8 @@ static void vvi_probe_props(struct vvi_ep *ep, u8 *props, size_t size)
 		    sizeof(*prop) + plen >= sizeof(struct vvi_probe_pt_fmt)) {
 			struct vvi_probe_pt_fmt *f = (void *)prop;
 
-			if (le16_to_cpu(f->format) == VVI_PT_FMT_X86_4L &&
-			    f->levels == VVI_PT_LEVELS && f->input_bits >= 48)
+			/* the code implies 4 levels and 48 input bits */
+			if (le16_to_cpu(f->format) == VVI_PT_FMT_X86_4L)
 				ep->pt_fmt = true;
 		}
 		pos += sizeof(*prop) + plen;
@@ -181,7 +181,7 @@ static void vvi_attach_table(struct vvi_ep *ep)
 	ret = vvi_pt_init(ep);
 	if (ret)
 		return;
-	vvi_fill_attach_table(&r, ep->domain, virt_to_phys(ep->pgt));
+	vvi_fill_attach_table(&r, ep->domain, ep->id, virt_to_phys(ep->pgt));
 	ret = vvi_send_one(ep->vd, &r, NULL);
 	if (ret) {
 		dev_info(&ep->pdev->dev,

@@ -55,17 +55,73 @@ void vvi_fill_detach(struct vvi_req *r, u32 dom, u32 epid)
 	r->u.detach.endpoint = cpu_to_le32(epid);
 }
 
-/* INVALIDATE has UNMAP's layout under its own type */
-void vvi_fill_invalidate(struct vvi_req *r, u32 dom, u64 iova, u64 last)
+/*
+ * The drafts' layouts, checked at build time against the offsets of
+ * docs/wire-formats.md (the device's byte-level tests use the same ones).
+ * Called where ATTACH_TABLE is built, so that the checks are compiled in.
+ */
+static void vvi_wire_layout_check(void)
 {
-	vvi_fill_unmap(r, dom, iova, last);
-	r->u.head.type = VVI_T_INVALIDATE;
+	BUILD_BUG_ON(sizeof(struct vvi_req_attach_table) != 84);
+	BUILD_BUG_ON(offsetof(struct vvi_req_attach_table, domain) != 4);
+	BUILD_BUG_ON(offsetof(struct vvi_req_attach_table, endpoint) != 8);
+	BUILD_BUG_ON(offsetof(struct vvi_req_attach_table, flags) != 12);
+	BUILD_BUG_ON(offsetof(struct vvi_req_attach_table, format) != 16);
+	BUILD_BUG_ON(offsetof(struct vvi_req_attach_table, reserved) != 18);
+	BUILD_BUG_ON(offsetof(struct vvi_req_attach_table, root) != 24);
+	BUILD_BUG_ON(offsetof(struct vvi_req_attach_table, reserved2) != 32);
+	BUILD_BUG_ON(offsetof(struct vvi_req_attach_table, tail) != 80);
+
+	BUILD_BUG_ON(sizeof(struct vvi_req_invalidate) != 64);
+	BUILD_BUG_ON(offsetof(struct vvi_req_invalidate, granularity) != 4);
+	BUILD_BUG_ON(offsetof(struct vvi_req_invalidate, type) != 6);
+	BUILD_BUG_ON(offsetof(struct vvi_req_invalidate, flags) != 8);
+	BUILD_BUG_ON(offsetof(struct vvi_req_invalidate, reserved1) != 10);
+	BUILD_BUG_ON(offsetof(struct vvi_req_invalidate, domain) != 12);
+	BUILD_BUG_ON(offsetof(struct vvi_req_invalidate, pasid) != 16);
+	BUILD_BUG_ON(offsetof(struct vvi_req_invalidate, reserved2) != 20);
+	BUILD_BUG_ON(offsetof(struct vvi_req_invalidate, archid) != 24);
+	BUILD_BUG_ON(offsetof(struct vvi_req_invalidate, virt_start) != 32);
+	BUILD_BUG_ON(offsetof(struct vvi_req_invalidate, nr_pages) != 40);
+	BUILD_BUG_ON(offsetof(struct vvi_req_invalidate, granule) != 48);
+	BUILD_BUG_ON(offsetof(struct vvi_req_invalidate, reserved3) != 49);
+	BUILD_BUG_ON(offsetof(struct vvi_req_invalidate, tail) != 60);
+
+	BUILD_BUG_ON(sizeof(struct vvi_probe_pt_fmt) != 8);
+	BUILD_BUG_ON(offsetof(struct vvi_probe_pt_fmt, format) != 4);
+	BUILD_BUG_ON(offsetof(struct virtio_iommu_config, bypass) != 36);
+	BUILD_BUG_ON(VVI_CFG_NUM_RQ != 38);
 }
 
-void vvi_fill_attach_table(struct vvi_req *r, u32 dom, u64 root)
+/*
+ * INVALIDATE of the 4 KiB pages covering iova..last (inclusive); the whole
+ * 64-bit space becomes a domain-wide INVALIDATE, whose page count would not
+ * fit in nr_pages.
+ */
+void vvi_fill_invalidate(struct vvi_req *r, u32 dom, u64 iova, u64 last)
 {
+	struct vvi_req_invalidate *inv = &r->u.invalidate;
+	u64 start = iova & PAGE_MASK;
+
+	vvi_fill(r, VVI_T_INVALIDATE, sizeof(*inv));
+	inv->type = cpu_to_le16(VVI_INV_T_IOTLB);
+	inv->domain = cpu_to_le32(dom);
+	if (start == 0 && last == U64_MAX) {
+		inv->granularity = cpu_to_le16(VVI_INVAL_G_DOMAIN);
+		return;
+	}
+	inv->granularity = cpu_to_le16(VVI_INVAL_G_VA);
+	inv->virt_start = cpu_to_le64(start);
+	inv->nr_pages = cpu_to_le64(((last - start) >> VVI_INVAL_GRANULE_4K) + 1);
+	inv->granule = VVI_INVAL_GRANULE_4K;
+}
+
+void vvi_fill_attach_table(struct vvi_req *r, u32 dom, u32 epid, u64 root)
+{
+	vvi_wire_layout_check();
 	vvi_fill(r, VVI_T_ATTACH_TABLE, sizeof(r->u.attach_table));
 	r->u.attach_table.domain = cpu_to_le32(dom);
+	r->u.attach_table.endpoint = cpu_to_le32(epid);
 	r->u.attach_table.format = cpu_to_le16(VVI_PT_FMT_X86_4L);
 	r->u.attach_table.root = cpu_to_le64(root);
 }
@@ -164,8 +220,11 @@ static int vvi_pt_pages(struct vvi_ep *ep, const unsigned long *pfn, int n,
 }
 
 /*
- * Send MAPs (or UNMAPs) for a sorted list of single pages, adjacent pages
- * merged into one request; all in one kick. Interrupts must be off.
+ * Send MAPs (or UNMAPs) for a sorted list of single pages, all in one
+ * kick. Each page gets a MAP of its own: its reference count, and so its
+ * UNMAP, is its own, and an UNMAP that split a merged MAP would be
+ * refused (S_RANGE) and leave the page mapped. Adjacent UNMAPs merge.
+ * Interrupts must be off.
  */
 int vvi_pages_req(struct vvi_ep *ep, const unsigned long *pfn, int n,
 		  u64 bits, u32 prot, bool map)
@@ -180,7 +239,7 @@ int vvi_pages_req(struct vvi_ep *ep, const unsigned long *pfn, int n,
 		int j = i + 1;
 		u64 start, last;
 
-		while (j < n && pfn[j] == pfn[j - 1] + 1)
+		while (!map && j < n && pfn[j] == pfn[j - 1] + 1)
 			j++;
 		start = PFN_PHYS(pfn[i]);
 		last = PFN_PHYS(pfn[j - 1]) + PAGE_SIZE - 1;

@@ -16,7 +16,6 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use virtio_iommu::device::{IommuConfig, IommuDevice};
 use virtio_iommu::mapping::Perm;
-use virtio_iommu::pgtable::FORMAT_X86_4L;
 use virtio_iommu::wire::{feature, AttachReq, AttachTableReq, InvalidateReq, Request};
 
 const MEM_SIZE: usize = 0x10000;
@@ -64,12 +63,7 @@ fuzz_target!(|data: &[u8]| {
     let st = send(
         &d,
         &mut w,
-        Request::AttachTable(AttachTableReq {
-            domain: 1,
-            format: FORMAT_X86_4L,
-            reserved: [0; 2],
-            root,
-        }),
+        Request::AttachTable(AttachTableReq::new(1, EP, root)),
     );
     d.complete_kick(&mut w);
     if st != 0 {
@@ -87,11 +81,11 @@ fuzz_target!(|data: &[u8]| {
                 let st = send(
                     &d,
                     &mut w,
-                    Request::Invalidate(InvalidateReq {
-                        domain: 1,
-                        virt_start: iova,
-                        virt_end: iova.saturating_add(0x3fff),
-                    }),
+                    Request::Invalidate(InvalidateReq::range(
+                        1,
+                        iova,
+                        iova.saturating_add(0x3fff),
+                    )),
                 );
                 assert_eq!(st, 0);
                 d.complete_kick(&mut w);
@@ -105,11 +99,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    let all = Request::Invalidate(InvalidateReq {
-        domain: 1,
-        virt_start: 0,
-        virt_end: u64::MAX,
-    });
+    let all = Request::Invalidate(InvalidateReq::domain(1));
     assert_eq!(send(&d, &mut w, all), 0);
     d.complete_kick(&mut w);
     assert_eq!(d.domain_stats(1).map(|s| s.mappings), Some(0));

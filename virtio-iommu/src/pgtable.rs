@@ -46,11 +46,13 @@ use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 
 use crate::locks::lock;
 use crate::space::{DomainSpace, Fault, MapError, Perm, QueueContext, Translation, UnmapError};
-use crate::space::{IOVA_BITS, IOVA_MAX, PAGE_SIZE};
+use crate::space::{IOVA_MAX, PAGE_SIZE};
 use crate::wire::PageTableFmt;
 
-/// The one table format this device walks (PAGE_TABLE_FMT `format`).
-pub const FORMAT_X86_4L: u16 = 1;
+/// The one table format this device walks (PAGE_TABLE_FMT `format`). The
+/// drafts number the Arm and virt formats from 1 up and have no private
+/// range, so the project takes a code far above them (docs/wire-formats.md).
+pub const FORMAT_X86_4L: u16 = 0xff01;
 /// Levels of [`FORMAT_X86_4L`].
 pub const LEVELS: u32 = 4;
 /// Entry bit: present.
@@ -73,8 +75,6 @@ pub const FILL_AHEAD: usize = 16;
 /// The PROBE property this device reports with the feature negotiated.
 pub const PROBE_FORMAT: PageTableFmt = PageTableFmt {
     format: FORMAT_X86_4L,
-    levels: LEVELS as u8,
-    input_bits: IOVA_BITS as u8,
 };
 
 /// Guest memory as the walker reads it.

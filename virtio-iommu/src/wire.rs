@@ -22,12 +22,20 @@
 //! | probe property (4+len) | type le16 (12 bits type, 4 reserved), length le16, value\[length\] |
 //! | RESV_MEM value (20)    | subtype u8, reserved\[3\], start le64, end le64 |
 //! | fault event (24)       | reason u8, reserved\[3\], flags le32, endpoint le32, reserved1 le32, address le64 |
-//! | ATTACH_TABLE (readable 20) | head, domain le32, format le16, reserved\[2\], root le64 (project, docs/page-table.md) |
-//! | INVALIDATE (readable 28)   | head, domain le32, virt_start le64, virt_end le64, reserved\[4\] (project) |
-//! | PAGE_TABLE_FMT value (8)   | format le16, levels u8, input_bits u8, reserved\[4\] (project) |
-//! | config (40)            | page_size_mask le64, input_range {start,end le64}, domain_range {start,end le32}, probe_size le32, bypass u8, reserved\[3\] |
+//! | ATTACH_TABLE (readable 80) | head, domain le32, endpoint le32, flags le32, format le16, reserved\[6\], root le64, reserved\[48\] (draft) |
+//! | INVALIDATE (readable 60)   | head, granularity le16, type le16, flags le16, reserved\[2\], domain le32, pasid le32, reserved\[4\], archid le64, virt_start le64, nr_pages le64, granule u8, reserved\[11\] (draft) |
+//! | PAGE_TABLE_FMT value (4)   | format le16, reserved\[2\] (draft; property type 6) |
+//! | config (40)            | page_size_mask le64, input_range {start,end le64}, domain_range {start,end le32}, probe_size le32, bypass u8, reserved u8, num_queues le16 (draft) |
+//!
+//! The page-table requests, the PAGE_TABLE_FMT property and `num_queues`
+//! follow the virtio-iommu drafts; docs/wire-formats.md gives every
+//! field's offset, the draft it comes from and the choices made where the
+//! drafts disagree. Only the feature bits (22, 23) and the table format
+//! code ([`crate::pgtable::FORMAT_X86_4L`]) are the project's own.
 
 use thiserror::Error;
+
+use crate::pgtable::FORMAT_X86_4L;
 
 /// Feature bit numbers (device-specific range 0..=23).
 pub mod feature {
@@ -71,10 +79,10 @@ pub mod req_type {
     pub const UNMAP: u8 = 4;
     /// VIRTIO_IOMMU_T_PROBE: ask for an endpoint's properties.
     pub const PROBE: u8 = 5;
-    /// Project proposal (docs/page-table.md): give a domain a guest page table.
-    pub const ATTACH_TABLE: u8 = 0xf0;
-    /// Project proposal (docs/page-table.md): drop cached walks of a range.
-    pub const INVALIDATE: u8 = 0xf1;
+    /// VIRTIO_IOMMU_T_ATTACH_TABLE (drafts): give a domain a guest page table.
+    pub const ATTACH_TABLE: u8 = 0x06;
+    /// VIRTIO_IOMMU_T_INVALIDATE (drafts): drop cached walks of a range.
+    pub const INVALIDATE: u8 = 0x07;
 }
 
 /// VIRTIO_IOMMU_ATTACH_F_BYPASS: create/attach to a bypass (identity) domain.
@@ -96,10 +104,11 @@ pub const MAP_F_ALL: u32 = MAP_F_READ | MAP_F_WRITE | MAP_F_MMIO;
 pub const PROBE_T_NONE: u16 = 0;
 /// Probe property type: a reserved memory region.
 pub const PROBE_T_RESV_MEM: u16 = 1;
-/// Project proposal: the page-table format the device walks (docs/page-table.md).
-pub const PROBE_T_PAGE_TABLE_FMT: u16 = 0xff0;
-/// Value length of a PAGE_TABLE_FMT property.
-pub const PAGE_TABLE_FMT_LEN: u16 = 8;
+/// VIRTIO_IOMMU_PROBE_T_PAGE_TABLE_FMT (drafts): a table format the device
+/// walks for the endpoint.
+pub const PROBE_T_PAGE_TABLE_FMT: u16 = 6;
+/// Value length of a PAGE_TABLE_FMT property (format le16, reserved\[2\]).
+pub const PAGE_TABLE_FMT_LEN: u16 = 4;
 /// Total bytes of one PAGE_TABLE_FMT property.
 pub const PAGE_TABLE_FMT_PROP_SIZE: usize = PROP_HEAD_SIZE + PAGE_TABLE_FMT_LEN as usize;
 /// Only the low 12 bits of a property's type word are the type.
@@ -140,10 +149,12 @@ pub const MAP_SIZE: usize = HEAD_SIZE + 32;
 pub const UNMAP_SIZE: usize = HEAD_SIZE + 24;
 /// Device-readable bytes of a PROBE request.
 pub const PROBE_SIZE: usize = HEAD_SIZE + 4 + 64;
-/// Device-readable bytes of an ATTACH_TABLE request (page-table mode).
-pub const ATTACH_TABLE_SIZE: usize = HEAD_SIZE + 16;
-/// Device-readable bytes of an INVALIDATE request (page-table mode).
-pub const INVALIDATE_SIZE: usize = HEAD_SIZE + 24;
+/// Device-readable bytes of an ATTACH_TABLE request (page-table mode; the
+/// drafts' 84-byte request less its tail).
+pub const ATTACH_TABLE_SIZE: usize = HEAD_SIZE + 76;
+/// Device-readable bytes of an INVALIDATE request (page-table mode; the
+/// drafts' 64-byte request less its tail).
+pub const INVALIDATE_SIZE: usize = HEAD_SIZE + 56;
 /// Bytes of a probe property's header (type, length).
 pub const PROP_HEAD_SIZE: usize = 4;
 /// Value length of a RESV_MEM property (without its 4-byte header).
@@ -154,6 +165,35 @@ pub const RESV_MEM_PROP_SIZE: usize = PROP_HEAD_SIZE + RESV_MEM_LEN as usize;
 pub const FAULT_SIZE: usize = 24;
 /// Bytes of the configuration space.
 pub const CONFIG_SIZE: usize = 40;
+/// Byte offset of `num_queues` (le16, drafts): the number of request
+/// queues with the multi-queue feature offered, zero otherwise.
+pub const CONFIG_NUM_QUEUES_OFFSET: usize = 38;
+
+/// INVALIDATE granularity: every cached walk of the domain.
+pub const INVAL_G_DOMAIN: u16 = 1 << 0;
+/// INVALIDATE granularity: one PASID of the domain (no PASIDs here).
+pub const INVAL_G_PASID: u16 = 1 << 1;
+/// INVALIDATE granularity: `nr_pages` pages of `1 << granule` bytes from
+/// `virt_start`.
+pub const INVAL_G_VA: u16 = 1 << 2;
+/// INVALIDATE type: the IOMMU's own translation cache.
+pub const INV_T_IOTLB: u16 = 1 << 0;
+/// INVALIDATE type: the endpoints' ATS caches (no ATS here: nothing to do).
+pub const INV_T_DEV_IOTLB: u16 = 1 << 1;
+/// INVALIDATE type: PASID table caches (no PASID tables here).
+pub const INV_T_PASID: u16 = 1 << 2;
+/// Every INVALIDATE type bit the drafts define.
+pub const INV_T_ALL: u16 = INV_T_IOTLB | INV_T_DEV_IOTLB | INV_T_PASID;
+/// INVALIDATE flag: `pasid` is valid.
+pub const INVAL_F_PASID: u16 = 1 << 0;
+/// INVALIDATE flag: `archid` (an ASID-like tag) is valid.
+pub const INVAL_F_ARCHID: u16 = 1 << 1;
+/// INVALIDATE flag: only leaf entries changed.
+pub const INVAL_F_LEAF: u16 = 1 << 2;
+/// Every INVALIDATE flag the drafts define.
+pub const INVAL_F_ALL: u16 = INVAL_F_PASID | INVAL_F_ARCHID | INVAL_F_LEAF;
+/// The granule of the project's table format (4 KiB pages).
+pub const GRANULE_4K: u8 = 12;
 
 /// Status codes written into `req_tail.status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -378,30 +418,110 @@ pub struct ProbeReq {
     pub endpoint: u32,
 }
 
-/// ATTACH_TABLE request body (project proposal): domain `domain` translates
-/// through the guest table of `format` whose root is at guest-physical `root`.
+/// ATTACH_TABLE request body (drafts): domain `domain`, which `endpoint`
+/// is in, translates through the guest table of `format` whose root is at
+/// guest-physical `root`. The reserved bytes are kept so that the device
+/// can refuse a request that sets them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttachTableReq {
     /// The domain.
     pub domain: u32,
+    /// An endpoint of the domain (the drafts attach per endpoint).
+    pub endpoint: u32,
+    /// No flag is defined for a page table: must be zero.
+    pub flags: u32,
     /// The table format (PAGE_TABLE_FMT's `format`).
     pub format: u16,
     /// Must be zero (S_INVAL otherwise).
-    pub reserved: [u8; 2],
+    pub reserved: [u8; 6],
     /// Guest-physical address of the root table (4 KiB aligned).
     pub root: u64,
+    /// Must be zero (S_INVAL otherwise).
+    pub reserved2: [u8; 48],
 }
 
-/// INVALIDATE request body (project proposal); `virt_end` is inclusive;
-/// reserved bytes are ignored.
+impl AttachTableReq {
+    /// A well-formed request for the project's table format.
+    pub fn new(domain: u32, endpoint: u32, root: u64) -> Self {
+        Self {
+            domain,
+            endpoint,
+            flags: 0,
+            format: FORMAT_X86_4L,
+            reserved: [0; 6],
+            root,
+            reserved2: [0; 48],
+        }
+    }
+}
+
+/// INVALIDATE request body (drafts). The reserved bytes are kept so that
+/// the device can refuse a request that sets them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InvalidateReq {
+    /// INVAL_G_*: what the request covers.
+    pub granularity: u16,
+    /// INV_T_*: which caches.
+    pub inv_type: u16,
+    /// INVAL_F_*.
+    pub flags: u16,
+    /// Must be zero.
+    pub reserved1: [u8; 2],
     /// The domain.
     pub domain: u32,
-    /// First IOVA.
+    /// The PASID (with INVAL_F_PASID).
+    pub pasid: u32,
+    /// Must be zero.
+    pub reserved2: [u8; 4],
+    /// Architecture-specific tag (with INVAL_F_ARCHID).
+    pub archid: u64,
+    /// First IOVA (INVAL_G_VA).
     pub virt_start: u64,
-    /// Last IOVA (inclusive).
-    pub virt_end: u64,
+    /// Pages of `1 << granule` bytes (INVAL_G_VA).
+    pub nr_pages: u64,
+    /// log2 of the page size.
+    pub granule: u8,
+    /// Must be zero.
+    pub reserved3: [u8; 11],
+}
+
+impl InvalidateReq {
+    /// The IOTLB entries of the 4 KiB pages covering
+    /// `virt_start..=virt_end`; an empty range (`virt_end < virt_start`)
+    /// gives `nr_pages` 0, which the device refuses.
+    pub fn range(domain: u32, virt_start: u64, virt_end: u64) -> Self {
+        let start = virt_start & !0xfff;
+        let pages = if virt_end < virt_start {
+            0
+        } else {
+            ((virt_end - start) >> GRANULE_4K).saturating_add(1)
+        };
+        Self {
+            granularity: INVAL_G_VA,
+            virt_start: start,
+            nr_pages: pages,
+            granule: GRANULE_4K,
+            ..Self::domain(domain)
+        }
+    }
+
+    /// Every IOTLB entry of the domain.
+    pub fn domain(domain: u32) -> Self {
+        Self {
+            granularity: INVAL_G_DOMAIN,
+            inv_type: INV_T_IOTLB,
+            flags: 0,
+            reserved1: [0; 2],
+            domain,
+            pasid: 0,
+            reserved2: [0; 4],
+            archid: 0,
+            virt_start: 0,
+            nr_pages: 0,
+            granule: 0,
+            reserved3: [0; 11],
+        }
+    }
 }
 
 /// One parsed request.
@@ -477,21 +597,27 @@ pub fn parse_request(readable: &[u8]) -> Result<Request, WireError> {
         }
         req_type::ATTACH_TABLE => Request::AttachTable(AttachTableReq {
             domain: r.u32()?,
+            endpoint: r.u32()?,
+            flags: r.u32()?,
             format: r.u16()?,
-            reserved: r.bytes::<2>()?,
+            reserved: r.bytes::<6>()?,
             root: r.u64()?,
+            reserved2: r.bytes::<48>()?,
         }),
-        req_type::INVALIDATE => {
-            let domain = r.u32()?;
-            let virt_start = r.u64()?;
-            let virt_end = r.u64()?;
-            r.bytes::<4>()?;
-            Request::Invalidate(InvalidateReq {
-                domain,
-                virt_start,
-                virt_end,
-            })
-        }
+        req_type::INVALIDATE => Request::Invalidate(InvalidateReq {
+            granularity: r.u16()?,
+            inv_type: r.u16()?,
+            flags: r.u16()?,
+            reserved1: r.bytes::<2>()?,
+            domain: r.u32()?,
+            pasid: r.u32()?,
+            reserved2: r.bytes::<4>()?,
+            archid: r.u64()?,
+            virt_start: r.u64()?,
+            nr_pages: r.u64()?,
+            granule: r.u8()?,
+            reserved3: r.bytes::<11>()?,
+        }),
         other => return Err(WireError::UnknownType(other)),
     })
 }
@@ -543,16 +669,27 @@ impl Request {
             Request::AttachTable(a) => {
                 v.extend_from_slice(&[req_type::ATTACH_TABLE, 0, 0, 0]);
                 v.extend_from_slice(&a.domain.to_le_bytes());
+                v.extend_from_slice(&a.endpoint.to_le_bytes());
+                v.extend_from_slice(&a.flags.to_le_bytes());
                 v.extend_from_slice(&a.format.to_le_bytes());
                 v.extend_from_slice(&a.reserved);
                 v.extend_from_slice(&a.root.to_le_bytes());
+                v.extend_from_slice(&a.reserved2);
             }
             Request::Invalidate(i) => {
                 v.extend_from_slice(&[req_type::INVALIDATE, 0, 0, 0]);
+                v.extend_from_slice(&i.granularity.to_le_bytes());
+                v.extend_from_slice(&i.inv_type.to_le_bytes());
+                v.extend_from_slice(&i.flags.to_le_bytes());
+                v.extend_from_slice(&i.reserved1);
                 v.extend_from_slice(&i.domain.to_le_bytes());
+                v.extend_from_slice(&i.pasid.to_le_bytes());
+                v.extend_from_slice(&i.reserved2);
+                v.extend_from_slice(&i.archid.to_le_bytes());
                 v.extend_from_slice(&i.virt_start.to_le_bytes());
-                v.extend_from_slice(&i.virt_end.to_le_bytes());
-                v.extend_from_slice(&[0u8; 4]);
+                v.extend_from_slice(&i.nr_pages.to_le_bytes());
+                v.push(i.granule);
+                v.extend_from_slice(&i.reserved3);
             }
         }
         v
@@ -585,16 +722,13 @@ impl ResvMem {
     }
 }
 
-/// The PAGE_TABLE_FMT probe property (project proposal): a table format
-/// the device walks for this endpoint's domain.
+/// The PAGE_TABLE_FMT probe property (drafts): a table format the device
+/// walks for this endpoint's domain. The drafts' value is only the format
+/// code; levels and input size are implied by the code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageTableFmt {
-    /// Format number (1: the 4-level format of docs/page-table.md).
+    /// Format code ([`crate::pgtable::FORMAT_X86_4L`] for the project's).
     pub format: u16,
-    /// Levels of the table.
-    pub levels: u8,
-    /// Bits of IOVA the table translates.
-    pub input_bits: u8,
 }
 
 impl PageTableFmt {
@@ -605,9 +739,7 @@ impl PageTableFmt {
         pw.u16(PROBE_T_PAGE_TABLE_FMT)?;
         pw.u16(PAGE_TABLE_FMT_LEN)?;
         pw.u16(self.format)?;
-        pw.u8(self.levels)?;
-        pw.u8(self.input_bits)?;
-        pw.put(&[0u8; 4])?;
+        pw.put(&[0u8; 2])?;
         w.put(&prop)
     }
 }
@@ -648,13 +780,7 @@ pub fn decode_probe_props(props: &[u8]) -> Result<Vec<ProbeProp>, WireError> {
         } else if ty == PROBE_T_PAGE_TABLE_FMT && len >= PAGE_TABLE_FMT_LEN {
             let mut vr = r.clone();
             let format = vr.u16()?;
-            let levels = vr.u8()?;
-            let input_bits = vr.u8()?;
-            out.push(ProbeProp::PageTableFmt(PageTableFmt {
-                format,
-                levels,
-                input_bits,
-            }));
+            out.push(ProbeProp::PageTableFmt(PageTableFmt { format }));
         } else {
             out.push(ProbeProp::Other(ty, len));
         }
@@ -730,6 +856,8 @@ pub struct ConfigSpace {
     pub probe_size: u32,
     /// Unattached endpoints bypass translation when 1.
     pub bypass: u8,
+    /// Request queues (multi-queue offered), else 0.
+    pub num_queues: u16,
 }
 
 /// Byte offset of the `bypass` field, the only driver-writable field.
@@ -747,7 +875,8 @@ impl ConfigSpace {
             && w.u32(self.domain_end).is_ok()
             && w.u32(self.probe_size).is_ok()
             && w.u8(self.bypass).is_ok()
-            && w.put(&[0u8; 3]).is_ok();
+            && w.u8(0).is_ok()
+            && w.u16(self.num_queues).is_ok();
         debug_assert!(ok);
         out
     }
@@ -808,20 +937,11 @@ mod tests {
             ),
             (Request::Probe(ProbeReq { endpoint: 9 }), PROBE_SIZE),
             (
-                Request::AttachTable(AttachTableReq {
-                    domain: 3,
-                    format: 1,
-                    reserved: [0; 2],
-                    root: 0x1234_5000,
-                }),
+                Request::AttachTable(AttachTableReq::new(3, 4, 0x1234_5000)),
                 ATTACH_TABLE_SIZE,
             ),
             (
-                Request::Invalidate(InvalidateReq {
-                    domain: 3,
-                    virt_start: 0x1000,
-                    virt_end: 0x3fff,
-                }),
+                Request::Invalidate(InvalidateReq::range(3, 0x1000, 0x3fff)),
                 INVALIDATE_SIZE,
             ),
         ];
@@ -885,6 +1005,7 @@ mod tests {
             domain_end: 9,
             probe_size: 512,
             bypass: 1,
+            num_queues: 0x0203,
         }
         .encode();
         assert_eq!(&c[0..8], &0x1000u64.to_le_bytes());
@@ -893,6 +1014,8 @@ mod tests {
         assert_eq!(&c[28..32], &9u32.to_le_bytes());
         assert_eq!(&c[32..36], &512u32.to_le_bytes());
         assert_eq!(c[CONFIG_BYPASS_OFFSET], 1);
+        assert_eq!(c[37], 0);
+        assert_eq!(&c[CONFIG_NUM_QUEUES_OFFSET..40], &[3, 2]);
     }
 
     #[test]

@@ -95,22 +95,11 @@ fn attach(domain: u32, endpoint: u32) -> Vec<u8> {
 }
 
 fn attach_table(domain: u32, root: u64) -> Vec<u8> {
-    Request::AttachTable(AttachTableReq {
-        domain,
-        format: FORMAT_X86_4L,
-        reserved: [0; 2],
-        root,
-    })
-    .encode()
+    Request::AttachTable(AttachTableReq::new(domain, EP, root)).encode()
 }
 
 fn invalidate(domain: u32, virt_start: u64, virt_end: u64) -> Vec<u8> {
-    Request::Invalidate(InvalidateReq {
-        domain,
-        virt_start,
-        virt_end,
-    })
-    .encode()
+    Request::Invalidate(InvalidateReq::range(domain, virt_start, virt_end)).encode()
 }
 
 /// Device with EP in domain 1 in table mode at ROOT.
@@ -331,10 +320,10 @@ fn attach_table_validates_its_arguments() {
     assert_eq!(send(&d, &mut w, &attach_table(1, RAM)), Status::Fault);
     assert_eq!(send(&d, &mut w, &attach_table(1, !0xfff)), Status::Fault);
     let mut bad = attach_table(1, ROOT);
-    bad[8] = 2; // format
+    bad[16] = 2; // format (le16 at 16)
     assert_eq!(send(&d, &mut w, &bad), Status::Unsupp);
     let mut bad = attach_table(1, ROOT);
-    bad[10] = 1; // reserved
+    bad[18] = 1; // reserved (18..24)
     assert_eq!(send(&d, &mut w, &bad), Status::Inval);
     assert_eq!(
         send(&d, &mut w, &attach_table(1, ROOT)[..12]),
@@ -429,8 +418,6 @@ fn probe_announces_the_format() {
     let found = decode_probe_props(&props[..512]).unwrap();
     assert!(found.contains(&ProbeProp::PageTableFmt(PageTableFmt {
         format: FORMAT_X86_4L,
-        levels: 4,
-        input_bits: 48,
     })));
 }
 

@@ -73,10 +73,6 @@ use domains::DomainRegistry;
 use endpoints::EndpointTable;
 use features::Features;
 
-/// Size of the config-space extension carrying `num_request_queues` (le16 +
-/// 2 reserved bytes), present only when the multi-queue feature is offered.
-pub const CONFIG_MQ_EXT_SIZE: usize = 4;
-
 /// Host-side API misuse (never caused by guest requests).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum DeviceError {
@@ -236,8 +232,10 @@ impl IommuDevice {
         }
     }
 
-    /// The standard config space (40 bytes), followed when multi-queue is
-    /// offered by le16 num_request_queues and 2 reserved bytes.
+    /// The config space (40 bytes). `num_queues` (offset 38, as the drafts
+    /// place it) reads the configured request queues when multi-queue is
+    /// offered and 0 otherwise, so that a driver that never looks at the
+    /// feature sees the standard layout.
     pub fn config_bytes(&self) -> Vec<u8> {
         let cs = ConfigSpace {
             page_size_mask: self.cfg.page_size_mask,
@@ -247,13 +245,13 @@ impl IommuDevice {
             domain_end: self.cfg.domain_end,
             probe_size: self.cfg.probe_size,
             bypass: u8::from(self.bypass.load(Ordering::Acquire)),
+            num_queues: if self.features.is_offered(MULTIQUEUE) {
+                self.cfg.num_request_queues
+            } else {
+                0
+            },
         };
-        let mut v = cs.encode().to_vec();
-        if self.features.is_offered(MULTIQUEUE) {
-            v.extend_from_slice(&self.cfg.num_request_queues.to_le_bytes());
-            v.extend_from_slice(&[0, 0]);
-        }
-        v
+        cs.encode().to_vec()
     }
 
     /// Config-space read. Bytes outside the config space read as zero.
