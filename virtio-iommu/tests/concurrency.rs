@@ -30,6 +30,11 @@ impl Invalidator for Counting {
     }
 }
 
+/// A test-chosen count or index as a `usize`.
+fn idx(x: u64) -> usize {
+    usize::try_from(x).expect("test indices fit a usize")
+}
+
 fn consumers() -> Vec<Arc<dyn Invalidator>> {
     vec![Arc::new(Counting(AtomicU64::new(0)))]
 }
@@ -52,7 +57,7 @@ fn disjoint(kind: SpaceImpl) {
     let depot = Arc::new(Depot::new());
     let space = new_space(kind, 1, &Limits::default(), &depot);
     let threads = 4u64;
-    let start = Arc::new(Barrier::new(threads as usize));
+    let start = Arc::new(Barrier::new(idx(threads)));
     let hs: Vec<_> = (0..threads)
         .map(|t| {
             let (space, depot, start) = (space.clone(), depot.clone(), start.clone());
@@ -242,7 +247,7 @@ fn stale_reads(kind: SpaceImpl) {
     let mut hs = Vec::new();
     for d in 0..2u64 {
         let (space, depot, done, completed, pages) = (
-            spaces[d as usize].clone(),
+            spaces[idx(d)].clone(),
             depot.clone(),
             done.clone(),
             completed.clone(),
@@ -268,7 +273,7 @@ fn stale_reads(kind: SpaceImpl) {
                 }
                 w.flush(&cons);
                 for p in 0..pages.len() {
-                    completed[d as usize][p].store(k, Ordering::Release);
+                    completed[idx(d)][p].store(k, Ordering::Release);
                 }
             }
             done.store(true, Ordering::Release);
@@ -286,8 +291,8 @@ fn stale_reads(kind: SpaceImpl) {
             let mut i = 0u64;
             while !done.load(Ordering::Acquire) {
                 i += 1;
-                let d = ((i + tr) % 2) as usize;
-                let p = (i % pages.len() as u64) as usize;
+                let d = idx((i + tr) % 2);
+                let p = idx(i % pages.len() as u64);
                 let gone = completed[d][p].load(Ordering::Acquire);
                 match spaces[d].translate(pages[p] + 0x10, Perm::READ) {
                     Ok(t) => {

@@ -15,7 +15,7 @@ use virtio_iommu::wire::*;
 const PG: u64 = 4096;
 const EPS: [u32; 3] = [1, 2, 3];
 const DOMAIN_END: u32 = 5;
-const MAX_DOMAINS: usize = 3;
+const MAX_DOMAINS: u32 = 3;
 const MAX_MAPS: usize = 6;
 
 #[derive(Debug, Clone)]
@@ -115,7 +115,7 @@ impl Model {
             }
         } else {
             let freed = old.is_some_and(|o| self.domains[&o].members.len() == 1);
-            if self.domains.len() - usize::from(freed) >= MAX_DOMAINS {
+            if self.domains.len() - usize::from(freed) >= MAX_DOMAINS as usize {
                 return Status::NoMem;
             }
         }
@@ -212,7 +212,7 @@ fn run(space_impl: SpaceImpl, ops: &[Op]) -> Result<(), TestCaseError> {
         domain_end: DOMAIN_END,
         space_impl,
         limits: DeviceLimits {
-            max_domains: MAX_DOMAINS as u32,
+            max_domains: MAX_DOMAINS,
             max_mappings_per_domain: MAX_MAPS as u64,
             ..Default::default()
         },

@@ -296,7 +296,8 @@ fn viommu_in_tree_driver_strict_group() {
 #[test]
 fn dma_after_unmap_never_lands_under_race() {
     let out = completed("race_vfio");
-    let iters = integration_tests::race_iters() as i64;
+    let iters =
+        i64::try_from(integration_tests::race_iters()).expect("DMAVISOR_RACE_ITERS fits an i64");
     assert_eq!(int(&out, "race_iters"), iters, "{out}");
     assert_eq!(
         int(&out, "race_corrupted"),

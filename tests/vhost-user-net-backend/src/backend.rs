@@ -42,14 +42,16 @@ use crate::vnet_hdr::{self, TxLenError};
 pub const RX_QUEUE: u16 = 0;
 /// Transmit queue index.
 pub const TX_QUEUE: u16 = 1;
+/// One queue pair (a u16 like the queue indices; [`NUM_QUEUES`] widens it).
+const QUEUES: u16 = 2;
 /// One queue pair.
-pub const NUM_QUEUES: usize = 2;
+pub const NUM_QUEUES: usize = QUEUES as usize;
 /// Largest queue size a front-end may set.
 pub const MAX_QUEUE_SIZE: usize = 256;
 /// epoll token of the TAP fd. The framework reserves `0..NUM_QUEUES` for
 /// queue kicks and `NUM_QUEUES` for its own exit / vring-enabled event, and
 /// `register_listener` refuses any token up to and including `NUM_QUEUES`.
-pub const TAP_EVENT: u16 = NUM_QUEUES as u16 + 1;
+pub const TAP_EVENT: u16 = QUEUES + 1;
 
 /// Frames moved from the TAP per TAP event before returning to epoll, so a
 /// flood on receive cannot starve transmit; the TAP fd is level-triggered,

@@ -16,6 +16,16 @@ use std::os::unix::fs::OpenOptionsExt;
 use libc::{c_char, c_short, c_ulong};
 use thiserror::Error;
 
+// libc spells the IFF_* interface flags and the AF_* families as c_int,
+// while `ifreq.ifr_flags` is a short and `sa_family_t` a u16; every value
+// used here is below 0x8000, so the narrowing keeps it whole.
+#[allow(clippy::cast_possible_truncation)]
+const TAP_FLAGS: c_short = (libc::IFF_TAP | libc::IFF_NO_PI) as c_short;
+#[allow(clippy::cast_possible_truncation)]
+const IFF_UP: c_short = libc::IFF_UP as c_short;
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+const AF_INET: libc::sa_family_t = libc::AF_INET as libc::sa_family_t;
+
 /// Errors while creating or configuring the TAP interface.
 #[derive(Debug, Error)]
 pub enum TapError {
@@ -62,7 +72,7 @@ impl Tap {
             .open("/dev/net/tun")
             .map_err(TapError::OpenTun)?;
         // Writing a `Copy` union field is safe; only reading needs `unsafe`.
-        ifr.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as c_short;
+        ifr.ifr_ifru.ifru_flags = TAP_FLAGS;
         // SAFETY: TUNSETIFF reads and writes one `struct ifreq`, and `ifr` is
         // a valid, exclusively borrowed one for the duration of the call.
         let ret = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF as _, &mut ifr) };
@@ -104,7 +114,7 @@ impl Tap {
         self.ioctl(&sock, libc::SIOCGIFFLAGS, "SIOCGIFFLAGS", &mut ifr)?;
         // SAFETY: SIOCGIFFLAGS succeeded, so the kernel filled `ifru_flags`.
         let flags = unsafe { ifr.ifr_ifru.ifru_flags };
-        ifr.ifr_ifru.ifru_flags = flags | libc::IFF_UP as c_short;
+        ifr.ifr_ifru.ifru_flags = flags | IFF_UP;
         self.ioctl(&sock, libc::SIOCSIFFLAGS, "SIOCSIFFLAGS", &mut ifr)
     }
 
@@ -161,7 +171,7 @@ fn ifreq_for(name: &str) -> Result<libc::ifreq, TapError> {
     // for which all-zero bytes are a valid value.
     let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
     for (dst, &src) in ifr.ifr_name.iter_mut().zip(bytes) {
-        *dst = src as c_char;
+        *dst = c_char::from_ne_bytes([src]);
     }
     Ok(ifr)
 }
@@ -173,7 +183,7 @@ fn name_from_ifreq(ifr: &libc::ifreq) -> String {
         .ifr_name
         .iter()
         .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
+        .map(|&c| c.to_ne_bytes()[0])
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
@@ -184,10 +194,10 @@ fn name_from_ifreq(ifr: &libc::ifreq) -> String {
 fn sockaddr_from_ipv4(addr: Ipv4Addr) -> libc::sockaddr {
     let mut sa_data = [0 as c_char; 14];
     for (dst, src) in sa_data[2..6].iter_mut().zip(addr.octets()) {
-        *dst = src as c_char;
+        *dst = c_char::from_ne_bytes([src]);
     }
     libc::sockaddr {
-        sa_family: libc::AF_INET as libc::sa_family_t,
+        sa_family: AF_INET,
         sa_data,
     }
 }
@@ -226,8 +236,8 @@ mod tests {
     #[test]
     fn sockaddr_holds_address_in_network_order() {
         let sa = sockaddr_from_ipv4(Ipv4Addr::new(10, 77, 0, 1));
-        assert_eq!(sa.sa_family, libc::AF_INET as libc::sa_family_t);
-        let data: Vec<u8> = sa.sa_data.iter().map(|&c| c as u8).collect();
+        assert_eq!(sa.sa_family, AF_INET);
+        let data: Vec<u8> = sa.sa_data.iter().map(|&c| c.to_ne_bytes()[0]).collect();
         assert_eq!(&data[..6], &[0, 0, 10, 77, 0, 1]);
         assert!(data[6..].iter().all(|&b| b == 0));
     }

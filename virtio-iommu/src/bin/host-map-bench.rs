@@ -609,12 +609,13 @@ fn parse() -> Opts {
     while let Some(a) = it.next() {
         let Some(v) = it.next() else { usage() };
         let num = |v: &str| v.parse::<u64>().unwrap_or_else(|_| usage());
+        let count = |n: u64| usize::try_from(n).unwrap_or_else(|_| usage());
         match a.as_str() {
             "--duration-ms" => o.duration = Duration::from_millis(num(v)),
-            "--runs" => o.runs = num(v).max(1) as usize,
+            "--runs" => o.runs = count(num(v).max(1)),
             "--kick" => o.kick = num(v).max(1),
             "--consumer-cost-ns" => o.cost_ns = num(v),
-            "--threads" => o.threads = v.split(',').map(|x| num(x).max(1) as usize).collect(),
+            "--threads" => o.threads = v.split(',').map(|x| count(num(x).max(1))).collect(),
             "--impl" => {
                 o.impls = v
                     .split(',')

@@ -5,6 +5,8 @@
 //! validation the spec asks of the device happens before the table is
 //! touched, with checked arithmetic on every guest-supplied address.
 
+use std::sync::atomic::Ordering;
+
 use super::IommuDevice;
 use crate::domain::Domain;
 use crate::mapping::{DomainSpace, MapError, Perm, QueueContext, UnmapError, GPA_MAX};
@@ -96,7 +98,7 @@ impl IommuDevice {
         space: &dyn DomainSpace,
         perm: Perm,
     ) -> Status {
-        if !self.has_mirrors.load(std::sync::atomic::Ordering::Acquire) {
+        if !self.has_mirrors.load(Ordering::Acquire) {
             return Status::Ok;
         }
         let mirrors = super::read(&self.mirrors);

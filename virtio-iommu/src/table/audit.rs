@@ -199,7 +199,7 @@ fn walk(
             }
             a.nodes += 1;
             let child = t.node(entry::addr(e));
-            if child.gen.load(Acquire) as u16 != entry::gen(e) {
+            if entry::short_gen(child.gen.load(Acquire)) != entry::gen(e) {
                 return Err(AuditError::Generation { iova });
             }
             if child.owner.load(Acquire) != t.id()

@@ -94,6 +94,14 @@ pub fn gen(e: u64) -> u16 {
     (e >> GEN_SHIFT) as u16
 }
 
+/// A node's generation counter as a directory entry records it: its low 16
+/// bits (the compare against [`gen`] detects a node reused since the link was
+/// read, and 65,536 reuses between that read and the compare cannot happen).
+#[inline]
+pub fn short_gen(g: u64) -> u16 {
+    (g & 0xffff) as u16
+}
+
 /// Guest-physical address of a leaf's first byte.
 #[inline]
 pub fn gpa(e: u64) -> u64 {

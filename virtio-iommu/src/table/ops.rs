@@ -122,7 +122,7 @@ impl Table {
                 let i = index(iova, lvl);
                 let e = n.entries[i].load(Acquire);
                 if let Some((_, _, le)) = link {
-                    if n.gen.load(Acquire) as u16 != entry::gen(le) {
+                    if entry::short_gen(n.gen.load(Acquire)) != entry::gen(le) {
                         continue 'retry;
                     }
                 }
@@ -294,7 +294,7 @@ pub(crate) fn map(
         range::run_map(t, w, iova, last, gpa, perm)
     };
     match res {
-        Ok(()) => quota::account(t, w, 1, size as i64),
+        Ok(()) => quota::add(t, w, 1, size),
         Err(_) => quota::give(t, w, 1),
     }
     res
@@ -375,7 +375,7 @@ fn unmap_one(t: &Arc<Table>, w: &mut Ctx, iova: u64) -> Option<Result<(), UnmapE
             // The entry and our pin.
             t.unpin(w, n, iova, 0, 2);
             w.batch.record(t.domain, iova, iova + PAGE_SIZE - 1);
-            quota::account(t, w, -1, -(PAGE_SIZE as i64));
+            quota::remove(t, w, 1, PAGE_SIZE);
             quota::give(t, w, 1);
             return Some(Ok(()));
         }
@@ -425,7 +425,7 @@ pub(crate) fn translate(t: &Table, iova: u64, access: Perm) -> Result<Translatio
             let e = n.entries[i].load(Acquire);
             if entry::is_dir(e) {
                 if let Some(g) = want_gen {
-                    if n.gen.load(Acquire) as u16 != g {
+                    if entry::short_gen(n.gen.load(Acquire)) != g {
                         continue 'retry;
                     }
                 }
@@ -441,7 +441,7 @@ pub(crate) fn translate(t: &Table, iova: u64, access: Perm) -> Result<Translatio
                 // Nothing mapped here (or, after a stale link, in a node
                 // that is no longer ours): unmapped either way.
                 if let Some(g) = want_gen {
-                    if n.gen.load(Acquire) as u16 != g {
+                    if entry::short_gen(n.gen.load(Acquire)) != g {
                         continue 'retry;
                     }
                 }
@@ -472,7 +472,7 @@ pub(crate) fn translate(t: &Table, iova: u64, access: Perm) -> Result<Translatio
                 }
             }
             if let Some(g) = want_gen {
-                if n.gen.load(Acquire) as u16 != g
+                if entry::short_gen(n.gen.load(Acquire)) != g
                     || n.owner.load(Acquire) != t.id()
                     || n.base.load(Acquire) != node_tag(iova, lvl)
                 {

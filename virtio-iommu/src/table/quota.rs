@@ -69,14 +69,27 @@ pub(crate) fn totals(t: &Table) -> (u64, u64) {
     (sum >> MAPPINGS_SHIFT, (sum & PAGES_MASK) * PAGE_SIZE)
 }
 
-/// Adds to this worker's shard of `t`'s counters.
+/// The packed delta for `mappings` mappings covering `bytes` bytes.
 #[inline]
-pub(crate) fn account(t: &Table, w: &Ctx, mappings: i64, bytes: i64) {
-    let delta =
-        ((mappings as u64) << MAPPINGS_SHIFT).wrapping_add((bytes / PAGE_SIZE as i64) as u64);
+fn delta(mappings: u64, bytes: u64) -> u64 {
+    (mappings << MAPPINGS_SHIFT).wrapping_add(bytes / PAGE_SIZE)
+}
+
+/// Adds mappings to this worker's shard of `t`'s counters.
+#[inline]
+pub(crate) fn add(t: &Table, w: &Ctx, mappings: u64, bytes: u64) {
     t.shards[w.state.table.id % SHARDS]
         .packed
-        .fetch_add(delta, Ordering::Relaxed);
+        .fetch_add(delta(mappings, bytes), Ordering::Relaxed);
+}
+
+/// Takes mappings off this worker's shard of `t`'s counters (wrapping: see
+/// [`Shard`] for why a shard may go below zero).
+#[inline]
+pub(crate) fn remove(t: &Table, w: &Ctx, mappings: u64, bytes: u64) {
+    t.shards[w.state.table.id % SHARDS]
+        .packed
+        .fetch_sub(delta(mappings, bytes), Ordering::Relaxed);
 }
 
 /// Gives a worker's credits back to their domain.

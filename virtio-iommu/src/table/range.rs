@@ -409,7 +409,7 @@ pub(crate) fn run_unmap(t: &Arc<Table>, w: &mut Ctx, lo: u64, hi: u64) -> Result
             }
         }
         if rm.mappings > 0 {
-            quota::account(t, w, -(rm.mappings as i64), -(rm.bytes as i64));
+            quota::remove(t, w, rm.mappings, rm.bytes);
             quota::give(t, w, rm.mappings);
         }
         Ok(())

@@ -48,7 +48,7 @@ fn try_retire(t: &Arc<Table>, w: &mut Ctx, iova: u64, mut level: u32) {
             let i = index(iova, lvl);
             let e = n.entries[i].load(Acquire);
             if let Some((_, _, le)) = link {
-                if n.gen.load(Acquire) as u16 != entry::gen(le) {
+                if entry::short_gen(n.gen.load(Acquire)) != entry::gen(le) {
                     return;
                 }
             }

@@ -155,7 +155,7 @@ pub(crate) fn run(t: &Arc<Table>, w: &mut Ctx, lo: u64, hi: u64) -> bool {
         w.batch.record(t.domain, tally.first, tally.end);
     }
     if tally.mappings > 0 {
-        quota::account(t, w, -(tally.mappings as i64), -(tally.bytes as i64));
+        quota::remove(t, w, tally.mappings, tally.bytes);
         quota::give(t, w, tally.mappings);
     }
     let pins = std::mem::take(&mut w.state.table.pins);
