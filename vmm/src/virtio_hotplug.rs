@@ -13,12 +13,14 @@
 //! as `--net tap=` does) or on TAP queues the client opened and passed
 //! with `SCM_RIGHTS` on the request (`ch-remote add-net fd=[..]`,
 //! libvirt): one per queue pair; then `tap` names the interface they
-//! belong to, for `vm.info`. vhost-user devices cannot be hotplugged.
+//! belong to, for `vm.info`, and the queues are kept
+//! ([`passed_taps`]) until the NIC is removed or the VM deleted, so a
+//! rebuilt VM gets them again. vhost-user devices cannot be hotplugged.
 
 use std::fs::File;
 
 use crate::block::{Block, DiskConfig, DiskImage};
-use crate::net::tap::Tap;
+use crate::net::passed_taps;
 use crate::net::{Net, NetConfig};
 use crate::pci::PciAddress;
 use crate::vfio::hotplug::{HotplugError, VfioHotplug, VirtioConfig};
@@ -44,15 +46,17 @@ pub fn add_net(
                 "vm.add-net: give either tap fds or tap/ip/mask, not both".into(),
             ));
         }
-        let taps = fds
-            .into_iter()
-            .map(Tap::from_file)
-            .collect::<Result<Vec<_>, _>>()
+        // Kept by name, so that a reboot in place or a boot after
+        // vm.shutdown builds the NIC on the same queues.
+        cfg.tap = passed_taps::keep(fds)
             .map_err(|e| HotplugError::Refused(format!("vm.add-net: {e}")))?;
-        let net = Net::from_taps(&cfg, taps)
-            .map_err(|e| HotplugError::Refused(format!("vm.add-net: {e}")))?;
-        net.tap_name().clone_into(&mut cfg.tap);
-        net
+        match Net::new(&cfg) {
+            Ok(net) => net,
+            Err(e) => {
+                passed_taps::forget(&cfg.tap);
+                return Err(HotplugError::Refused(format!("vm.add-net: {e}")));
+            }
+        }
     };
     if cfg.tap.is_empty() {
         net.tap_name().clone_into(&mut cfg.tap);

@@ -124,10 +124,10 @@ const PAYLOAD: &[(&str, Unused)] = &[
 ];
 
 /// `NetConfig` (in `VmConfig.net` and `vm.add-net`).
+/// (`id` is dmavisor's too: `NetSpec::id`.)
 pub const NET: &[(&str, Unused)] = &[
     ("host_mac", Unused::Empty),
     ("mtu", Unused::Empty),
-    PCI_COMMON[0],
     PCI_COMMON[1],
     PCI_COMMON[2],
     ("rate_limiter_config", Unused::Empty),

@@ -24,7 +24,7 @@ use log::{debug, info, warn};
 
 use virtio_iommu::locks::Unpoison;
 
-use super::routes::{ApiError, VmApi, VmSlot, VmmApi};
+use super::routes::{ApiError, ColdPlug, VmApi, VmSlot, VmmApi};
 use super::vm_config;
 use crate::config::VmConfig;
 use crate::error::Error;
@@ -373,6 +373,20 @@ impl VmmApi for Controller {
         Ok(())
     }
 
+    fn cold_plug(&self, change: ColdPlug) -> Result<(), ApiError> {
+        let mut phase = self.lock();
+        let Phase::Created {
+            config,
+            booting: false,
+        } = &mut *phase
+        else {
+            return Err(ApiError::WrongState(
+                "the VM is not in the created state".into(),
+            ));
+        };
+        super::cold_plug::apply(config, change)
+    }
+
     fn delete(&self) -> Result<(), ApiError> {
         let mut phase = self.lock();
         if let Phase::Running { vm, .. } = &*phase {
@@ -394,7 +408,14 @@ impl VmmApi for Controller {
         }
         match &*phase {
             Phase::Empty => Ok(()),
-            Phase::Created { booting: false, .. } => {
+            Phase::Created {
+                booting: false,
+                config,
+            } => {
+                // TAP queues a client passed for this VM end with it.
+                for net in &config.net {
+                    crate::net::passed_taps::forget(&net.tap);
+                }
                 *phase = Phase::Empty;
                 info!("VM deleted through the API");
                 crate::event_monitor::emit("vm", "deleted", &[]);
@@ -690,6 +711,90 @@ mod tests {
         probe.fail.store(false, Ordering::SeqCst);
         c.boot().expect("second boot");
         assert_eq!(probe.builds.load(Ordering::SeqCst), 2);
+    }
+
+    /// libvirt's order: vm.create, then vm.add-net (TAP queues passed with
+    /// SCM_RIGHTS), vm.add-disk and vm.add-device before vm.boot. Each is
+    /// a 204 that changes the created VM's configuration, which the boot
+    /// builds; bad or duplicate ids change nothing; vm.remove-device takes
+    /// a device out again; the passed TAP lives until vm.delete.
+    #[test]
+    fn devices_added_before_boot_join_the_configuration() {
+        use crate::api::routes::handle_with_fds;
+        use crate::net::tap::Tap;
+
+        let (c, probe, _rx) = controller();
+        let put = |path: &str, body: &str, fds: Vec<std::fs::File>| {
+            handle_with_fds("PUT", &format!("/api/v1/{path}"), body.as_bytes(), fds, &c)
+        };
+        assert_eq!(
+            put("vm.add-disk", r#"{"path": "/d.img"}"#, vec![]).status,
+            404
+        );
+        c.create(config()).expect("create");
+        let tap = Tap::open("dmvcold0", false).expect("a TAP (root, /dev/net/tun)");
+        let name = tap.name().to_string();
+        let r = put(
+            "vm.add-net",
+            r#"{"id": "n0", "mac": "52:54:00:00:00:07"}"#,
+            vec![tap.into_file()],
+        );
+        assert_eq!((r.status, r.body.clone()), (204, None), "{r:?}");
+        let r = put("vm.add-disk", r#"{"path": "/d.img", "id": "d0"}"#, vec![]);
+        assert_eq!(r.status, 204, "{r:?}");
+        let r = put("vm.add-disk", r#"{"path": "/e.img", "id": "n0"}"#, vec![]);
+        assert_eq!(r.status, 400, "a duplicate id: {r:?}");
+        let r = put(
+            "vm.add-device",
+            r#"{"path": "/sys/bus/pci/devices/0000:01:00.0", "id": "x0"}"#,
+            vec![],
+        );
+        assert_eq!(r.status, 204, "{r:?}");
+        assert_eq!(
+            put("vm.remove-device", r#"{"id": "x0"}"#, vec![]).status,
+            204
+        );
+        assert_eq!(
+            put("vm.remove-device", r#"{"id": "x0"}"#, vec![]).status,
+            404
+        );
+        let json: Value = serde_json::from_str(&c.config_json().expect("created")).expect("json");
+        assert_eq!(json["net"][0]["tap"], name.as_str(), "{json}");
+        assert_eq!(json["net"][0]["id"], "n0", "{json}");
+        assert_eq!(json["disks"][0]["id"], "d0", "{json}");
+        assert_eq!(json["devices"], json!([]), "{json}");
+        assert_eq!(crate::net::passed_taps::queue_count(&name), 1);
+        // The boot builds what was added.
+        c.boot().expect("boot");
+        assert_eq!(probe.builds.load(Ordering::SeqCst), 1);
+        let built = c.config_json().expect("running");
+        assert!(built.contains(&name) && built.contains("d0"), "{built}");
+        // After a running VM, nothing is cold-plugged (hotplug's business).
+        let r = put("vm.add-disk", r#"{"path": "/f.img"}"#, vec![]);
+        assert_ne!(r.status, 204, "{r:?}");
+    }
+
+    #[test]
+    fn a_created_vm_forgets_its_passed_taps_when_deleted() {
+        use crate::api::routes::handle_with_fds;
+        use crate::net::tap::Tap;
+
+        let (c, _probe, _rx) = controller();
+        c.create(config()).expect("create");
+        let tap = Tap::open("dmvcold1", false).expect("a TAP (root, /dev/net/tun)");
+        let name = tap.name().to_string();
+        let r = handle_with_fds(
+            "PUT",
+            "/api/v1/vm.add-net",
+            br#"{"id": "n1"}"#,
+            vec![tap.into_file()],
+            &c,
+        );
+        assert_eq!(r.status, 204, "{r:?}");
+        assert!(std::path::Path::new("/sys/class/net").join(&name).exists());
+        c.delete().expect("delete");
+        assert_eq!(crate::net::passed_taps::queue_count(&name), 0);
+        assert!(!std::path::Path::new("/sys/class/net").join(&name).exists());
     }
 
     #[test]

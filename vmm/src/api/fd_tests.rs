@@ -196,7 +196,7 @@ fn add_net_with_passed_tap_fd() {
     let raw = write_end.as_raw_fd();
     let (code, reply) = put_with_fds(&mut s, "vm.add-net", r#"{"num_queues": 2}"#, &[raw, raw]);
     assert_eq!(code, 400, "{reply}");
-    let msg = reply["error"].as_str().unwrap_or_default();
+    let msg = reply[0].as_str().unwrap_or_default();
     assert!(msg.contains("one fd per queue pair"), "{msg}");
     assert!(
         msg.contains("2 file descriptors received and closed"),
@@ -216,7 +216,7 @@ fn add_net_with_passed_tap_fd() {
     let many = vec![write_end.as_raw_fd(); MAX_REQUEST_FDS + 1];
     let (code, reply) = put_with_fds(&mut s, "vm.add-net", "{}", &many);
     assert_eq!(code, 400, "{reply}");
-    let msg = reply["error"].as_str().unwrap_or_default();
+    let msg = reply[0].as_str().unwrap_or_default();
     assert!(
         msg.contains(&format!("more than {MAX_REQUEST_FDS} file descriptors")),
         "{msg}"

@@ -19,6 +19,7 @@
 //! `vm.create` and `vm.boot` (`vm_config`).
 
 pub mod ch_fields;
+pub mod cold_plug;
 pub mod controller;
 pub mod error;
 pub mod fd_stream;
@@ -30,9 +31,9 @@ pub mod wire;
 pub mod worker;
 
 #[cfg(test)]
-mod server_tests;
-#[cfg(test)]
 mod fd_tests;
+#[cfg(test)]
+mod server_tests;
 
 use std::sync::Arc;
 use std::thread;

@@ -154,6 +154,65 @@ pub trait VmmApi: Send + Sync {
     fn shutdown(&self);
     /// Reboots the running VM; called once the reply has been sent.
     fn reboot(&self);
+    /// Changes the created, not booted, VM's configuration (`vm.add-*`
+    /// and `vm.remove-device` before `vm.boot`: libvirt adds its NICs
+    /// that way).
+    fn cold_plug(&self, _change: ColdPlug) -> Result<(), ApiError> {
+        Err(ApiError::Unsupported(
+            "this VMM cannot change a VM before it boots".into(),
+        ))
+    }
+}
+
+/// A change to a created VM's configuration ([`VmmApi::cold_plug`]).
+pub enum ColdPlug {
+    /// `vm.add-device`.
+    Device(VfioConfig),
+    /// `vm.add-net`, with the TAP queues that came with the request.
+    Net(NetConfig, Vec<File>),
+    /// `vm.add-disk`.
+    Disk(DiskConfig),
+    /// `vm.remove-device` of the device with this id.
+    Remove(String),
+}
+
+/// Where `vm.add-*` and `vm.remove-device` land: the running VM (hotplug,
+/// answered with cloud-hypervisor's `PciDeviceInfo`), or the created VM's
+/// configuration (cold plug, answered 204 as cloud-hypervisor does).
+#[derive(Clone, Copy)]
+enum Plug<'a> {
+    Hot(&'a dyn VmApi),
+    Cold(&'a dyn VmmApi),
+}
+
+impl Plug<'_> {
+    fn added(r: Result<Value, ApiError>) -> Reply {
+        match r {
+            Ok(info) => Reply::json(200, &info),
+            Err(e) => Reply::error(e.status(), e.to_string()),
+        }
+    }
+
+    fn add_device(self, d: VfioConfig) -> Reply {
+        match self {
+            Self::Hot(vm) => Self::added(vm.add_device(d)),
+            Self::Cold(vmm) => Reply::from_result(vmm.cold_plug(ColdPlug::Device(d))),
+        }
+    }
+
+    fn add_disk(self, d: DiskConfig) -> Reply {
+        match self {
+            Self::Hot(vm) => Self::added(vm.add_disk(d)),
+            Self::Cold(vmm) => Reply::from_result(vmm.cold_plug(ColdPlug::Disk(d))),
+        }
+    }
+
+    fn remove_device(self, id: &str) -> Reply {
+        match self {
+            Self::Hot(vm) => Reply::from_result(vm.remove_device(id)),
+            Self::Cold(vmm) => Reply::from_result(vmm.cold_plug(ColdPlug::Remove(id.to_string()))),
+        }
+    }
 }
 
 /// What the server does once the reply is sent (the process may end or
@@ -206,9 +265,10 @@ impl Reply {
         }
     }
 
-    /// An error reply: `{"error": msg}`.
+    /// An error reply: a JSON array of messages, as cloud-hypervisor
+    /// sends its error chain (ch-remote parses the body as one).
     pub fn error(status: u16, msg: impl Into<String>) -> Self {
-        Self::json(status, &json!({ "error": msg.into() }))
+        Self::json(status, &json!([msg.into()]))
     }
 }
 
@@ -323,17 +383,14 @@ fn delete(vmm: &dyn VmmApi) -> Reply {
 }
 
 /// `vm.add-device`: the body is cloud-hypervisor's `DeviceConfig`.
-fn add_device(vm: &dyn VmApi, body: &[u8]) -> Reply {
+fn add_device(target: Plug<'_>, body: &[u8]) -> Reply {
     let device = match super::ch_fields::parse_section::<DeviceSpec>(body, super::ch_fields::DEVICE)
     {
         Ok(spec) => VfioConfig::from_spec(&spec),
         Err(e) => return Reply::error(400, format!("vm.add-device: invalid DeviceConfig: {e}")),
     };
     match device {
-        Ok(d) => match vm.add_device(d) {
-            Ok(info) => Reply::json(200, &info),
-            Err(e) => Reply::error(e.status(), e.to_string()),
-        },
+        Ok(d) => target.add_device(d),
         Err(e) => Reply::error(400, format!("vm.add-device: {e}")),
     }
 }
@@ -352,7 +409,7 @@ fn fds_note(n: usize) -> String {
 /// nothing here: the descriptors that came with the request
 /// (`SCM_RIGHTS`) are the TAP queues, one per queue pair, and
 /// `num_queues` defaults to two per descriptor. `id` names the device.
-fn add_net(vm: &dyn VmApi, body: &[u8], fds: Vec<File>) -> Reply {
+fn add_net(target: Plug<'_>, body: &[u8], fds: Vec<File>) -> Reply {
     let n = fds.len();
     let bad = |msg: String| Reply::error(400, format!("vm.add-net: {msg}{}", fds_note(n)));
     let mut obj = match serde_json::from_slice::<Value>(body) {
@@ -389,35 +446,43 @@ fn add_net(vm: &dyn VmApi, body: &[u8], fds: Vec<File>) -> Reply {
             net.num_queues
         ));
     }
-    match vm.add_net(id, net, fds) {
+    let result = match target {
+        Plug::Hot(vm) => vm.add_net(id, net, fds),
+        Plug::Cold(vmm) => {
+            let mut net = net;
+            net.id = id;
+            return match vmm.cold_plug(ColdPlug::Net(net, fds)) {
+                Ok(()) => Reply::no_content(After::Nothing),
+                Err(e) => Reply::error(e.status(), format!("{e}{}", fds_note(n))),
+            };
+        }
+    };
+    match result {
         Ok(info) => Reply::json(200, &info),
         Err(e) => Reply::error(e.status(), format!("{e}{}", fds_note(n))),
     }
 }
 
 /// `vm.add-disk`: the body is cloud-hypervisor's `DiskConfig`.
-fn add_disk(vm: &dyn VmApi, body: &[u8]) -> Reply {
+fn add_disk(target: Plug<'_>, body: &[u8]) -> Reply {
     let disk = match super::ch_fields::parse_section::<DiskSpec>(body, super::ch_fields::DISK) {
         Ok(spec) => DiskConfig::from_spec(&spec),
         Err(e) => return Reply::error(400, format!("vm.add-disk: invalid DiskConfig: {e}")),
     };
     match disk {
-        Ok(d) => match vm.add_disk(d) {
-            Ok(info) => Reply::json(200, &info),
-            Err(e) => Reply::error(e.status(), e.to_string()),
-        },
+        Ok(d) => target.add_disk(d),
         Err(e) => Reply::error(400, format!("vm.add-disk: {e}")),
     }
 }
 
 /// `vm.remove-device`: the body is cloud-hypervisor's `VmRemoveDeviceData`.
-fn remove_device(vm: &dyn VmApi, body: &[u8]) -> Reply {
+fn remove_device(target: Plug<'_>, body: &[u8]) -> Reply {
     #[derive(serde::Deserialize)]
     struct RemoveDevice {
         id: String,
     }
     match serde_json::from_slice::<RemoveDevice>(body) {
-        Ok(r) => Reply::from_result(vm.remove_device(&r.id)),
+        Ok(r) => target.remove_device(&r.id),
         Err(e) => Reply::error(400, format!("vm.remove-device: invalid body: {e}")),
     }
 }
@@ -499,13 +564,28 @@ pub fn handle_with_fds(
                 Err(e) => Reply::error(e.status(), e.to_string()),
             },
         ),
-        Endpoint::AddDevice => vm().map_or_else(|r| r, |vm| add_device(vm.as_ref(), body)),
-        Endpoint::AddNet => match vm() {
-            Ok(vm) => add_net(vm.as_ref(), body, fds),
-            Err(r) => r,
-        },
-        Endpoint::AddDisk => vm().map_or_else(|r| r, |vm| add_disk(vm.as_ref(), body)),
-        Endpoint::RemoveDevice => vm().map_or_else(|r| r, |vm| remove_device(vm.as_ref(), body)),
+        Endpoint::AddDevice | Endpoint::AddNet | Endpoint::AddDisk | Endpoint::RemoveDevice => {
+            let slot = vmm.slot();
+            let target = match &slot {
+                VmSlot::Running(vm) => Plug::Hot(vm.as_ref()),
+                VmSlot::Created { booting: false, .. } => Plug::Cold(vmm),
+                VmSlot::Created { booting: true, .. } => {
+                    return Reply::error(405, format!("{path}: the VM is being booted"));
+                }
+                VmSlot::Empty => {
+                    return Reply::error(
+                        404,
+                        format!("{path}: no VM has been created (vm.create)"),
+                    );
+                }
+            };
+            match ep {
+                Endpoint::AddDevice => add_device(target, body),
+                Endpoint::AddNet => add_net(target, body, fds),
+                Endpoint::AddDisk => add_disk(target, body),
+                _ => remove_device(target, body),
+            }
+        }
         Endpoint::Missing(takes_body) => {
             if takes_body {
                 if let Err(e) = serde_json::from_slice::<Value>(body) {
@@ -721,7 +801,7 @@ mod tests {
     }
 
     fn body_has_error(r: &Reply) -> bool {
-        body(r)["error"].as_str().is_some_and(|s| !s.is_empty())
+        body(r)[0].as_str().is_some_and(|s| !s.is_empty())
     }
 
     #[test]
@@ -815,9 +895,7 @@ mod tests {
         vm.stuck.store(true, Ordering::Relaxed);
         let r = put(&vmm, "vm.pause");
         assert_eq!(r.status, 500, "{r:?}");
-        assert!(body(&r)["error"]
-            .as_str()
-            .is_some_and(|m| m.contains("vCPUs")));
+        assert!(body(&r)[0].as_str().is_some_and(|m| m.contains("vCPUs")));
         assert_eq!(state(&vmm), json!("Running"));
     }
 
@@ -1034,9 +1112,7 @@ mod tests {
         vmm.fail_boot.store(true, Ordering::Relaxed);
         let r = put(&vmm, "vm.boot");
         assert_eq!((r.status, r.after), (500, After::Nothing), "{r:?}");
-        assert!(body(&r)["error"]
-            .as_str()
-            .is_some_and(|m| m.contains("kernel")));
+        assert!(body(&r)[0].as_str().is_some_and(|m| m.contains("kernel")));
         assert_eq!(state(&vmm), json!("Created"));
         vmm.fail_boot.store(false, Ordering::Relaxed);
         assert_eq!(put(&vmm, "vm.boot").status, 204);

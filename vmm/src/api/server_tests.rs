@@ -334,7 +334,7 @@ fn api_oversized_body_is_413() {
     let (head, body) = response(&mut s);
     assert_eq!(status(&head), 413, "{head}");
     let err: Value = serde_json::from_slice(&body).unwrap();
-    assert!(err["error"]
+    assert!(err[0]
         .as_str()
         .unwrap()
         .contains(&(MAX_BODY + 1).to_string()));

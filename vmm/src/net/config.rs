@@ -37,6 +37,8 @@ pub struct NetConfig {
     /// `vhost_mode=server`: dmavisor listens on the socket and the
     /// back-end connects (DPDK's `client=1`); by default dmavisor connects.
     pub vhost_server: bool,
+    /// The name `vm.remove-device` knows it by (cloud-hypervisor's `id`).
+    pub id: Option<String>,
 }
 
 fn parse_mac(text: &str) -> Option<[u8; 6]> {
@@ -91,6 +93,9 @@ pub struct NetSpec {
     /// `Client` (dmavisor connects, the default) or `Server`.
     #[serde(default)]
     pub vhost_mode: Option<String>,
+    /// The device's name for `vm.remove-device`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
 
 /// Why a [`NetSpec`] is refused.
@@ -205,6 +210,7 @@ impl NetConfig {
             vhost_user,
             vhost_socket: opts.get("socket").map(PathBuf::from),
             vhost_mode: opts.get("vhost_mode").cloned(),
+            id: None,
         };
         Self::from_spec(&spec).map_err(|e| bad(e.into()))
     }
@@ -282,6 +288,7 @@ impl NetConfig {
             iommu: spec.iommu,
             vhost_user_socket,
             vhost_server,
+            id: spec.id.clone(),
         })
     }
 
@@ -305,6 +312,7 @@ impl NetConfig {
                 }
                 .into(),
             ),
+            id: self.id.clone(),
         }
     }
 }

@@ -458,6 +458,14 @@ impl VfioHotplug {
                 m.log_stats();
             }
         }
+        // TAP queues a client passed for this NIC end with it.
+        if let Function::Virtio {
+            cfg: VirtioConfig::Net(n),
+            ..
+        } = &p.function
+        {
+            crate::net::passed_taps::forget(&n.tap);
+        }
         // The last reference: interrupts, BAR slots, the device and its
         // container (or image, or TAP) go now (a guest access still
         // dispatched holds it until it returns; an unplugged virtio
