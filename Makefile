@@ -69,6 +69,7 @@ guest-driver:
 	resources/fetch-checkpatch
 	$(MAKE) -C guest-driver KCFLAGS=-Werror
 	$(MAKE) -C guest-driver check CHECKPATCH=$(CURDIR)/build/checkpatch/checkpatch.pl
+	$(MAKE) -C guest-driver userspace-test
 
 fuzz:
 	fuzz/run.sh $(FUZZ_SECONDS)

@@ -70,6 +70,7 @@ enum vvi_policy {
 	VVI_POL_GLOBAL,
 	VVI_POL_PERSISTENT,
 	VVI_POL_PASSTHROUGH,
+	VVI_POL_SHARED,
 	VVI_NR_POLICIES,
 };
 
@@ -252,6 +253,23 @@ struct vvi_pm {
 	int refs;
 };
 
+/*
+ * Strict invalidation in page-table mode, coalesced across CPUs
+ * (vviommu_strict.c): unmaps add their range to the pending span under
+ * @lock and wait for the next ticket, whose INVALIDATE takes the span;
+ * at most one ticket per request queue is in flight.
+ */
+#define VVI_STRICT_SLOTS	128	/* > VVI_MAX_RQ tickets in flight */
+
+struct vvi_strict {
+	spinlock_t lock;	/* span and ticket: a few instructions only */
+	u64 ticket;		/* tickets taken */
+	u64 lo;			/* span waiting for the next ticket; */
+	u64 hi;			/* lo > hi: none */
+	atomic_t inflight;	/* tickets taken and not completed */
+	s64 slot[VVI_STRICT_SLOTS];	/* [t % SLOTS]: last ticket completed */
+};
+
 struct vvi_resv {
 	u64 start;
 	u64 end;
@@ -296,6 +314,7 @@ struct vvi_ep {
 	struct dentry *dbg;
 	bool pt_fmt;		/* PROBE reported VVI_PT_FMT_X86_4L */
 	__le64 *pgt;		/* root of the I/O page table; NULL: MAP mode */
+	struct vvi_strict strict;
 	u64 saved_dma_limit;	/* passthrough: bus_dma_limit before attach */
 };
 
@@ -464,6 +483,14 @@ extern const struct vvi_policy_ops vvi_persistent_ops;
 
 /* vviommu_passthrough.c */
 extern const struct vvi_policy_ops vvi_passthrough_ops;
+
+/* vviommu_shared.c */
+extern const struct vvi_policy_ops vvi_shared_ops;
+
+/* vviommu_strict.c */
+extern bool vvi_strict_coalesce;
+void vvi_strict_init(struct vvi_ep *ep);
+int vvi_strict_invalidate(struct vvi_ep *ep, u64 iova, unsigned long n);
 
 /* vviommu_fq.c: invalidation, deferred in flush queues */
 extern int vvi_inval_sel;

@@ -303,8 +303,13 @@ void vvi_invalidate(struct vvi_ep *ep, u64 iova, unsigned long n,
 		    bool strict)
 {
 	if (strict || vvi_inval_sel == VVI_INV_STRICT) {
-		if (vvi_hot_unmap(ep, iova, (u64)n << PAGE_SHIFT))
+		/* page-table mode: one INVALIDATE for concurrent unmaps */
+		if (ep->pgt && vvi_strict_coalesce) {
+			if (vvi_strict_invalidate(ep, iova, n))
+				vvi_inc(ep, VVI_ST_ERRORS);
+		} else if (vvi_hot_unmap(ep, iova, (u64)n << PAGE_SHIFT)) {
 			vvi_inc(ep, VVI_ST_ERRORS);
+		}
 		vvi_pol->release(ep, iova, n);
 		return;
 	}

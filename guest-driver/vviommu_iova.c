@@ -17,7 +17,7 @@ const struct vvi_policy_ops *vvi_pol;
 
 const char * const vvi_policy_names[VVI_NR_POLICIES] = {
 	"identity", "kmalloc", "magazine", "global", "persistent",
-	"passthrough",
+	"passthrough", "shared",
 };
 
 const struct vvi_policy_ops *const vvi_policies[VVI_NR_POLICIES] = {
@@ -27,6 +27,7 @@ const struct vvi_policy_ops *const vvi_policies[VVI_NR_POLICIES] = {
 	[VVI_POL_GLOBAL] = &vvi_global_ops,
 	[VVI_POL_PERSISTENT] = &vvi_persistent_ops,
 	[VVI_POL_PASSTHROUGH] = &vvi_passthrough_ops,
+	[VVI_POL_SHARED] = &vvi_shared_ops,
 };
 
 static unsigned long vvi_limit_pfn(struct vvi_ep *ep, u64 mask)
@@ -143,6 +144,7 @@ const struct vvi_policy_ops vvi_global_ops = {
 int vvi_policy_setup(struct vvi_ep *ep)
 {
 	ep->limit = min(ep->vd->in_end, DMA_BIT_MASK(48));
+	vvi_strict_init(ep);
 	return vvi_pol->setup(ep);
 }
 

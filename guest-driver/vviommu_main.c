@@ -29,7 +29,7 @@
 static char *policy = "magazine";
 module_param(policy, charp, 0444);
 MODULE_PARM_DESC(policy,
-		 "IOVA policy: identity|kmalloc|magazine|global|persistent|passthrough");
+		 "IOVA policy: identity|kmalloc|magazine|global|persistent|passthrough|shared");
 
 static char *invalidation = "lazy-percpu";
 module_param(invalidation, charp, 0444);
@@ -47,6 +47,8 @@ module_param_named(pgt_flush_async, vvi_pgt_flush_async, bool, 0444);
 MODULE_PARM_DESC(pgt_flush_async, "page-table mode: a flush does not wait for its INVALIDATE; its IOVAs are freed at the next flush (default on)");
 module_param_named(persistent_cap, vvi_persistent_cap, uint, 0444);
 MODULE_PARM_DESC(persistent_cap, "idle mappings kept per endpoint by policy=persistent");
+module_param_named(strict_coalesce, vvi_strict_coalesce, bool, 0444);
+MODULE_PARM_DESC(strict_coalesce, "page-table mode, strict: concurrent unmaps of several CPUs share one INVALIDATE (default on)");
 module_param_named(pgtable, vvi_pgtable, bool, 0444);
 MODULE_PARM_DESC(pgtable, "page-table mode when the device offers it: MAPs are page-table writes, only invalidations are requests");
 
@@ -508,7 +510,7 @@ static int __init vvi_init(void)
 	vvi_policy_sel = vvi_parse(policy, vvi_policy_names,
 				   VVI_NR_POLICIES);
 	if (vvi_policy_sel < 0) {
-		pr_err("unknown policy '%s' (valid: identity, kmalloc, magazine, global, persistent, passthrough)\n",
+		pr_err("unknown policy '%s' (valid: identity, kmalloc, magazine, global, persistent, passthrough, shared)\n",
 		       policy);
 		return -EINVAL;
 	}
