@@ -32,6 +32,8 @@ const CREATE_TIMEOUT_SECS: u32 = 600;
 /// Two boots and slack.
 const BOOT_AGAIN_TIMEOUT_SECS: u32 = 600;
 const GUEST_REBOOT_TIMEOUT_SECS: u32 = 600;
+/// One boot and slack.
+const EVENTS_TIMEOUT_SECS: u32 = 400;
 const SESSION_TIMEOUT: Duration = Duration::from_secs(2100);
 
 fn session() -> &'static SharedSession {
@@ -68,6 +70,17 @@ fn session() -> &'static SharedSession {
                             case("create", CREATE_TIMEOUT_SECS),
                             case("boot_again", BOOT_AGAIN_TIMEOUT_SECS),
                             case("guest_reboot", GUEST_REBOOT_TIMEOUT_SECS),
+                            Case::new(
+                                "api_events",
+                                vec![
+                                    "python3".into(),
+                                    path_arg(&guest_script("events-host.py")),
+                                    path_arg(&bin),
+                                    path_arg(&bookworm.vmlinuz),
+                                    path_arg(&initrd),
+                                ],
+                                EVENTS_TIMEOUT_SECS,
+                            ),
                         ],
                         None,
                     )
@@ -476,4 +489,63 @@ fn guest_reboot_rebuilds_in_place() {
     assert!(!out.contains("API-EXIT-TIMEOUT"), "{out}");
     assert!(out.contains("VMM-EXIT rc=0"), "{out}");
     assert!(!out.contains("Kernel panic"), "{out}");
+}
+
+/// Issue 29: dmavisor started as libvirt's ch driver starts
+/// cloud-hypervisor (`--api-socket fd=N` on a socket the runner made,
+/// `--event-monitor path=FIFO` whose reader opens after the start); the
+/// VM created and booted through the API, paused, resumed, shut down,
+/// then the VMM. The FIFO carries cloud-hypervisor's events in order,
+/// each a well-formed JSON object.
+#[test]
+fn event_monitor_reports_lifecycle() {
+    let r = case("api_events");
+    let out = &r.output;
+    println!("--- events transcript ---");
+    for l in out
+        .lines()
+        .filter(|l| l.starts_with("API-") || l.starts_with("EVENT") || l.starts_with("VMM-EXIT"))
+    {
+        println!("{l}");
+    }
+    println!("--- end of transcript ---");
+    for (name, code) in [
+        ("ping", 200),
+        ("create", 204),
+        ("boot", 204),
+        ("pause", 204),
+        ("resume", 204),
+        ("shutdown", 204),
+        ("vmm_shutdown", 204),
+    ] {
+        assert_eq!(reply(out, name).0, code, "{name}:\n{out}");
+    }
+    assert!(serial_count(out, "GUEST-UP") >= 1, "no boot:\n{out}");
+    assert!(!out.contains("EVENT-BAD"), "{out}");
+    let events: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("EVENT "))
+        .map(|l| l.rsplit_once(' ').map_or(l, |(head, _props)| head))
+        .collect();
+    assert_eq!(
+        events,
+        [
+            "vmm starting",
+            "vm booting",
+            "vm booted",
+            "vm pausing",
+            "vm paused",
+            "vm resuming",
+            "vm resumed",
+            "vm shutdown",
+            "vmm shutdown",
+        ],
+        "{out}"
+    );
+    assert!(
+        out.contains("reader_done=1"),
+        "the FIFO ended with the VMM:\n{out}"
+    );
+    assert!(!out.contains("API-EXIT-TIMEOUT"), "{out}");
+    assert!(out.contains("VMM-EXIT rc=0"), "{out}");
 }

@@ -203,9 +203,20 @@ pub fn drop_unused(
     at: &str,
 ) -> Result<(), Unsupported> {
     for (name, rule) in rules {
-        let Some(value) = obj.get(*name) else {
+        let Some(value) = obj.get_mut(*name) else {
             continue;
         };
+        // Name the field inside an object (`platform.tdx`), not the object.
+        if let (Unused::Object(inner), Value::Object(o)) = (rule, &mut *value) {
+            let at = format!("{at}{name}.");
+            drop_unused(o, inner, &at)?;
+            if let Some((k, v)) = o.iter().next() {
+                return Err(Unsupported {
+                    field: format!("{at}{k}"),
+                    value: v.to_string(),
+                });
+            }
+        }
         if !is_unused(value, *rule) {
             return Err(Unsupported {
                 field: format!("{at}{name}"),
@@ -302,7 +313,11 @@ mod tests {
         );
         for (body, says) in [
             (json!({"watchdog": true}), "watchdog=true"),
-            (json!({"rng": {"src": "/dev/random"}}), "rng="),
+            (
+                json!({"rng": {"src": "/dev/random"}}),
+                "rng.src=\"/dev/random\"",
+            ),
+            (json!({"platform": {"tdx": true}}), "platform.tdx=true"),
             (
                 json!({"memory": {"size": 1, "hugepages": true}}),
                 "memory.hugepages=true",

@@ -278,7 +278,7 @@ mod tests {
             (br#"{"payload": {"kernel": "/k"}, "iommu_config": {"queues": 2}}"#, "iommu: true"),
             (br#"{"payload": {"kernel": "/k"}, "iommu": true, "iommu_config": {"queues": 0}}"#, "queues"),
             (br#"{"payload": {"kernel": "/k"}, "iommu": true, "iommu_config": {"impl": "fast"}}"#, "impl"),
-            (br#"{"payload": {"kernel": "/k"}, "rng": {"src": "/dev/hwrng"}}"#, "rng="),
+            (br#"{"payload": {"kernel": "/k"}, "rng": {"src": "/dev/hwrng"}}"#, "rng.src="),
             (br#"{"payload": {"kernel": "/k"}, "memory": {"size": 536870912, "hugepages": true}}"#, "memory.hugepages=true is not supported by dmavisor"),
             (br#"{"payload": {"kernel": "/k"}, "sound": true}"#, "unknown field `sound`"),
         ] {
