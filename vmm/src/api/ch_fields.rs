@@ -159,8 +159,11 @@ pub const DEVICE: &[(&str, Unused)] = &[
     ("x_exclude_mmap_bars", Unused::Empty),
 ];
 
-/// `serial` and `console`: the PCI placement of the virtio-console.
+/// `serial` and `console`: a socket path, and the PCI placement of the
+/// virtio-console.
 const CONSOLE: &[(&str, Unused)] = &[
+    // Mode Socket's path: dmavisor has no socket mode yet.
+    ("socket", Unused::Empty),
     ("iommu", Unused::Bool(false)),
     PCI_COMMON[0],
     PCI_COMMON[1],
@@ -318,6 +321,10 @@ mod tests {
                 "rng.src=\"/dev/random\"",
             ),
             (json!({"platform": {"tdx": true}}), "platform.tdx=true"),
+            (
+                json!({"serial": {"mode": "Socket", "socket": "/s"}}),
+                "serial.socket=\"/s\"",
+            ),
             (
                 json!({"memory": {"size": 1, "hugepages": true}}),
                 "memory.hugepages=true",
