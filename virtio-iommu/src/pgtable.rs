@@ -46,7 +46,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 
 use crate::locks::lock;
 use crate::space::{DomainSpace, Fault, MapError, Perm, QueueContext, Translation, UnmapError};
-use crate::space::{IOVA_MAX, PAGE_SIZE};
+use crate::space::{IOVA_MAX, PAGE_LEN, PAGE_SIZE};
 use crate::wire::PageTableFmt;
 
 /// The one table format this device walks (PAGE_TABLE_FMT `format`). The
@@ -102,7 +102,7 @@ impl<M: GuestMemory + Send + Sync> TableMemory for M {
         };
         gpa & (PAGE_SIZE - 1) == 0
             && last > gpa
-            && self.check_range(GuestAddress(gpa), PAGE_SIZE as usize, Permissions::Read)
+            && self.check_range(GuestAddress(gpa), PAGE_LEN, Permissions::Read)
     }
 }
 

@@ -29,6 +29,9 @@ use crate::mapping::WorkerImpl;
 
 /// Granule of every mapping (the device's `page_size_mask` is `!(PAGE_SIZE - 1)`).
 pub const PAGE_SIZE: u64 = 4096;
+/// [`PAGE_SIZE`] as a length, for memory APIs that take a `usize`.
+pub const PAGE_LEN: usize = 4096;
+const _: () = assert!(PAGE_LEN as u64 == PAGE_SIZE);
 /// Size of the large entries the scalable table uses where a MAP allows it.
 pub const HUGE_PAGE_SIZE: u64 = 2 << 20;
 /// Width of the IOVA space every domain offers (`input_range` is `0..=IOVA_MAX`).

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::Recorder;
@@ -31,7 +32,7 @@ const DATA: u64 = 0x20_0000;
 type Mem = GuestMemoryMmap<()>;
 
 fn mem() -> Arc<Mem> {
-    Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap())
+    Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), usize::try_from(RAM).unwrap())]).unwrap())
 }
 
 fn put(m: &Mem, gpa: u64, v: u64) {
@@ -452,13 +453,13 @@ fn concurrent_fills_and_invalidations_leave_nothing_stale() {
     let d = Arc::new(d);
     let iova = 0x8000_0000;
     link(&m, iova);
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
     let reader = {
         let d = d.clone();
         let stop = stop.clone();
         std::thread::spawn(move || {
             let dma = d.endpoint_dma(EP).unwrap();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 let _ = dma.translate_contiguous(iova, 8, Perm::READ);
             }
         })
@@ -479,6 +480,6 @@ fn concurrent_fills_and_invalidations_leave_nothing_stale() {
         // After the INVALIDATE completed, nothing is left.
         assert!(dma.translate_contiguous(iova, 8, Perm::READ).is_err());
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
     reader.join().unwrap();
 }

@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::Recorder;
@@ -768,7 +769,7 @@ fn probe_size_must_hold_properties() {
     });
     assert!(r.is_err());
     let d = IommuDevice::new(IommuConfig {
-        probe_size: RESV_MEM_PROP_SIZE as u32,
+        probe_size: u32::try_from(RESV_MEM_PROP_SIZE).unwrap(),
         ..Default::default()
     })
     .unwrap();
@@ -1073,13 +1074,13 @@ fn two_queues_map_and_unmap_the_same_domain() {
         );
         d.complete_kick(&mut w);
     }
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
     let reader = {
         let (d, stop) = (Arc::clone(&d), Arc::clone(&stop));
         std::thread::spawn(move || {
             let dma = d.endpoint_dma(EP).unwrap();
             let mut n = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) || n == 0 {
+            while !stop.load(Ordering::Relaxed) || n == 0 {
                 let off = (n % 16) * PG;
                 assert_eq!(
                     dma.translate_contiguous(0x7000_0000 + off, PG, Perm::RW),
@@ -1129,7 +1130,7 @@ fn two_queues_map_and_unmap_the_same_domain() {
     for t in threads {
         t.join().unwrap();
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
     assert!(reader.join().unwrap() > 0);
     let s = d.domain_stats(1).unwrap();
     assert_eq!(s.mappings, 21);

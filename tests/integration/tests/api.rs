@@ -435,7 +435,7 @@ fn shutdown_then_boot_again() {
         "each teardown stopped the disk:\n{out}"
     );
     assert!(
-        serial_count(out, "GUEST-BEAT") >= before as usize + 2,
+        serial_count(out, "GUEST-BEAT") >= usize::try_from(before).unwrap() + 2,
         "no heartbeats after vm.boot:\n{out}"
     );
     assert_eq!(reply(out, "ping_after_boot").1["pid"].as_u64(), pid);
