@@ -32,7 +32,10 @@ const DATA: u64 = 0x20_0000;
 type Mem = GuestMemoryMmap<()>;
 
 fn mem() -> Arc<Mem> {
-    Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), usize::try_from(RAM).unwrap())]).unwrap())
+    Arc::new(
+        GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), usize::try_from(RAM).unwrap())])
+            .unwrap(),
+    )
 }
 
 fn put(m: &Mem, gpa: u64, v: u64) {
