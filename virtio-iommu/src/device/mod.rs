@@ -6,7 +6,8 @@
 //!    endpoint behind the vIOMMU (and `add_invalidator` for every DMA consumer
 //!    that caches translations: vhost-user back-ends, VFIO containers;
 //!    `add_endpoint_listener` for consumers that must follow an endpoint
-//!    from domain to domain).
+//!    from domain to domain, `add_map_mirror` for those that must also see
+//!    every MAP of its domain: a VFIO container).
 //! 2. Feature negotiation: `device_features()` / `ack_features()`; config
 //!    space accesses: `read_config()` / `write_config()` (bounds-checked; only
 //!    `bypass` is writable, and only with BYPASS_CONFIG negotiated).
