@@ -4,6 +4,9 @@ vCPU counts, in one go, with a report and plots.
     bench-guest [--quick] [--runs N] [--rounds N] [--seed S] [--only PATTERN]
                 [--ch PATH] [--cpus 1,2] [--out DIR] [--list]
     bench-guest --report DIR      (redo report.md and the plots of a run)
+    bench-guest --project DIR ... (a PROJECTION for a VMX host: the runs'
+                                   event counts times native costs,
+                                   projection.py; report.md has it too)
 
 The matrix (every combination is one configuration):
   VMM      dmavisor, QEMU 7.2 (the reference; the system's
@@ -73,6 +76,7 @@ import subprocess
 import sys
 import time
 
+from . import projection
 from .common import (
     BUILD,
     GUEST,
@@ -840,10 +844,44 @@ def report(outdir, records, meta):
                f"{found} found. A single significant cell among many is no finding until "
                "a second run repeats it."]
     md.append("")
+    md += [projection_section(records), ""]
     md += ["## Plots", "", "![throughput](throughput.png)", "", "![latency](latency.png)", "",
            "![DMA microbenchmark](dma.png)", "", "![requests per DMA](requests_per_dma.png)", ""]
     with open(os.path.join(outdir, "report.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(md))
+
+
+def projection_inputs(alloc_path=None, host_path=None):
+    """The cost model's inputs: (costs, sources, allocator figures, where
+    those come from), from the committed benchmark files by default."""
+    paths = projection.default_paths(REPO)
+    paths["alloc"] = alloc_path or paths["alloc"]
+    paths["host"] = host_path or paths["host"]
+    paths["host_label"] = os.path.relpath(paths["host"], REPO)
+    costs, sources = projection.load_costs(paths)
+    alloc = projection.load_guest_alloc(paths["alloc"])
+    src = (f"the vviommu core built in user space, ns per map+unmap pair for the "
+           f"configuration's policy, invalidation, mode and vCPUs as threads: "
+           f"{os.path.relpath(paths['alloc'], REPO)} (no device time; interrupt-off "
+           "sections are a mutex there, dearer than cli/sti); where it has no figure, "
+           "the runner's cost probe scaled by native/runner dma-direct")
+    return costs, sources, alloc, src
+
+
+def projection_text(dirs, alloc_path=None, host_path=None):
+    runs = [(os.path.relpath(os.path.abspath(d), REPO), load_run(d)[0]) for d in dirs]
+    costs, sources, alloc, src = projection_inputs(alloc_path, host_path)
+    return projection.section(runs, costs, sources, alloc, src)[0]
+
+
+def projection_section(records):
+    """report.md's projection, or why there is none (the native benchmark
+    files missing must not cost a report)."""
+    try:
+        costs, sources, alloc, src = projection_inputs()
+    except (OSError, ValueError) as e:
+        return f"## PROJECTION\n\n(no projection: {e})\n"
+    return projection.section([("this run", records)], costs, sources, alloc, src)[0]
 
 
 def plots(outdir, records):
@@ -980,6 +1018,16 @@ def main():
                          "3 runs, DMA runs of 200 ms (long enough for page-table flushes), "
                          "DMA against the same boot's dma-direct; prints the headline")
     ap.add_argument("--report", metavar="DIR", help="redo report.md and plots of DIR")
+    ap.add_argument("--project", metavar="DIR", action="append", default=[],
+                    help="print the PROJECTION for a VMX host of the run(s) in DIR (repeat "
+                         "for several): each configuration's event counts times native "
+                         "costs, beside the runner's measured ratios (projection.py)")
+    ap.add_argument("--alloc-bench", metavar="FILE",
+                    help="the guest allocator's native figures for --project (default: "
+                         "docs/results/2026-11-26-guest-allocator-native/bench.txt)")
+    ap.add_argument("--host-bench", metavar="FILE",
+                    help="`make bench-host` output for --project (default: "
+                         "docs/results/2026-11-26-host-slow-spots/after.txt)")
     ap.add_argument("--claims", action="store_true",
                     help="recompute every figure the READMEs quote from the committed run "
                          "folders in docs/results/ and print them as Markdown "
@@ -989,6 +1037,9 @@ def main():
     if args.claims:
         from .claims import main as claims_main
         return claims_main()
+    if args.project:
+        print(projection_text(args.project, args.alloc_bench, args.host_bench))
+        return 0
     if args.report:
         records, meta = load_run(args.report)
         write_outputs(args.report, records, meta)
