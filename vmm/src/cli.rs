@@ -60,27 +60,36 @@ pub struct Cli {
 
     /// Guest RAM: size=SIZE with K/M/G suffix (at least 64M), e.g. size=512M;
     /// thp=on|off backs it with transparent huge pages where the host allows
-    /// (default on).
+    /// (default on); shared=on backs it with a memfd a vhost-user back-end
+    /// can map (needed by --net vhost_user=on).
     #[arg(
         long,
-        value_name = "size=SIZE[,thp=on|off]",
+        value_name = "size=SIZE[,thp=on|off][,shared=on]",
         default_value = "size=512M",
         requires = "kernel"
     )]
     pub memory: String,
 
-    /// COM1 (ttyS0): tty (stdout/stdin), file=PATH (output only) or off.
+    /// COM1 (ttyS0): tty (stdout/stdin), pty (a new pseudo-terminal whose
+    /// path is logged and shown by vm.info), file=PATH (output only) or off.
     #[arg(
         long,
-        value_name = "tty|file=PATH|off",
+        value_name = "tty|pty|file=PATH|off",
         default_value = "tty",
         requires = "kernel"
     )]
     pub serial: String,
 
     /// virtio-net on a TAP (repeatable): tap=NAME,mac=MAC,ip=IPv4,mask=IPv4,
-    /// num_queues=2N,queue_size=N,iommu=on|off.
-    #[arg(long, value_name = "tap=NAME,...", requires = "kernel")]
+    /// num_queues=2N,queue_size=N,iommu=on|off. Or a vhost-user back-end's:
+    /// vhost_user=on,socket=PATH[,vhost_mode=client|server][,mac=MAC]
+    /// [,num_queues=2N][,queue_size=N][,iommu=on|off] (with --memory shared=on;
+    /// vhost_mode=server: dmavisor listens on PATH).
+    #[arg(
+        long,
+        value_name = "tap=NAME,...|vhost_user=on,...",
+        requires = "kernel"
+    )]
     pub net: Vec<String>,
 
     /// virtio-blk on a raw image (repeatable): path=PATH[,readonly=on|off]
@@ -88,8 +97,11 @@ pub struct Cli {
     #[arg(long, value_name = "path=PATH,...", requires = "kernel")]
     pub disk: Vec<String>,
 
-    /// A virtio-iommu (with a VIOT table): [impl=scalable|baseline][,bypass=on|off][,queues=N].
-    /// Devices opt in with iommu=on.
+    /// A virtio-iommu (with a VIOT table):
+    /// [impl=scalable|baseline][,bypass=on|off][,queues=N][,requests=auto|inline|thread].
+    /// requests=inline serves a request queue in the vCPU that kicked it,
+    /// thread gives each queue a thread; auto (default) picks inline for one
+    /// queue, threads for several. Devices opt in with iommu=on.
     #[arg(long, value_name = "impl=..,bypass=..", num_args = 0..=1, default_missing_value = "", requires = "kernel")]
     pub iommu: Option<String>,
 
