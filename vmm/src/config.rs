@@ -242,11 +242,14 @@ impl CpusConfig {
     }
 }
 
-/// `--serial tty|file=PATH|off`
+/// `--serial tty|pty|file=PATH|off`
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SerialConfig {
     /// Output to stdout, input from stdin.
     Tty,
+    /// A new pseudo-terminal; the path of its slave once the VM has it
+    /// (what `vm.info` reports as `serial.file`, libvirt opens).
+    Pty(Option<PathBuf>),
     /// Output appended to a file; no input.
     File(PathBuf),
     /// No serial port.
@@ -259,7 +262,7 @@ pub enum SerialConfig {
 pub enum ConsoleMode {
     /// No device.
     Off,
-    /// A pseudo-terminal (not supported here).
+    /// A pseudo-terminal.
     Pty,
     /// stdout/stdin.
     Tty,
@@ -289,7 +292,7 @@ pub enum ConsoleSpecError {
     #[error("mode File needs a file path")]
     NoFile,
     /// A mode dmavisor does not implement.
-    #[error("mode {mode:?} is not supported (Tty, File, Off or Null)")]
+    #[error("mode {mode:?} is not supported (Tty, Pty, File, Off or Null)")]
     Unsupported {
         /// The mode given.
         mode: ConsoleMode,
@@ -315,6 +318,10 @@ impl SerialConfig {
                 mode: ConsoleMode::Tty,
                 file: None,
             },
+            "pty" => ConsoleSpec {
+                mode: ConsoleMode::Pty,
+                file: None,
+            },
             "off" | "null" => ConsoleSpec {
                 mode: ConsoleMode::Off,
                 file: None,
@@ -324,7 +331,7 @@ impl SerialConfig {
                     mode: ConsoleMode::File,
                     file: Some(PathBuf::from(path)),
                 },
-                None => return Err(bad("expected tty, file=PATH or off".into())),
+                None => return Err(bad("expected tty, pty, file=PATH or off".into())),
             },
         };
         Self::from_spec(&spec).map_err(|e| bad(e.into()))
@@ -334,12 +341,11 @@ impl SerialConfig {
     pub fn from_spec(spec: &ConsoleSpec) -> Result<Self, ConsoleSpecError> {
         match (spec.mode, &spec.file) {
             (ConsoleMode::Tty, None) => Ok(Self::Tty),
+            (ConsoleMode::Pty, None) => Ok(Self::Pty(None)),
             (ConsoleMode::Off | ConsoleMode::Null, None) => Ok(Self::Off),
             (ConsoleMode::File, Some(p)) if !p.as_os_str().is_empty() => Ok(Self::File(p.clone())),
             (ConsoleMode::File, _) => Err(ConsoleSpecError::NoFile),
-            (mode @ (ConsoleMode::Pty | ConsoleMode::Socket), _) => {
-                Err(ConsoleSpecError::Unsupported { mode })
-            }
+            (mode @ ConsoleMode::Socket, _) => Err(ConsoleSpecError::Unsupported { mode }),
             (mode, Some(_)) => Err(ConsoleSpecError::FileWithoutFileMode { mode }),
         }
     }
@@ -348,6 +354,7 @@ impl SerialConfig {
     pub fn to_spec(&self) -> ConsoleSpec {
         let (mode, file) = match self {
             Self::Tty => (ConsoleMode::Tty, None),
+            Self::Pty(path) => (ConsoleMode::Pty, path.clone()),
             Self::File(p) => (ConsoleMode::File, Some(p.clone())),
             Self::Off => (ConsoleMode::Off, None),
         };
@@ -449,7 +456,8 @@ mod tests {
             SerialConfig::File(PathBuf::from("/tmp/x"))
         );
         assert!(SerialConfig::parse("file=").is_err());
-        assert!(SerialConfig::parse("pty").is_err());
+        assert_eq!(SerialConfig::parse("pty").unwrap(), SerialConfig::Pty(None));
+        assert!(SerialConfig::parse("socket").is_err());
         assert_eq!(SerialConfig::parse("null").unwrap(), SerialConfig::Off);
     }
 

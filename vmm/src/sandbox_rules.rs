@@ -61,6 +61,8 @@ pub fn host_rules() -> Vec<LandlockRule> {
         LandlockRule::new("/dev/net/tun", ReadWrite),
         LandlockRule::new("/dev/vfio", ReadWrite),
         LandlockRule::new("/dev/null", ReadWrite),
+        // `Pty` serial and console modes: a new pair from the multiplexer.
+        LandlockRule::new("/dev/ptmx", ReadWrite),
         LandlockRule::new("/dev/urandom", Read),
         LandlockRule::new("/proc", Read),
         LandlockRule::new("/sys/module", Read),

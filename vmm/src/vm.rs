@@ -35,7 +35,7 @@ use crate::devices::pci_hotplug::{
 use crate::devices::power::{
     I8042Reset, PowerDevice, I8042_COMMAND_PORT, POWER_PORT_BASE, POWER_PORT_COUNT,
 };
-use crate::devices::serial::{spawn_stdin_reader, SerialDevice};
+use crate::devices::serial::{spawn_pty_reader, spawn_stdin_reader, SerialDevice};
 use crate::error::{kvm_err, AcpiError, Error, StartError};
 use crate::exit::{ExitEvent, ExitSender};
 use crate::kvm_check::open_kvm;
@@ -91,9 +91,26 @@ fn add_power_button(vm: &VmFd, pio: &Bus) -> Result<GedTrigger, Error> {
     Ok(trigger)
 }
 
-fn serial_output(cfg: &SerialConfig) -> Result<Option<Box<dyn Write + Send>>, Error> {
-    Ok(match cfg {
-        SerialConfig::Off => None,
+/// Where COM1's output goes, and the pty when it is one (its reader
+/// starts with the vCPUs; its path goes to `vm.info`).
+type SerialOutput = (
+    Option<Box<dyn Write + Send>>,
+    Option<crate::devices::pty::Pty>,
+);
+
+fn serial_output(cfg: &SerialConfig) -> Result<SerialOutput, Error> {
+    if let SerialConfig::Pty(_) = cfg {
+        let os = |source| Error::Os {
+            what: "serial pty",
+            source,
+        };
+        let pty = crate::devices::pty::open().map_err(os)?;
+        info!("serial: pty {}", pty.path().display());
+        let out: Box<dyn Write + Send> = Box::new(pty.writer().map_err(os)?);
+        return Ok((Some(out), Some(pty)));
+    }
+    let out: Option<Box<dyn Write + Send>> = match cfg {
+        SerialConfig::Off | SerialConfig::Pty(_) => None,
         SerialConfig::Tty => Some(Box::new(std::io::stdout())),
         SerialConfig::File(path) => Some(Box::new(
             OpenOptions::new()
@@ -105,7 +122,8 @@ fn serial_output(cfg: &SerialConfig) -> Result<Option<Box<dyn Write + Send>>, Er
                     source,
                 })?,
         )),
-    })
+    };
+    Ok((out, None))
 }
 
 /// Guest RAM with the kernel, its command line, initramfs and boot data
@@ -222,6 +240,7 @@ struct LegacyDevices {
     mmio: Arc<Bus>,
     pci: Arc<PciRoot>,
     serial: Option<Arc<Mutex<SerialDevice>>>,
+    serial_pty: Option<crate::devices::pty::Pty>,
     power_button: GedTrigger,
     hotplug_events: Arc<HotplugEvents>,
     eject_rx: std::sync::mpsc::Receiver<u8>,
@@ -239,7 +258,8 @@ fn add_legacy_devices(
     let pio = Arc::new(Bus::new());
     let mmio = Arc::new(Bus::new());
     let device_err = Error::from;
-    let serial = match serial_output(&config.serial)? {
+    let (serial_out, serial_pty) = serial_output(&config.serial)?;
+    let serial = match serial_out {
         Some(out) => {
             let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|source| Error::Os {
                 what: "eventfd",
@@ -296,6 +316,7 @@ fn add_legacy_devices(
         mmio,
         pci,
         serial,
+        serial_pty,
         power_button,
         hotplug_events,
         eject_rx,
@@ -468,6 +489,7 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
         mmio,
         pci,
         serial,
+        serial_pty,
         power_button,
         hotplug_events,
         eject_rx,
@@ -515,8 +537,13 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
         power_button: Some(power_button),
         hotplug: Some(hotplug.clone()),
     };
+    // `vm.info` shows the pty a client opens.
+    let mut shown = config.clone();
+    if let Some(pty) = &serial_pty {
+        shown.serial = SerialConfig::Pty(Some(pty.path().to_path_buf()));
+    }
     let api = Arc::new(crate::api::vm_state::VmState::new(
-        config,
+        &shown,
         counters,
         exit_tx.clone(),
         lifecycle,
@@ -540,6 +567,18 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
                 source,
             }))
         })?;
+        owner.own_stdin(reader);
+    }
+    if let (Some(dev), Some(pty)) = (&serial, &serial_pty) {
+        let reader = pty
+            .reader()
+            .and_then(|master| spawn_pty_reader(master, dev.clone()))
+            .map_err(|source| {
+                StartError::Threads(Box::new(Error::Os {
+                    what: "serial pty thread",
+                    source,
+                }))
+            })?;
         owner.own_stdin(reader);
     }
     for vcpu in vcpus {

@@ -108,7 +108,7 @@ pub struct Teardown {
 /// (and its guest RAM released) by dropping the owner.
 pub struct VmOwner {
     vcpus: Option<Arc<VcpuControl>>,
-    stdin: Option<StdinReader>,
+    stdin: Vec<StdinReader>,
     hotplug: Option<Arc<VfioHotplug>>,
     pci: Option<Arc<PciRoot>>,
     buses: Vec<Arc<Bus>>,
@@ -126,7 +126,7 @@ impl VmOwner {
         Self {
             probe: MemoryProbe::of(&mem),
             vcpus: None,
-            stdin: None,
+            stdin: Vec::new(),
             hotplug: None,
             pci: None,
             buses: Vec::new(),
@@ -169,9 +169,9 @@ impl VmOwner {
         self.vcpus = Some(control);
     }
 
-    /// The serial stdin reader.
+    /// A console input reader (stdin, or a pty master).
     pub fn own_stdin(&mut self, reader: StdinReader) {
-        self.stdin = Some(reader);
+        self.stdin.push(reader);
     }
 
     /// Tears the VM down in the order of the module documentation.
@@ -194,7 +194,7 @@ impl VmOwner {
             }
         }
         // 2. The stdin reader.
-        if let Some(reader) = self.stdin.take() {
+        for reader in self.stdin.drain(..) {
             reader.stop();
         }
         // 3. Hotplugged functions, behind a vIOMMU that still exists.

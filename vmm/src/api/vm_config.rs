@@ -246,6 +246,8 @@ mod tests {
         assert_eq!(c.iommu, Some(IommuOptions::default()));
         assert_eq!(c.serial, SerialConfig::Tty);
         assert_eq!(c.cpus.boot, 2);
+        let c = parse(br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Pty"}}"#).unwrap();
+        assert_eq!(c.serial, SerialConfig::Pty(None));
     }
 
     #[test]
@@ -264,7 +266,8 @@ mod tests {
             (br#"{"payload": {"kernel": "/k"}, "memory": {"size": 1048576}}"#, "64 MiB"),
             (br#"{"payload": {"kernel": "/k"}, "memory": {"size": "512M"}}"#, "invalid type"),
             (br#"{"payload": {"kernel": "/k"}, "memory": {"size": 536870912, "hugepages": true}}"#, "hugepages"),
-            (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Pty"}}"#, "serial"),
+            (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Socket"}}"#, "serial"),
+            (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Pty", "file": "/x"}}"#, "serial"),
             (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "File"}}"#, "file"),
             (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Loud"}}"#, "unknown variant"),
             (br#"{"payload": {"kernel": "/k"}, "console": {"mode": "Tty"}}"#, "virtio-console"),

@@ -6,4 +6,5 @@ pub mod dma_stream;
 pub mod ged;
 pub mod pci_hotplug;
 pub mod power;
+pub mod pty;
 pub mod serial;

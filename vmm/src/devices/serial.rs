@@ -5,7 +5,6 @@ use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Duration;
 
 use log::{debug, warn};
 use vm_superio::{Serial, Trigger};
@@ -105,17 +104,44 @@ impl StdinReader {
 /// Feeds stdin to the UART from a background thread until EOF or
 /// [`StdinReader::stop`].
 pub fn spawn_stdin_reader(serial: Arc<Mutex<SerialDevice>>) -> io::Result<StdinReader> {
-    spawn_reader(io::stdin(), serial)
+    spawn_reader(io::stdin(), "serial-stdin", false, uart_sink(serial))
 }
 
-/// [`spawn_stdin_reader`] on any descriptor (tests use a pipe).
-fn spawn_reader<R: Read + AsRawFd + Send + 'static>(
-    mut input: R,
+/// Feeds a pty master's input (a client's keystrokes) to the UART. The
+/// thread outlives clients: with none, it waits for the next.
+pub fn spawn_pty_reader(
+    master: std::fs::File,
     serial: Arc<Mutex<SerialDevice>>,
 ) -> io::Result<StdinReader> {
+    spawn_reader(master, "serial-pty", true, uart_sink(serial))
+}
+
+/// Input to the UART's receive FIFO: how many bytes fitted.
+fn uart_sink(serial: Arc<Mutex<SerialDevice>>) -> impl FnMut(&[u8]) -> usize + Send + 'static {
+    move |bytes| serial.lock().unpoisoned().enqueue_input(bytes)
+}
+
+/// How long a pty reader waits before looking again for a client.
+const NO_CLIENT_WAIT_MS: libc::c_int = 100;
+
+/// Reads `input` from a background thread and offers what arrives to
+/// `sink` (which returns how much it took) until EOF or
+/// [`StdinReader::stop`]. With `pty`, a hung-up or absent client (the
+/// master polls as hung up and reads EIO) is waited out instead of being
+/// an end.
+pub(crate) fn spawn_reader<R, S>(
+    mut input: R,
+    name: &str,
+    pty: bool,
+    mut sink: S,
+) -> io::Result<StdinReader>
+where
+    R: Read + AsRawFd + Send + 'static,
+    S: FnMut(&[u8]) -> usize + Send + 'static,
+{
     let stop = EventFd::new(libc::EFD_NONBLOCK)?;
     let stopped = stop.try_clone()?;
-    let handle = sandbox::spawn(ThreadKind::Serial, "serial-stdin", move || {
+    let handle = sandbox::spawn(ThreadKind::Serial, name, move || {
         let mut buf = [0u8; 64];
         loop {
             let mut fds = [
@@ -142,21 +168,26 @@ fn spawn_reader<R: Read + AsRawFd + Send + 'static>(
                 return;
             }
             let n = match input.read(&mut buf) {
-                Ok(0) => return,
-                Ok(n) => n,
+                Ok(n) if n > 0 => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => return,
+                Err(e) if pty && e.kind() == io::ErrorKind::WouldBlock => continue,
+                Ok(_) | Err(_) if pty => {
+                    if wait_stop(&stopped, NO_CLIENT_WAIT_MS) {
+                        return;
+                    }
+                    continue;
+                }
+                Ok(_) | Err(_) => return,
             };
             let mut pending = buf.get(..n).unwrap_or_default();
             while !pending.is_empty() {
-                let taken = serial.lock().unpoisoned().enqueue_input(pending);
+                let taken = sink(pending);
                 pending = pending.get(taken..).unwrap_or_default();
                 if !pending.is_empty() {
                     // FIFO full: let the guest drain it (or stop).
-                    if stopped.read().is_ok() {
+                    if wait_stop(&stopped, 5) {
                         return;
                     }
-                    thread::sleep(Duration::from_millis(5));
                 }
             }
         }
@@ -164,9 +195,22 @@ fn spawn_reader<R: Read + AsRawFd + Send + 'static>(
     Ok(StdinReader { stop, handle })
 }
 
+/// Waits up to `ms` for `stop`; true when it was signalled.
+fn wait_stop(stop: &EventFd, ms: libc::c_int) -> bool {
+    let mut fd = libc::pollfd {
+        fd: stop.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `fd` is one valid pollfd for the call.
+    let r = unsafe { libc::poll(&mut fd, 1, ms) };
+    r > 0 && fd.revents != 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[derive(Clone, Default)]
     struct SharedBuf(Arc<Mutex<Vec<u8>>>);
@@ -210,7 +254,7 @@ mod tests {
             Box::new(SharedBuf::default()),
         )));
         let (rd, mut wr) = std::os::unix::net::UnixStream::pair().unwrap();
-        let reader = spawn_reader(rd, dev.clone()).unwrap();
+        let reader = spawn_reader(rd, "t", false, uart_sink(dev.clone())).unwrap();
         wr.write_all(b"k").unwrap();
         let t0 = std::time::Instant::now();
         loop {
@@ -228,5 +272,56 @@ mod tests {
         reader.stop();
         assert_eq!(Arc::strong_count(&dev), 1, "the thread ended");
         drop(wr);
+    }
+
+    #[test]
+    fn a_pty_client_sees_the_guest_output_and_types_to_it() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let pty = super::super::pty::open().unwrap();
+        let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let dev = Arc::new(Mutex::new(SerialDevice::new(
+            irq,
+            Box::new(pty.writer().unwrap()),
+        )));
+        // Output before any client: dropped or buffered, never blocking.
+        dev.lock().unwrap().write(0x3f8, 0, b"-");
+        let reader = spawn_pty_reader(pty.reader().unwrap(), dev.clone()).unwrap();
+        // The reader waits out the time without a client.
+        thread::sleep(Duration::from_millis(150));
+        let mut slave = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOCTTY)
+            .open(pty.path())
+            .unwrap();
+        for &b in b"OK\n" {
+            dev.lock().unwrap().write(0x3f8, 0, &[b]);
+        }
+        let mut seen = Vec::new();
+        while !seen.ends_with(b"OK\n") {
+            let mut b = [0u8; 16];
+            let n = slave.read(&mut b).unwrap();
+            seen.extend_from_slice(&b[..n]);
+        }
+        slave.write_all(b"q").unwrap();
+        let t0 = std::time::Instant::now();
+        loop {
+            let mut lsr = [0u8];
+            dev.lock().unwrap().read(0x3f8, 5, &mut lsr);
+            if lsr[0] & 1 != 0 {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "input not fed");
+            thread::sleep(Duration::from_millis(1));
+        }
+        let mut rx = [0u8];
+        dev.lock().unwrap().read(0x3f8, 0, &mut rx);
+        assert_eq!(rx[0], b'q');
+        // The client goes; the reader keeps waiting until stopped.
+        drop(slave);
+        thread::sleep(Duration::from_millis(150));
+        assert_eq!(Arc::strong_count(&dev), 2);
+        reader.stop();
+        assert_eq!(Arc::strong_count(&dev), 1, "the thread ended");
     }
 }
