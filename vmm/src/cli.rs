@@ -6,6 +6,7 @@ use clap::{ArgAction, Parser};
 
 use crate::config::{CpusConfig, MemoryConfig, SerialConfig, VmConfig};
 use crate::error::Error;
+use crate::virtio::iommu::IommuOptions;
 
 /// dmavisor: boots a Linux kernel in a KVM virtual machine.
 ///
@@ -184,11 +185,7 @@ impl Cli {
                 .iter()
                 .map(|d| crate::block::DiskConfig::parse(d))
                 .collect::<Result<_, _>>()?,
-            iommu: self
-                .iommu
-                .as_deref()
-                .map(crate::virtio::iommu::IommuOptions::parse)
-                .transpose()?,
+            iommu: self.iommu.as_deref().map(IommuOptions::parse).transpose()?,
             dma_test: self
                 .dma_test
                 .iter()

@@ -8,11 +8,14 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::acpi::viot;
 use crate::error::Error;
 use crate::net::{Net, NetConfig, NetError};
 use crate::resources::VmResources;
+use crate::vhost_user::iotlb::BackendIotlb;
 use crate::vhost_user::VhostUserNetError;
 use crate::virtio::iommu::platform::IommuPlatformError;
+use crate::virtio::iommu::IommuPlatform;
 use crate::virtio::pci::VirtioPciDevice;
 use crate::virtio::plug::{plug_virtio_pci, Plugged};
 
@@ -42,7 +45,7 @@ impl From<NetSetupError> for Error {
 pub fn add_net_devices(
     res: &VmResources,
     configs: &[NetConfig],
-    mut iommu: Option<&mut crate::virtio::iommu::IommuPlatform>,
+    mut iommu: Option<&mut IommuPlatform>,
 ) -> Result<NetDevices, Error> {
     let mut out = NetDevices::default();
     for cfg in configs {
@@ -68,7 +71,7 @@ pub fn add_net_devices(
             if let Some(iotlb) = iotlb {
                 // The back-end translates through its own IOTLB: it is a
                 // DMA consumer of this endpoint (misses, invalidations).
-                let id = u32::from(crate::acpi::viot::bdf(bdf));
+                let id = u32::from(viot::bdf(bdf));
                 let endpoint = platform
                     .iommu()
                     .endpoint_dma(id)
@@ -92,5 +95,5 @@ pub struct NetDevices {
     /// One per `--net`.
     pub devices: Vec<Arc<Mutex<VirtioPciDevice>>>,
     /// (device name, its back-end's IOTLB).
-    pub iotlbs: Vec<(String, Arc<crate::vhost_user::iotlb::BackendIotlb>)>,
+    pub iotlbs: Vec<(String, Arc<BackendIotlb>)>,
 }

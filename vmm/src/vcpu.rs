@@ -345,13 +345,14 @@ impl Vcpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::devices::bus::BusDevice;
 
     struct Fifo {
         next: u8,
         written: Vec<Vec<u8>>,
     }
 
-    impl crate::devices::bus::BusDevice for Fifo {
+    impl BusDevice for Fifo {
         fn read(&mut self, _base: u64, _offset: u64, data: &mut [u8]) {
             data.fill(self.next);
             self.next += 1;

@@ -1,6 +1,7 @@
 //! `--device` on a function that cannot be assigned ends dmavisor with one
 //! clear line and exit status 1, before any guest is built (no KVM needed).
 
+use std::os::unix::fs;
 use std::process::Command;
 
 fn run(path: &std::path::Path) -> (Option<i32>, String) {
@@ -21,7 +22,7 @@ fn a_function_not_bound_to_vfio_pci_is_refused_in_one_line() {
     let fake = dir.join("0000:00:05.0");
     std::fs::create_dir_all(&fake).unwrap();
     let _ = std::fs::remove_file(fake.join("driver"));
-    std::os::unix::fs::symlink("../../../bus/pci/drivers/e1000e", fake.join("driver")).unwrap();
+    fs::symlink("../../../bus/pci/drivers/e1000e", fake.join("driver")).unwrap();
     let (code, err) = run(&fake);
     assert_eq!(code, Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "one line: {err}");

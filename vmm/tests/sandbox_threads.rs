@@ -13,6 +13,7 @@ use std::process::Command;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use std::os::unix::net::UnixStream;
 use vmm::block::DiskImage;
 use vmm::sandbox::{self, SeccompMode, ThreadKind};
 use vmm::virtio::wake::Wake;
@@ -90,7 +91,7 @@ fn child() {
                 }
                 ThreadKind::Vcpu => {
                     // A vhost-user reply's time-out, set from a vCPU.
-                    let (sock, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+                    let (sock, _peer) = UnixStream::pair().unwrap();
                     sock.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
                     // DRIVER_OK on a vCPU starts the device's workers.
                     let w = sandbox::spawn(ThreadKind::NetWorker, "t-vcpu-net", || {

@@ -175,6 +175,8 @@ pub fn create_acpi_tables_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::acpi::viot::build_viot;
+    use crate::acpi::viot::ViotConfig;
 
     fn cfg(n: u8) -> AcpiConfig {
         AcpiConfig {
@@ -314,7 +316,7 @@ mod tests {
 
     #[test]
     fn extra_tables_are_placed_and_listed_in_the_xsdt() {
-        let viot = crate::acpi::viot::build_viot(&crate::acpi::viot::ViotConfig {
+        let viot = build_viot(&ViotConfig {
             segment: 0,
             iommu: crate::pci::PciAddress {
                 bus: 0,

@@ -292,6 +292,8 @@ pub fn drop_unused_vm(body: &mut Value) -> Result<(), Unsupported> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::block::config::DiskSpec;
+    use crate::vfio::config::DeviceSpec;
     use serde_json::json;
 
     #[test]
@@ -353,25 +355,22 @@ mod tests {
 
     #[test]
     fn hotplug_bodies_drop_unused_fields() {
-        let spec: crate::vfio::config::DeviceSpec = parse_section(
+        let spec: DeviceSpec = parse_section(
             br#"{"path": "/sys/bus/pci/devices/0000:00:03.0", "x_exclude_mmap_bars": [],
                  "pci_segment": 0}"#,
             DEVICE,
         )
         .expect("ch-remote's add-device body");
         assert_eq!(spec.id, None);
-        let e = parse_section::<crate::vfio::config::DeviceSpec>(
-            br#"{"path": "/p", "x_exclude_mmap_bars": [1]}"#,
-            DEVICE,
-        )
-        .expect_err("a BAR left unmapped");
+        let e =
+            parse_section::<DeviceSpec>(br#"{"path": "/p", "x_exclude_mmap_bars": [1]}"#, DEVICE)
+                .expect_err("a BAR left unmapped");
         assert!(
             e.contains("x_exclude_mmap_bars=[1] is not supported"),
             "{e}"
         );
         let e =
-            parse_section::<crate::block::config::DiskSpec>(br#"{"path": "/d", "wat": 1}"#, DISK)
-                .expect_err("unknown");
+            parse_section::<DiskSpec>(br#"{"path": "/d", "wat": 1}"#, DISK).expect_err("unknown");
         assert!(e.contains("unknown field"), "{e}");
     }
 }

@@ -29,6 +29,7 @@ use super::vm_config;
 use crate::config::VmConfig;
 use crate::error::Error;
 use crate::exit::{ExitEvent, ExitSender};
+use crate::net::passed_taps;
 
 /// Builds and starts a VM (`crate::vm::start`; a fake in tests).
 pub type Builder = Box<dyn Fn(&VmConfig, ExitSender) -> Result<Booted, Error> + Send + Sync>;
@@ -414,7 +415,7 @@ impl VmmApi for Controller {
             } => {
                 // TAP queues a client passed for this VM end with it.
                 for net in &config.net {
-                    crate::net::passed_taps::forget(&net.tap);
+                    passed_taps::forget(&net.tap);
                 }
                 *phase = Phase::Empty;
                 info!("VM deleted through the API");
@@ -454,6 +455,7 @@ mod tests {
 
     use super::*;
     use crate::api::routes::RunState;
+    use crate::net::passed_taps;
 
     /// A VM that reports its reboot on the exit channel, as `VmState` does,
     /// and its configuration as built.
@@ -763,7 +765,7 @@ mod tests {
         assert_eq!(json["net"][0]["id"], "n0", "{json}");
         assert_eq!(json["disks"][0]["id"], "d0", "{json}");
         assert_eq!(json["devices"], json!([]), "{json}");
-        assert_eq!(crate::net::passed_taps::queue_count(&name), 1);
+        assert_eq!(passed_taps::queue_count(&name), 1);
         // The boot builds what was added.
         c.boot().expect("boot");
         assert_eq!(probe.builds.load(Ordering::SeqCst), 1);
@@ -793,7 +795,7 @@ mod tests {
         assert_eq!(r.status, 204, "{r:?}");
         assert!(std::path::Path::new("/sys/class/net").join(&name).exists());
         c.delete().expect("delete");
-        assert_eq!(crate::net::passed_taps::queue_count(&name), 0);
+        assert_eq!(passed_taps::queue_count(&name), 0);
         assert!(!std::path::Path::new("/sys/class/net").join(&name).exists());
     }
 

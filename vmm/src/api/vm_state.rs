@@ -342,12 +342,15 @@ impl VmApi for VmState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::vm_config;
+    use crate::devices::ged;
+    use std::sync::mpsc;
 
     /// A configuration as `vm.create` takes it: `extra` fields after the
     /// payload.
     fn config(extra: &str) -> VmConfig {
         let body = format!(r#"{{"payload": {{"kernel": "/k"}}{extra}}}"#);
-        crate::api::vm_config::parse(body.as_bytes()).expect("a valid VM")
+        vm_config::parse(body.as_bytes()).expect("a valid VM")
     }
 
     #[test]
@@ -370,7 +373,7 @@ mod tests {
             iommu.handle_request(&mut w, &attach, &mut tail);
         }
         iommu.complete_kick(&mut w);
-        let (tx, _rx) = std::sync::mpsc::channel();
+        let (tx, _rx) = mpsc::channel();
         let sources = CounterSources {
             iommu: Some(iommu),
             ..CounterSources::default()
@@ -384,7 +387,7 @@ mod tests {
 
     #[test]
     fn shutdown_sends_the_api_exit_event() {
-        let (tx, rx) = std::sync::mpsc::channel();
+        let (tx, rx) = mpsc::channel();
         let s = VmState::new(&config(""), CounterSources::default(), tx, lifecycle(1));
         assert_eq!(s.counters(), json!({}));
         s.shutdown();
@@ -404,7 +407,7 @@ mod tests {
     }
 
     fn state_of(extra: &str, lc: Lifecycle) -> VmState {
-        let (tx, _rx) = std::sync::mpsc::channel();
+        let (tx, _rx) = mpsc::channel();
         VmState::new(&config(extra), CounterSources::default(), tx, lc)
     }
 
@@ -453,7 +456,7 @@ mod tests {
     fn power_button_raises_the_ged_interrupt() {
         let irq = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
         let probe = irq.try_clone().unwrap();
-        let (_dev, trigger) = crate::devices::ged::ged(irq);
+        let (_dev, trigger) = ged::ged(irq);
         let mut lc = lifecycle(0);
         lc.power_button = Some(trigger);
         let s = state_of("", lc);

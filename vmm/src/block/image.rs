@@ -284,6 +284,7 @@ impl DiskImage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::block::test_util;
     use crate::block::test_util::temp_image;
 
     #[test]
@@ -363,9 +364,7 @@ mod tests {
             })
             .collect();
         img.read_at(&mut iov, 100).unwrap();
-        let want: Vec<u8> = (100..100 + back.len())
-            .map(crate::block::test_util::pattern)
-            .collect();
+        let want: Vec<u8> = (100..100 + back.len()).map(test_util::pattern).collect();
         assert_eq!(back, want);
         let _ = std::fs::remove_file(p);
     }

@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::Error;
 use crate::resources::VmResources;
+use crate::virtio::iommu::IommuPlatform;
 use crate::virtio::pci::VirtioPciDevice;
 use crate::virtio::plug::plug_virtio_pci;
 use image::ImageError;
@@ -62,7 +63,7 @@ impl From<DiskSetupError> for Error {
 pub fn add_block_devices(
     res: &VmResources,
     configs: &[DiskConfig],
-    mut iommu: Option<&mut crate::virtio::iommu::IommuPlatform>,
+    mut iommu: Option<&mut IommuPlatform>,
 ) -> Result<Vec<Arc<Mutex<VirtioPciDevice>>>, Error> {
     let mut out = Vec::with_capacity(configs.len());
     for cfg in configs {

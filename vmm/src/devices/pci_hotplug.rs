@@ -128,11 +128,12 @@ impl BusDevice for PciHotplugRegs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::mpsc;
 
     #[test]
     fn events_read_once_and_ejects_reach_the_thread() {
         let events = Arc::new(HotplugEvents::default());
-        let (tx, rx) = std::sync::mpsc::sync_channel(2);
+        let (tx, rx) = mpsc::sync_channel(2);
         let mut regs = PciHotplugRegs::new(events.clone(), tx);
         let base = u64::from(PCI_HOTPLUG_PORT);
         let read = |regs: &mut PciHotplugRegs, off: u64| {

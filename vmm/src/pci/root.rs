@@ -615,6 +615,7 @@ mod tests {
     use super::super::host_bridge::{HOST_BRIDGE_DEVICE_ID, HOST_BRIDGE_VENDOR_ID};
     use super::super::{PciConfiguration, PciDevice, PciHeader};
     use super::*;
+    use crate::log_limit::counting;
 
     pub(super) struct TestDevice {
         config: PciConfiguration,
@@ -830,15 +831,15 @@ mod tests {
         assert_ne!(first, second);
         let own = root.config_read(second, 4) & !0xf;
         assert_ne!(own, 0xc000_0000);
-        crate::log_limit::counting::install();
-        let before = crate::log_limit::counting::lines();
+        counting::install();
+        let before = counting::lines();
         for i in 0..100u32 {
             // Onto the first device's BAR 0, and back: every write is a
             // move the bus refuses (the second device's range stays put).
             let to = if i % 2 == 0 { 0xc000_0000 } else { own };
             root.config_write(second, 4, 0, &to.to_le_bytes());
         }
-        let lines = crate::log_limit::counting::lines() - before;
+        let lines = counting::lines() - before;
         assert!(
             (1..=crate::log_limit::BURST as usize).contains(&lines),
             "{lines} lines"

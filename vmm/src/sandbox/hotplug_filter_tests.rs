@@ -8,7 +8,7 @@
 //! fails the test instead of ending it.
 
 use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::net::UnixStream;
 
 use seccompiler::SeccompAction;
@@ -61,7 +61,7 @@ fn api_and_hotplug_threads_may_do_what_hotplug_needs() {
         let n = r.map_err(|e| e.errno());
         if let Ok((_, 1)) = n {
             // SAFETY: recvmsg installed this descriptor for us.
-            drop(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fds[0]) });
+            drop(unsafe { File::from_raw_fd(fds[0]) });
         }
         n
     });

@@ -42,6 +42,7 @@ use crate::block::DiskConfig;
 use crate::devices::ged::GedTrigger;
 use crate::devices::pci_hotplug::{HotplugEvents, EJECT_QUEUE};
 use crate::error::Error;
+use crate::net::passed_taps;
 use crate::net::NetConfig;
 use crate::pci::root::{GENERAL_SLOTS, IOMMU_HOTPLUG_SLOTS};
 use crate::pci::{PciAddress, PciError};
@@ -464,7 +465,7 @@ impl VfioHotplug {
             ..
         } = &p.function
         {
-            crate::net::passed_taps::forget(&n.tap);
+            passed_taps::forget(&n.tap);
         }
         // The last reference: interrupts, BAR slots, the device and its
         // container (or image, or TAP) go now (a guest access still

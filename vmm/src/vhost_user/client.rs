@@ -26,6 +26,7 @@ use vhost::vhost_user::message::{FrontendReq, VhostUserU64, MAX_MSG_SIZE};
 use vm_memory::ByteValued;
 
 use super::writer::Writer;
+use vhost::vhost_user::message::VhostUserVringState;
 
 /// How long a reply may take. Generous: a back-end in the nested runner
 /// shares two emulated CPUs with the guest.
@@ -286,7 +287,7 @@ impl Client {
         deadline: Instant,
     ) -> Result<u32, ClientError> {
         let request = FrontendReq::GET_VRING_BASE;
-        let state = vhost::vhost_user::message::VhostUserVringState::new(index, 0);
+        let state = VhostUserVringState::new(index, 0);
         self.send_message(request, state.as_slice(), &[], false)?;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -311,7 +312,7 @@ impl Client {
             if code == u32::from(FrontendReq::IOTLB_MSG) {
                 continue;
             }
-            let mut out = vhost::vhost_user::message::VhostUserVringState::default();
+            let mut out = VhostUserVringState::default();
             if code != u32::from(request) || body.len() != out.as_slice().len() {
                 return Err(ClientError::BadReply {
                     request,

@@ -461,6 +461,7 @@ mod tests {
     use crate::vhost_user::stop::{Unconfirmed, STOP_TIMEOUT};
     use crate::virtio::VirtioInterrupt;
     use std::io::Write;
+    use std::sync::atomic::AtomicBool;
     use std::time::Duration;
 
     const EP: u32 = 8;
@@ -794,7 +795,7 @@ mod tests {
         });
         // The setup's mapping goes first (INVALIDATE number 1).
         iommu.unmap(1, 0x10000, 0x2000);
-        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = Arc::new(AtomicBool::new(false));
         let missers: Vec<_> = [0u64, 20]
             .into_iter()
             .map(|pause_us| {

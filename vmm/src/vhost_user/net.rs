@@ -490,7 +490,7 @@ fn memory_table(mem: &GuestMemoryMmap) -> Result<(Vec<u8>, Vec<i32>), VhostUserN
             .map_err(|_| VhostUserNetError::MemoryNotShared)? as u64;
         let r = VhostUserMemoryRegion::new(region.start_addr().0, region.len(), host, fo.start());
         body.extend_from_slice(r.as_slice());
-        fds.push(std::os::fd::AsRawFd::as_raw_fd(fo.file()));
+        fds.push(AsRawFd::as_raw_fd(fo.file()));
     }
     Ok((body, fds))
 }

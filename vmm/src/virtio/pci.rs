@@ -664,6 +664,7 @@ impl Drop for VirtioPciDevice {
 mod tests {
     use super::*;
     use crate::memory::GuestMemoryMmap;
+    use crate::pci::config::BAR0_REG;
     use crate::virtio::status::{ACKNOWLEDGE, DRIVER, DRIVER_OK, FEATURES_OK};
     use crate::virtio::ActivateError;
     use std::sync::atomic::AtomicUsize;
@@ -862,7 +863,7 @@ mod tests {
         );
         let notify = |bar: u64| bar + NOTIFY_OFFSET + u64::from(NOTIFY_OFF_MULTIPLIER);
         assert_eq!(*rec.0.lock().unwrap(), vec![(true, notify(BAR))]);
-        let reg = crate::pci::config::BAR0_REG + VIRTIO_BAR;
+        let reg = BAR0_REG + VIRTIO_BAR;
         let moved = dev.write_config_register(reg + 1, 0, &2u32.to_le_bytes());
         assert!(moved.is_some());
         assert_eq!(rec.0.lock().unwrap().len(), 1, "moved before accepted");

@@ -14,6 +14,7 @@ use crate::error::Error;
 use crate::pci::root::GENERAL_SLOTS;
 use crate::pci::PciAddress;
 use crate::resources::VmResources;
+use crate::virtio::pci::VirtioPciError;
 
 /// Why a virtio device could not be plugged into bus 0.
 #[derive(Debug, thiserror::Error)]
@@ -24,7 +25,7 @@ pub enum PlugError {
         /// The device, as logged.
         name: String,
         /// Why.
-        source: crate::virtio::pci::VirtioPciError,
+        source: VirtioPciError,
     },
     /// Bus 0 has no room for it.
     #[error("{name}: {source}")]

@@ -21,7 +21,7 @@ pub mod rng;
 pub mod vfio;
 pub mod vhost;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm::memory::GuestMemoryMmap;
@@ -171,7 +171,7 @@ pub struct Shared {
     /// IOTLB's send order exists for, and random misses rarely hit it.
     pub unmap_hints: Vec<AtomicU64>,
     /// Set to end the run.
-    pub stop: std::sync::atomic::AtomicBool,
+    pub stop: AtomicBool,
 }
 
 impl Shared {

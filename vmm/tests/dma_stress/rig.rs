@@ -23,6 +23,7 @@ use super::rng::Rng;
 use super::vfio::RecordingHost;
 use super::vhost::BackendCache;
 use super::{emulated, lowest_priority, vfio, vhost, Kind, KindStats, Shared, KINDS, RAM};
+use std::sync::atomic::AtomicU64;
 
 /// Guest threads, one request queue each.
 pub const GUESTS: usize = 2;
@@ -228,7 +229,7 @@ impl Rig {
     /// The run's counts, as the JSON line the test prints.
     pub fn report(&self, seed: u64, seconds: f64) -> serde_json::Value {
         let sh = &self.shared;
-        let per_kind = |f: fn(&KindStats) -> &std::sync::atomic::AtomicU64| {
+        let per_kind = |f: fn(&KindStats) -> &AtomicU64| {
             let mut m = serde_json::Map::new();
             for k in KINDS {
                 m.insert(
@@ -238,7 +239,7 @@ impl Rig {
             }
             serde_json::Value::Object(m)
         };
-        let host_sum = |f: fn(&RecordingHost) -> &std::sync::atomic::AtomicU64| {
+        let host_sum = |f: fn(&RecordingHost) -> &AtomicU64| {
             self.hosts
                 .iter()
                 .map(|h| f(h).load(Ordering::Relaxed))

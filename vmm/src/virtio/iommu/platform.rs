@@ -26,6 +26,7 @@ use crate::memory::GuestMemoryMmap;
 use crate::pci::root::IOMMU_HOTPLUG_SLOTS;
 use crate::pci::{PciAddress, PciRoot};
 use crate::virtio::pci::VirtioPciDevice;
+use crate::virtio::pci::VirtioPciError;
 
 /// Why the vIOMMU could not be set up, or a function put behind it or
 /// taken from behind it.
@@ -39,7 +40,7 @@ pub enum IommuPlatformError {
     EventFd(#[source] std::io::Error),
     /// Its virtio-pci transport could not be made.
     #[error("virtio-iommu transport: {0}")]
-    Transport(#[source] crate::virtio::pci::VirtioPciError),
+    Transport(#[source] VirtioPciError),
     /// Bus 0 has no room for it.
     #[error("virtio-iommu PCI: {0}")]
     Pci(#[source] crate::pci::PciError),
