@@ -221,7 +221,7 @@ fn num(line: &str, key: &str) -> u64 {
 /// Issue 15, "Exit-free MAP": with the page-table mode a MAP is a
 /// page-table write and only invalidations are requests, batched by
 /// lazy-percpu: at most 0.01 requests per DMA (about 1 in MAP mode),
-/// exactly one (the INVALIDATE) with strict invalidation (two in MAP
+/// at most one (the INVALIDATE) with strict invalidation (two in MAP
 /// mode). The DMA checks (map_page, map_sg, coherent, read-only mapping
 /// written, DMA after a strict unmap blocked and reported) pass in
 /// page-table mode. Prints the benchmark against no vIOMMU.
@@ -264,7 +264,12 @@ fn viommu_page_table_mode_counts() {
         rpd[&("1", "lazy-percpu")] <= 10,
         "page-table mode lazy-percpu: <= 0.01 requests per DMA: {rpd:?}"
     );
-    assert_eq!(rpd[&("1", "strict")], 1000, "one INVALIDATE per DMA");
+    // Strict unmaps of the two vCPUs may share an INVALIDATE
+    // (strict_coalesce, vviommu_strict.c): at most one per DMA.
+    assert!(
+        (1..=1000).contains(&rpd[&("1", "strict")]),
+        "at most one INVALIDATE per DMA: {rpd:?}"
+    );
     assert_eq!(rpd[&("0", "strict")], 2000, "MAP mode: MAP + UNMAP");
     assert!(
         rpd[&("0", "lazy-percpu")] >= 1000,
