@@ -23,6 +23,7 @@ use crate::memory::layout::{MAX_MEMORY_SIZE, MIN_MEMORY_SIZE};
 pub const MAX_VCPUS: u8 = 64;
 
 pub use crate::options::parse_options;
+use crate::virtio::iommu::IommuOptions;
 
 /// Parses a byte size with an optional binary suffix: `512M`, `2G`, `65536K`, `1073741824`.
 pub fn parse_size(text: &str) -> Option<u64> {
@@ -382,7 +383,7 @@ pub struct VmConfig {
     /// virtio-blk devices (`--disk`, repeatable).
     pub disks: Vec<crate::block::DiskConfig>,
     /// The virtio-iommu (`--iommu`), if any.
-    pub iommu: Option<crate::virtio::iommu::IommuOptions>,
+    pub iommu: Option<IommuOptions>,
     /// DMA test devices (`--dma-test`, repeatable).
     pub dma_test: Vec<crate::dma_test::DmaTestConfig>,
     /// Assigned host PCI functions (`--device`, repeatable).

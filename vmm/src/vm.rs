@@ -21,10 +21,14 @@ use crate::acpi::dsdt::{COM1_IRQ, COM1_PORT};
 use crate::acpi::tables::create_acpi_tables_with;
 use crate::acpi::AcpiConfig;
 use crate::api::controller::Booted;
+use crate::api::vm_state::CounterSources;
+use crate::api::vm_state::Lifecycle;
+use crate::api::vm_state::VmState;
 use crate::boot::bzimage::{build_zero_page, write_zero_page, ZeroPageParams};
 use crate::boot::kernel::{load_cmdline, load_initramfs};
 use crate::boot::pvh::write_start_info;
 use crate::boot::regs::EntryMode;
+use crate::boot::reset_vector;
 use crate::boot::{load_kernel, BootProtocol};
 use crate::config::{SerialConfig, VmConfig};
 use crate::devices::bus::Bus;
@@ -35,6 +39,8 @@ use crate::devices::pci_hotplug::{
 use crate::devices::power::{
     I8042Reset, PowerDevice, I8042_COMMAND_PORT, POWER_PORT_BASE, POWER_PORT_COUNT,
 };
+use crate::devices::pty;
+use crate::devices::pty::Pty;
 use crate::devices::serial::{spawn_pty_reader, spawn_stdin_reader, SerialDevice};
 use crate::error::{kvm_err, AcpiError, Error, StartError};
 use crate::exit::{ExitEvent, ExitSender};
@@ -53,8 +59,12 @@ use crate::resources::VmResources;
 use crate::sandbox::{self, ThreadKind};
 use crate::vcpu::{BootEntry, Vcpu};
 use crate::vcpu_control::VcpuControl;
+use crate::vfio::hotplug;
 use crate::vfio::hotplug::VfioHotplug;
+use crate::vhost_user::iotlb::BackendIotlb;
+use crate::virtio::iommu::IommuPlatform;
 use crate::vm_owner::VmOwner;
+use std::sync::mpsc::Receiver;
 
 fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), Error> {
     for (slot, region) in mem.iter().enumerate() {
@@ -93,10 +103,7 @@ fn add_power_button(vm: &VmFd, pio: &Bus) -> Result<GedTrigger, Error> {
 
 /// Where COM1's output goes, and the pty when it is one (its reader
 /// starts with the vCPUs; its path goes to `vm.info`).
-type SerialOutput = (
-    Option<Box<dyn Write + Send>>,
-    Option<crate::devices::pty::Pty>,
-);
+type SerialOutput = (Option<Box<dyn Write + Send>>, Option<Pty>);
 
 fn serial_output(cfg: &SerialConfig) -> Result<SerialOutput, Error> {
     if let SerialConfig::Pty(_) = cfg {
@@ -104,7 +111,7 @@ fn serial_output(cfg: &SerialConfig) -> Result<SerialOutput, Error> {
             what: "serial pty",
             source,
         };
-        let pty = crate::devices::pty::open().map_err(os)?;
+        let pty = pty::open().map_err(os)?;
         info!("serial: pty {}", pty.path().display());
         let out: Box<dyn Write + Send> = Box::new(pty.writer().map_err(os)?);
         return Ok((Some(out), Some(pty)));
@@ -153,7 +160,7 @@ fn load_memory_and_boot(config: &VmConfig) -> Result<GuestImage, Error> {
     };
 
     let kernel = load_kernel(&mem, &config.kernel)?;
-    crate::boot::reset_vector::write_reset_vector(&mem)?;
+    reset_vector::write_reset_vector(&mem)?;
     let rsdp = ACPI_START;
     let low_end = layout::low_ram_end(mem_size);
     let (boot_mode, boot_data) = match kernel.protocol {
@@ -240,10 +247,10 @@ struct LegacyDevices {
     mmio: Arc<Bus>,
     pci: Arc<PciRoot>,
     serial: Option<Arc<Mutex<SerialDevice>>>,
-    serial_pty: Option<crate::devices::pty::Pty>,
+    serial_pty: Option<Pty>,
     power_button: GedTrigger,
     hotplug_events: Arc<HotplugEvents>,
-    eject_rx: std::sync::mpsc::Receiver<u8>,
+    eject_rx: Receiver<u8>,
 }
 
 /// Step 2, legacy devices: the port and MMIO buses with COM1, the ACPI
@@ -288,7 +295,7 @@ fn add_legacy_devices(
     .map_err(device_err)?;
     let power_button = add_power_button(vm, &pio)?;
     let hotplug_events = Arc::new(HotplugEvents::default());
-    let (eject_tx, eject_rx) = crate::vfio::hotplug::eject_channel();
+    let (eject_tx, eject_rx) = hotplug::eject_channel();
     pio.insert(
         u64::from(PCI_HOTPLUG_PORT),
         u64::from(PCI_HOTPLUG_LEN),
@@ -325,7 +332,7 @@ fn add_legacy_devices(
 
 /// What the PCI-devices step plugged in.
 struct PciDevices {
-    iommu: Option<crate::virtio::iommu::IommuPlatform>,
+    iommu: Option<IommuPlatform>,
     net: crate::net_devices::NetDevices,
     assigned: Vec<(crate::vfio::VfioConfig, crate::vfio::AssignedDevice)>,
 }
@@ -335,7 +342,7 @@ struct PciDevices {
 /// `--dma-test` and `--device`.
 fn add_pci_devices(config: &VmConfig, resources: &VmResources) -> Result<PciDevices, Error> {
     let mut iommu = match &config.iommu {
-        Some(opts) => Some(crate::virtio::iommu::IommuPlatform::create(
+        Some(opts) => Some(IommuPlatform::create(
             opts,
             resources.vm.clone(),
             &resources.irq_router,
@@ -370,7 +377,7 @@ fn write_acpi(
     config: &VmConfig,
     mem: &GuestMemoryMmap,
     windows: PciWindows,
-    iommu: Option<&crate::virtio::iommu::IommuPlatform>,
+    iommu: Option<&IommuPlatform>,
 ) -> Result<(), Error> {
     let extra: Vec<Vec<u8>> = iommu.map(|p| p.viot()).into_iter().collect();
     let rsdp = create_acpi_tables_with(
@@ -429,7 +436,7 @@ fn create_vcpus(
 /// What the VM's end logs: the devices' DMA figures.
 struct Figures {
     hotplug: Arc<VfioHotplug>,
-    iotlbs: Vec<(String, Arc<crate::vhost_user::iotlb::BackendIotlb>)>,
+    iotlbs: Vec<(String, Arc<BackendIotlb>)>,
     iommu: Option<Arc<virtio_iommu::device::IommuDevice>>,
 }
 
@@ -526,12 +533,12 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
     owner.own_hotplug(hotplug.clone());
     let vcpu_control = VcpuControl::new(usize::from(config.cpus.boot));
     owner.own_vcpus(vcpu_control.clone());
-    let counters = crate::api::vm_state::CounterSources {
+    let counters = CounterSources {
         iommu: iommu_device.clone(),
         vfio: Some(hotplug.clone()),
         vhost_user: devices.net.iotlbs.clone(),
     };
-    let lifecycle = crate::api::vm_state::Lifecycle {
+    let lifecycle = Lifecycle {
         control: vcpu_control.clone(),
         clock: Some(vm.clone()),
         power_button: Some(power_button),
@@ -542,12 +549,7 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
     if let Some(pty) = &serial_pty {
         shown.serial = SerialConfig::Pty(Some(pty.path().to_path_buf()));
     }
-    let api = Arc::new(crate::api::vm_state::VmState::new(
-        &shown,
-        counters,
-        exit_tx.clone(),
-        lifecycle,
-    ));
+    let api = Arc::new(VmState::new(&shown, counters, exit_tx.clone(), lifecycle));
 
     let vcpus = create_vcpus(&kvm, config, &resources, &image, &vcpu_control)
         .map_err(step(StartError::Vcpus))?;

@@ -210,6 +210,7 @@ fn wait_stop(stop: &EventFd, ms: libc::c_int) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::net::UnixStream;
     use std::time::Duration;
 
     #[derive(Clone, Default)]
@@ -253,7 +254,7 @@ mod tests {
             irq,
             Box::new(SharedBuf::default()),
         )));
-        let (rd, mut wr) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (rd, mut wr) = UnixStream::pair().unwrap();
         let reader = spawn_reader(rd, "t", false, uart_sink(dev.clone())).unwrap();
         wr.write_all(b"k").unwrap();
         let t0 = std::time::Instant::now();
