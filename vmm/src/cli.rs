@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{ArgAction, Parser};
 
-use crate::config::{CpusConfig, MemoryConfig, SerialConfig, VmConfig};
+use crate::config::{ConsoleConfig, CpusConfig, MemoryConfig, SerialConfig, VmConfig};
 use crate::error::Error;
 use crate::virtio::iommu::IommuOptions;
 
@@ -80,6 +80,17 @@ pub struct Cli {
         requires = "kernel"
     )]
     pub serial: String,
+
+    /// virtio-console (hvc0): off (no device), null, tty (stdout/stdin; not
+    /// with --serial tty), pty (a new pseudo-terminal, its path logged and
+    /// shown by vm.info) or file=PATH (output only).
+    #[arg(
+        long,
+        value_name = "off|null|tty|pty|file=PATH",
+        default_value = "off",
+        requires = "kernel"
+    )]
+    pub console: String,
 
     /// virtio-net on a TAP (repeatable): tap=NAME,mac=MAC,ip=IPv4,mask=IPv4,
     /// num_queues=2N,queue_size=N,iommu=on|off. Or a vhost-user back-end's:
@@ -162,6 +173,19 @@ pub struct SandboxOptions {
 }
 
 impl Cli {
+    /// `--console`, checked against `--serial`.
+    fn console_config(&self) -> Result<ConsoleConfig, Error> {
+        let console = ConsoleConfig::parse(&self.console)?;
+        console
+            .check_with(&SerialConfig::parse(&self.serial)?)
+            .map_err(|reason| Error::InvalidOption {
+                option: "console",
+                value: self.console.clone(),
+                reason: reason.into(),
+            })?;
+        Ok(console)
+    }
+
     /// Turns the raw flags into a validated configuration: `None` when no
     /// VM is given (no `--kernel`: the API creates it).
     pub fn to_config(&self) -> Result<Option<VmConfig>, Error> {
@@ -175,6 +199,7 @@ impl Cli {
             cpus: CpusConfig::parse(&self.cpus)?,
             memory: MemoryConfig::parse(&self.memory)?,
             serial: SerialConfig::parse(&self.serial)?,
+            console: self.console_config()?,
             net: self
                 .net
                 .iter()
@@ -340,7 +365,31 @@ mod tests {
         assert_eq!(c.cpus.boot, 1);
         assert_eq!(c.memory.size, 512 << 20);
         assert_eq!(c.serial, SerialConfig::Tty);
+        assert_eq!(c.console, ConsoleConfig::Off, "no device moves PCI slots");
         assert!(c.initramfs.is_none());
+    }
+
+    #[test]
+    fn console_flag_and_its_conflict_with_the_serial_tty() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["dmavisor", "--kernel", "/k"];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(&argv).unwrap().to_config()
+        };
+        let c = parse(&["--console", "pty"]).unwrap().unwrap();
+        assert_eq!(
+            (c.console, c.serial),
+            (ConsoleConfig::Pty(None), SerialConfig::Tty)
+        );
+        let e = parse(&["--console", "tty"]).unwrap_err().to_string();
+        assert!(e.contains("both on tty"), "{e}");
+        let c = parse(&["--console", "tty", "--serial", "pty"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (c.console, c.serial),
+            (ConsoleConfig::Tty, SerialConfig::Pty(None))
+        );
     }
 
     #[test]
@@ -465,6 +514,7 @@ mod tests {
             &["--cpus", "boot=2"][..],
             &["--memory", "size=1G"],
             &["--serial", "off"],
+            &["--console", "pty"],
             &["--initramfs", "/i"],
             &["--cmdline", "x"],
             &["--net", "tap=t0"],

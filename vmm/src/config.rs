@@ -363,6 +363,80 @@ impl SerialConfig {
     }
 }
 
+/// `--console off|null|tty|pty|file=PATH`: the virtio-console.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConsoleConfig {
+    /// No device (the default: a device at boot would move PCI slots).
+    Off,
+    /// A device whose output goes nowhere.
+    Null,
+    /// Output to stdout, input from stdin.
+    Tty,
+    /// A new pseudo-terminal; its slave's path once the VM has it.
+    Pty(Option<PathBuf>),
+    /// Output appended to a file; no input.
+    File(PathBuf),
+}
+
+impl ConsoleConfig {
+    /// Parses `--console`.
+    pub fn parse(value: &str) -> Result<Self, Error> {
+        let bad = |reason: OptionReason| Error::InvalidOption {
+            option: "console",
+            value: value.to_string(),
+            reason,
+        };
+        let (mode, file) = match value {
+            "off" => (ConsoleMode::Off, None),
+            "null" => (ConsoleMode::Null, None),
+            "tty" => (ConsoleMode::Tty, None),
+            "pty" => (ConsoleMode::Pty, None),
+            _ => match value.strip_prefix("file=") {
+                Some(path) => (ConsoleMode::File, Some(PathBuf::from(path))),
+                None => return Err(bad("expected off, null, tty, pty or file=PATH".into())),
+            },
+        };
+        Self::from_spec(&ConsoleSpec { mode, file }).map_err(|e| bad(e.into()))
+    }
+
+    /// Checks a console description from the command line or the API.
+    pub fn from_spec(spec: &ConsoleSpec) -> Result<Self, ConsoleSpecError> {
+        match (spec.mode, &spec.file) {
+            (ConsoleMode::Off, None) => Ok(Self::Off),
+            (ConsoleMode::Null, None) => Ok(Self::Null),
+            (ConsoleMode::Tty, None) => Ok(Self::Tty),
+            (ConsoleMode::Pty, None) => Ok(Self::Pty(None)),
+            (ConsoleMode::File, Some(p)) if !p.as_os_str().is_empty() => Ok(Self::File(p.clone())),
+            (ConsoleMode::File, _) => Err(ConsoleSpecError::NoFile),
+            (mode @ ConsoleMode::Socket, _) => Err(ConsoleSpecError::Unsupported { mode }),
+            (mode, Some(_)) => Err(ConsoleSpecError::FileWithoutFileMode { mode }),
+        }
+    }
+
+    /// The description [`ConsoleConfig::from_spec`] turns back into `self`.
+    pub fn to_spec(&self) -> ConsoleSpec {
+        let (mode, file) = match self {
+            Self::Off => (ConsoleMode::Off, None),
+            Self::Null => (ConsoleMode::Null, None),
+            Self::Tty => (ConsoleMode::Tty, None),
+            Self::Pty(p) => (ConsoleMode::Pty, p.clone()),
+            Self::File(p) => (ConsoleMode::File, Some(p.clone())),
+        };
+        ConsoleSpec { mode, file }
+    }
+
+    /// Refuses a console and a serial port both on the terminal: WHY only
+    /// one can read stdin, and two readers would split the keystrokes.
+    pub fn check_with(&self, serial: &SerialConfig) -> Result<(), &'static str> {
+        match (self, serial) {
+            (Self::Tty, SerialConfig::Tty) => Err(
+                "console and serial both on tty: only one can read stdin (put the serial off, on a file or a pty)",
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Everything needed to build and run a VM.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VmConfig {
@@ -378,6 +452,8 @@ pub struct VmConfig {
     pub memory: MemoryConfig,
     /// COM1.
     pub serial: SerialConfig,
+    /// The virtio-console.
+    pub console: ConsoleConfig,
     /// virtio-net devices (`--net`, repeatable).
     pub net: Vec<crate::net::NetConfig>,
     /// virtio-blk devices (`--disk`, repeatable).
@@ -459,6 +535,34 @@ mod tests {
         assert!(SerialConfig::parse("file=").is_err());
         assert_eq!(SerialConfig::parse("pty").unwrap(), SerialConfig::Pty(None));
         assert!(SerialConfig::parse("socket").is_err());
+    }
+
+    #[test]
+    fn console_config_and_the_tty_conflict() {
+        assert_eq!(ConsoleConfig::parse("off").unwrap(), ConsoleConfig::Off);
+        assert_eq!(ConsoleConfig::parse("null").unwrap(), ConsoleConfig::Null);
+        assert_eq!(
+            ConsoleConfig::parse("pty").unwrap(),
+            ConsoleConfig::Pty(None)
+        );
+        assert_eq!(
+            ConsoleConfig::parse("file=/tmp/c").unwrap(),
+            ConsoleConfig::File(PathBuf::from("/tmp/c"))
+        );
+        assert!(ConsoleConfig::parse("file=").is_err());
+        assert!(ConsoleConfig::parse("socket").is_err());
+        let tty = ConsoleConfig::parse("tty").unwrap();
+        assert!(tty
+            .check_with(&SerialConfig::Tty)
+            .unwrap_err()
+            .contains("both on tty"));
+        assert!(tty.check_with(&SerialConfig::Off).is_ok());
+        assert!(ConsoleConfig::Pty(None)
+            .check_with(&SerialConfig::Tty)
+            .is_ok());
+        let shown = ConsoleConfig::Pty(Some(PathBuf::from("/dev/pts/7"))).to_spec();
+        assert_eq!(shown.mode, ConsoleMode::Pty);
+        assert_eq!(shown.file, Some(PathBuf::from("/dev/pts/7")));
         assert_eq!(SerialConfig::parse("null").unwrap(), SerialConfig::Off);
     }
 

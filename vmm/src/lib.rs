@@ -15,6 +15,7 @@ pub mod cli;
 #[cfg(test)]
 mod cli_api_tests;
 pub mod config;
+pub mod console;
 pub mod devices;
 pub mod dma;
 pub mod dma_test;

@@ -335,6 +335,8 @@ struct PciDevices {
     iommu: Option<IommuPlatform>,
     net: crate::net_devices::NetDevices,
     assigned: Vec<(crate::vfio::VfioConfig, crate::vfio::AssignedDevice)>,
+    /// The slave of the virtio-console's pty, for `vm.info`.
+    console_pty: Option<std::path::PathBuf>,
 }
 
 /// Step 3, PCI devices: the vIOMMU first (devices with `iommu=on` become
@@ -356,6 +358,7 @@ fn add_pci_devices(config: &VmConfig, resources: &VmResources) -> Result<PciDevi
     for d in &config.dma_test {
         crate::dma_test::add_dma_test(d, &resources.pci, &resources.mem, iommu.as_mut())?;
     }
+    let console_pty = crate::console::add_console(resources, &config.console)?;
     let mut assigned = Vec::new();
     for d in &config.devices {
         assigned.push((
@@ -367,6 +370,7 @@ fn add_pci_devices(config: &VmConfig, resources: &VmResources) -> Result<PciDevi
         iommu,
         net,
         assigned,
+        console_pty,
     })
 }
 
@@ -548,6 +552,9 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
     let mut shown = config.clone();
     if let Some(pty) = &serial_pty {
         shown.serial = SerialConfig::Pty(Some(pty.path().to_path_buf()));
+    }
+    if let Some(path) = &devices.console_pty {
+        shown.console = crate::config::ConsoleConfig::Pty(Some(path.clone()));
     }
     let api = Arc::new(VmState::new(&shown, counters, exit_tx.clone(), lifecycle));
 

@@ -22,7 +22,7 @@ use thiserror::Error;
 
 use crate::block::config::DiskSpec;
 use crate::config::{
-    ConsoleMode, ConsoleSpec, CpusConfig, CpusSpec, MemoryConfig, MemorySpec, SerialConfig,
+    ConsoleConfig, ConsoleSpec, CpusConfig, CpusSpec, MemoryConfig, MemorySpec, SerialConfig,
     VmConfig,
 };
 use crate::dma_test::DmaTestConfig;
@@ -86,7 +86,9 @@ pub struct VmConfigSpec {
     /// COM1 (default: none, cloud-hypervisor's `Null`).
     #[serde(default)]
     pub serial: Option<ConsoleSpec>,
-    /// virtio-console: dmavisor has none, so only `Off` or `Null`.
+    /// The virtio-console (default: none). `Null` is none too: WHY CH
+    /// clients send it for "no console", and a device would move the
+    /// PCI slots of configurations that had none.
     #[serde(default)]
     pub console: Option<ConsoleSpec>,
     /// virtio-net devices.
@@ -150,13 +152,6 @@ impl VmConfigSpec {
             .ok_or_else(|| {
                 invalid("payload.kernel")("required (dmavisor boots a kernel, not firmware)")
             })?;
-        if let Some(c) = &self.console {
-            if !matches!(c.mode, ConsoleMode::Off | ConsoleMode::Null) || c.file.is_some() {
-                return Err(invalid("console")(
-                    "dmavisor has no virtio-console: use mode Off and serial",
-                ));
-            }
-        }
         if self.iommu_config.is_some() && !self.iommu {
             return Err(invalid("iommu_config")("needs iommu: true"));
         }
@@ -164,6 +159,14 @@ impl VmConfigSpec {
             Some(s) => SerialConfig::from_spec(s).map_err(invalid("serial"))?,
             None => SerialConfig::Off,
         };
+        let console = match &self.console {
+            Some(c) => match ConsoleConfig::from_spec(c).map_err(invalid("console"))? {
+                ConsoleConfig::Null => ConsoleConfig::Off,
+                other => other,
+            },
+            None => ConsoleConfig::Off,
+        };
+        console.check_with(&serial).map_err(invalid("console"))?;
         let iommu = match (self.iommu, &self.iommu_config) {
             (false, _) => None,
             (true, None) => Some(IommuOptions::default()),
@@ -176,6 +179,7 @@ impl VmConfigSpec {
             cpus: CpusConfig::from_spec(&self.cpus).map_err(invalid("cpus"))?,
             memory: MemoryConfig::from_spec(&self.memory).map_err(invalid("memory"))?,
             serial,
+            console,
             net: each(&self.net, "net", crate::net::NetConfig::from_spec)?,
             disks: each(&self.disks, "disks", crate::block::DiskConfig::from_spec)?,
             iommu,
@@ -195,10 +199,7 @@ impl VmConfigSpec {
                 cmdline: Some(c.cmdline.clone()),
             },
             serial: Some(c.serial.to_spec()),
-            console: Some(ConsoleSpec {
-                mode: ConsoleMode::Off,
-                file: None,
-            }),
+            console: Some(c.console.to_spec()),
             net: Some(c.net.iter().map(|n| n.to_spec()).collect()),
             disks: Some(c.disks.iter().map(|d| d.to_spec()).collect()),
             devices: Some(c.devices.iter().map(|d| d.to_spec()).collect()),
@@ -248,6 +249,10 @@ mod tests {
         assert_eq!(c.cpus.boot, 2);
         let c = parse(br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Pty"}}"#).unwrap();
         assert_eq!(c.serial, SerialConfig::Pty(None));
+        let c = parse(br#"{"payload": {"kernel": "/k"}, "console": {"mode": "Pty"}}"#).unwrap();
+        assert_eq!(c.console, ConsoleConfig::Pty(None));
+        let c = parse(br#"{"payload": {"kernel": "/k"}, "console": {"mode": "Null"}}"#).unwrap();
+        assert_eq!(c.console, ConsoleConfig::Off, "no device, as before");
     }
 
     #[test]
@@ -270,7 +275,8 @@ mod tests {
             (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Pty", "file": "/x"}}"#, "serial"),
             (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "File"}}"#, "file"),
             (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Loud"}}"#, "unknown variant"),
-            (br#"{"payload": {"kernel": "/k"}, "console": {"mode": "Tty"}}"#, "virtio-console"),
+            (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Tty"}, "console": {"mode": "Tty"}}"#, "both on tty"),
+            (br#"{"payload": {"kernel": "/k"}, "console": {"mode": "Socket"}}"#, "console"),
             (br#"{"payload": {"kernel": "/k"}, "net": [{"tap": "t0"}, {"mac": "01:00:00:00:00:00"}]}"#, "net[1]"),
             (br#"{"payload": {"kernel": "/k"}, "net": [{"num_queues": 3}]}"#, "num_queues"),
             (br#"{"payload": {"kernel": "/k"}, "net": [{"vhost_user": true}]}"#, "socket"),
