@@ -14,7 +14,8 @@
 //! 1. vCPUs: told to stop, kicked out of `KVM_RUN`, joined. None can
 //!    reach a device or guest RAM after this; one that does not stop in
 //!    time ends the VMM (its memory is never unmapped under it).
-//! 2. The serial stdin reader: stopped and joined.
+//! 2. The serial port's input readers (stdin, pty master): stopped and
+//!    joined. (The virtio-console's worker goes with step 4's reset.)
 //! 3. Hotplugged functions (assigned and virtio): torn down as the guest's
 //!    eject would, while the vIOMMU they sit behind still exists.
 //! 4. Every PCI function but the vIOMMU, then the vIOMMU: unplugged and
