@@ -342,7 +342,10 @@ impl SerialConfig {
     pub fn from_spec(spec: &ConsoleSpec) -> Result<Self, ConsoleSpecError> {
         match (spec.mode, &spec.file) {
             (ConsoleMode::Tty, None) => Ok(Self::Tty),
-            (ConsoleMode::Pty, None) => Ok(Self::Pty(None)),
+            // A file with Pty is the path `vm.info` reported: what the
+            // controller reads back to rebuild a VM in place. Each boot
+            // opens a new pty whatever it says.
+            (ConsoleMode::Pty, file) => Ok(Self::Pty(file.clone())),
             (ConsoleMode::Off | ConsoleMode::Null, None) => Ok(Self::Off),
             (ConsoleMode::File, Some(p)) if !p.as_os_str().is_empty() => Ok(Self::File(p.clone())),
             (ConsoleMode::File, _) => Err(ConsoleSpecError::NoFile),
@@ -405,7 +408,7 @@ impl ConsoleConfig {
             (ConsoleMode::Off, None) => Ok(Self::Off),
             (ConsoleMode::Null, None) => Ok(Self::Null),
             (ConsoleMode::Tty, None) => Ok(Self::Tty),
-            (ConsoleMode::Pty, None) => Ok(Self::Pty(None)),
+            (ConsoleMode::Pty, file) => Ok(Self::Pty(file.clone())),
             (ConsoleMode::File, Some(p)) if !p.as_os_str().is_empty() => Ok(Self::File(p.clone())),
             (ConsoleMode::File, _) => Err(ConsoleSpecError::NoFile),
             (mode @ ConsoleMode::Socket, _) => Err(ConsoleSpecError::Unsupported { mode }),

@@ -34,6 +34,8 @@ const BOOT_AGAIN_TIMEOUT_SECS: u32 = 600;
 const GUEST_REBOOT_TIMEOUT_SECS: u32 = 600;
 /// One boot and slack.
 const EVENTS_TIMEOUT_SECS: u32 = 400;
+/// One boot and slack.
+const CONSOLE_TIMEOUT_SECS: u32 = 400;
 const SESSION_TIMEOUT: Duration = Duration::from_secs(2100);
 
 fn session() -> &'static SharedSession {
@@ -47,6 +49,11 @@ fn session() -> &'static SharedSession {
             spec.modules = vec!["button".into(), "evdev".into(), "virtio_blk".into()];
             spec.optional_modules = vec!["virtio_pci".into()];
             let initrd = build_initramfs(&spec).map_err(|e| e.to_string())?;
+            // virtio_console_pty's guest: hvc0 from the virtio-console.
+            let mut console_spec = InitramfsSpec::new("bookworm", guest_script("console-guest.sh"));
+            console_spec.modules = vec!["virtio_console".into()];
+            console_spec.optional_modules = vec!["virtio_pci".into()];
+            let console_initrd = build_initramfs(&console_spec).map_err(|e| e.to_string())?;
             let (cases, vmm_error) = match dmavisor_binary() {
                 Ok(bin) => {
                     let case = |mode: &str, timeout| {
@@ -80,6 +87,17 @@ fn session() -> &'static SharedSession {
                                     path_arg(&initrd),
                                 ],
                                 EVENTS_TIMEOUT_SECS,
+                            ),
+                            Case::new(
+                                "virtio_console_pty",
+                                vec![
+                                    "python3".into(),
+                                    path_arg(&guest_script("console-host.py")),
+                                    path_arg(&bin),
+                                    path_arg(&bookworm.vmlinuz),
+                                    path_arg(&console_initrd),
+                                ],
+                                CONSOLE_TIMEOUT_SECS,
                             ),
                         ],
                         None,
@@ -546,6 +564,57 @@ fn event_monitor_reports_lifecycle() {
         out.contains("reader_done=1"),
         "the FIFO ended with the VMM:\n{out}"
     );
+    assert!(!out.contains("API-EXIT-TIMEOUT"), "{out}");
+    assert!(out.contains("VMM-EXIT rc=0"), "{out}");
+}
+
+/// libvirt's `<console type='pty'>`: `vm.create` with console `Pty`;
+/// `vm.info`'s `config.console.file` is a `/dev/pts/N` the runner opens;
+/// the guest's marker written on hvc0 comes out of it, and the line typed
+/// into it reaches the guest (which says it on the serial port); the VM
+/// is shut down (the console's worker joined) and the VMM exits 0.
+#[test]
+fn virtio_console_pty() {
+    let r = case("virtio_console_pty");
+    let out = &r.output;
+    for l in out.lines().filter(|l| {
+        l.starts_with("API-")
+            || l.starts_with("CONSOLE-OBS")
+            || l.starts_with("SERIAL: ")
+            || l.starts_with("VMM-EXIT")
+            || (l.starts_with("VMM: ")
+                && ["console", "SIGSYS", "torn down"]
+                    .iter()
+                    .any(|m| l.contains(m)))
+    }) {
+        println!("{l}");
+    }
+    assert_eq!(reply(out, "create").0, 204, "{out}");
+    assert_eq!(reply(out, "boot").0, 204, "{out}");
+    let (code, info) = reply(out, "info");
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(info["config"]["console"]["mode"], "Pty", "{info}");
+    let pty = info["config"]["console"]["file"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(pty.starts_with("/dev/pts/"), "{info}");
+    assert!(
+        out.contains("SERIAL: GUEST-HVC0 present"),
+        "no hvc0:\n{out}"
+    );
+    assert!(
+        out.contains("CONSOLE-OBS marker_seen=1"),
+        "the guest's hvc0 output did not come out of the pty:\n{out}"
+    );
+    assert!(
+        out.contains("SERIAL: GUEST-ECHO PING-7731"),
+        "the pty's input did not reach the guest's hvc0:\n{out}"
+    );
+    assert_eq!(reply(out, "shutdown").0, 204, "{out}");
+    assert_eq!(reply(out, "vmm_shutdown").0, 204, "{out}");
+    // vm.info's own configuration (the pty's path included) parses back
+    // when the VM is torn down.
+    assert!(!out.contains("does not parse"), "{out}");
     assert!(!out.contains("API-EXIT-TIMEOUT"), "{out}");
     assert!(out.contains("VMM-EXIT rc=0"), "{out}");
 }

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Runner side of virtio_console_pty (tests/api.rs): the console as
+libvirt's ch driver sets it up for `<console type='pty'>`.
+
+    console-host.py BIN KERNEL INITRD
+
+dmavisor with only --api-socket; vm.create with "console": {"mode":
+"Pty"} (the serial port on a file), vm.boot; vm.info's
+config.console.file is the pty, opened as `virsh console` does. The
+guest (guest/console-guest.sh) writes a marker on hvc0, which must come
+out of the pty; the line written into the pty must come back on the
+guest's serial port. Then vm.shutdown (the console's worker stopped) and
+vmm.shutdown. Prints "API-REP name HTTP=code body" per request,
+"CONSOLE-OBS key=value" for what it saw, the guest's serial output
+("SERIAL:" lines), the VMM's log ("VMM:" lines) and "VMM-EXIT rc=N".
+"""
+
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+LINE = "PING-7731"
+
+
+def request(sock_path, name, method, path, body=None):
+    """One HTTP/1.1 request on the API socket; prints and returns the reply."""
+    data = b"" if body is None else json.dumps(body).encode()
+    head = (
+        f"{method} /api/v1/{path} HTTP/1.1\r\nHost: localhost\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    ).encode()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    s.connect(sock_path)
+    s.sendall(head + data)
+    reply = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        reply += chunk
+        header, sep, rest = reply.partition(b"\r\n\r\n")
+        if sep:
+            length = 0
+            for line in header.decode(errors="replace").split("\r\n")[1:]:
+                key, _, value = line.partition(":")
+                if key.strip().lower() == "content-length":
+                    length = int(value.strip())
+            if len(rest) >= length:
+                break
+    s.close()
+    header, _, rest = reply.partition(b"\r\n\r\n")
+    status = header.decode(errors="replace").split("\r\n")[0].split(" ")
+    code = int(status[1]) if len(status) > 1 and status[1].isdigit() else 0
+    text = rest.decode(errors="replace").replace("\n", " ")
+    print(f"API-REP {name} HTTP={code} {text}", flush=True)
+    return code, text
+
+
+def read_until(fd, needle, seconds):
+    """Reads the pty until `needle` shows up; returns everything read."""
+    seen = b""
+    end = time.time() + seconds
+    while needle not in seen and time.time() < end:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                seen += os.read(fd, 4096)
+            except OSError:
+                time.sleep(0.1)
+    return seen
+
+
+def serial_has(path, text):
+    try:
+        with open(path, errors="replace") as f:
+            return text in f.read()
+    except OSError:
+        return False
+
+
+def main():
+    binary, kernel, initrd = sys.argv[1:4]
+    work = tempfile.mkdtemp()
+    sock = os.path.join(work, "api.sock")
+    serial = os.path.join(work, "serial.log")
+    log = open(os.path.join(work, "vmm.log"), "w")
+    vmm = subprocess.Popen([binary, "--api-socket", f"path={sock}", "-v"], stderr=log)
+    t0 = time.time()
+    while not os.path.exists(sock) and time.time() - t0 < 30:
+        time.sleep(0.1)
+    body = {
+        "payload": {"kernel": kernel, "initramfs": initrd, "cmdline": "console=ttyS0 quiet panic=-1"},
+        "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
+        "memory": {"size": 536870912},
+        "serial": {"mode": "File", "file": serial},
+        "console": {"mode": "Pty"},
+    }
+    request(sock, "create", "PUT", "vm.create", body)
+    request(sock, "boot", "PUT", "vm.boot")
+    _, info = request(sock, "info", "GET", "vm.info")
+    try:
+        pty = json.loads(info)["config"]["console"]["file"]
+    except (ValueError, KeyError, TypeError):
+        pty = None
+    print(f"CONSOLE-OBS pty={pty}", flush=True)
+    if pty:
+        fd = os.open(pty, os.O_RDWR | os.O_NOCTTY)
+        seen = read_until(fd, b"HVC-MARKER-5213", 300)
+        print(f"CONSOLE-OBS marker_seen={int(b'HVC-MARKER-5213' in seen)}", flush=True)
+        os.write(fd, (LINE + "\n").encode())
+        t0 = time.time()
+        while not serial_has(serial, "GUEST-ECHO") and time.time() - t0 < 60:
+            time.sleep(0.2)
+        print(f"CONSOLE-OBS echo_waited_s={int(time.time() - t0)}", flush=True)
+        os.close(fd)
+    request(sock, "shutdown", "PUT", "vm.shutdown")
+    request(sock, "info_after_shutdown", "GET", "vm.info")
+    request(sock, "vmm_shutdown", "PUT", "vmm.shutdown")
+    try:
+        rc = vmm.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        print("API-EXIT-TIMEOUT the VMM still runs 30 s after vmm.shutdown", flush=True)
+        vmm.kill()
+        rc = vmm.wait()
+    log.close()
+    for name, prefix in ((serial, "SERIAL: "), (os.path.join(work, "vmm.log"), "VMM: ")):
+        try:
+            with open(name, errors="replace") as f:
+                for line in f:
+                    print(prefix + line.rstrip("\n"))
+        except OSError:
+            pass
+    print(f"VMM-EXIT rc={rc}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
