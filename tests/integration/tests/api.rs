@@ -568,10 +568,12 @@ fn event_monitor_reports_lifecycle() {
     assert!(out.contains("VMM-EXIT rc=0"), "{out}");
 }
 
-/// libvirt's `<console type='pty'>`: `vm.create` with console `Pty`;
-/// `vm.info`'s `config.console.file` is a `/dev/pts/N` the runner opens;
-/// the guest's marker written on hvc0 comes out of it, and the line typed
-/// into it reaches the guest (which says it on the serial port); the VM
+/// libvirt's `<console type='pty'>` and `<serial type='pty'>`: serial and
+/// console both on tty are refused (400); `vm.create` with both `Pty`;
+/// `vm.info`'s `config.console.file` and `config.serial.file` are
+/// `/dev/pts/N`s the runner opens; the guest's marker written on hvc0
+/// comes out of the console's, and the line typed into it reaches the
+/// guest (which says it on the serial port, read from its pty); the VM
 /// is shut down (the console's worker joined) and the VMM exits 0.
 #[test]
 fn virtio_console_pty() {
@@ -589,6 +591,9 @@ fn virtio_console_pty() {
     }) {
         println!("{l}");
     }
+    let (code, refused) = reply(out, "create_both_tty");
+    assert_eq!(code, 400, "{out}");
+    assert!(refused.to_string().contains("both on tty"), "{refused}");
     assert_eq!(reply(out, "create").0, 204, "{out}");
     assert_eq!(reply(out, "boot").0, 204, "{out}");
     let (code, info) = reply(out, "info");
@@ -598,6 +603,11 @@ fn virtio_console_pty() {
         .as_str()
         .unwrap_or_default();
     assert!(pty.starts_with("/dev/pts/"), "{info}");
+    assert_eq!(info["config"]["serial"]["mode"], "Pty", "{info}");
+    let serial = info["config"]["serial"]["file"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(serial.starts_with("/dev/pts/") && serial != pty, "{info}");
     assert!(
         out.contains("SERIAL: GUEST-HVC0 present"),
         "no hvc0:\n{out}"
