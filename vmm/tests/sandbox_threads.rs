@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use std::os::unix::net::UnixStream;
 use vmm::block::DiskImage;
+use vmm::devices::pty;
+use vmm::devices::serial::{spawn_pty_reader, SerialDevice};
 use vmm::sandbox::{self, SeccompMode, ThreadKind};
 use vmm::virtio::wake::Wake;
 use vmm_sys_util::eventfd::EventFd;
@@ -85,6 +87,21 @@ fn child() {
             runtime_work(&name);
             match kind {
                 ThreadKind::BlockWorker => block_work(&image),
+                ThreadKind::Api => {
+                    // A serial port or console in Pty mode: /dev/ptmx and
+                    // its ioctls (TIOCSPTLCK, TIOCGPTN, TCGETS, TCSETS).
+                    let pty = pty::open().unwrap();
+                    std::io::Write::write_all(&mut pty.writer().unwrap(), b"x").unwrap();
+                    // Its reader, the serial filter stacked on this one,
+                    // waiting out the time without a client, then stopped.
+                    let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+                    let uart = SerialDevice::new(irq, Box::new(std::io::sink()));
+                    let reader =
+                        spawn_pty_reader(pty.reader().unwrap(), Arc::new(Mutex::new(uart)))
+                            .unwrap();
+                    std::thread::sleep(Duration::from_millis(250));
+                    reader.stop();
+                }
                 ThreadKind::Hotplug => {
                     // VFIO finds a function's group through its sysfs link.
                     std::fs::read_link("/proc/self/exe").unwrap();

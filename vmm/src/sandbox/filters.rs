@@ -44,7 +44,10 @@ pub enum ThreadKind {
     ApiServer,
     /// PCI hot-unplug completion (VFIO functions torn down).
     Hotplug,
-    /// stdin to the serial port.
+    /// stdin or a pty master to the serial port; the virtio-console's
+    /// worker (its rings, its back-end's descriptors). Pty modes need no
+    /// more: the pair is opened, and its ioctls made, by the thread that
+    /// builds the VM (main or `Api`, every ioctl allowed).
     Serial,
     /// The DMA test device's streaming thread.
     DmaStream,
