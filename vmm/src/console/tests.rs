@@ -166,3 +166,71 @@ fn a_bad_buffer_address_stops_the_queue_not_the_vmm() {
 fn off_is_no_device() {
     assert!(open_backend(&ConsoleConfig::Off).unwrap().is_none());
 }
+
+/// Behind a quiescing vIOMMU: an idle console (its worker waiting in
+/// `poll`) holds no section, so the guest's UNMAP of a receive buffer
+/// completes at once; input that then arrives for that buffer fails
+/// translation, the queue stops (DEVICE_NEEDS_RESET) and the page the
+/// IOVA pointed to is never written.
+#[test]
+fn behind_the_viommu_an_unmap_completes_and_the_buffer_is_not_written() {
+    use crate::dma::test_iommu::{TestIommu, RW};
+    use virtio_iommu::quiesce::Quiescer;
+
+    let mem = leaked_ram(0x20000);
+    let iommu = TestIommu::new(0x40);
+    let q = Quiescer::new();
+    iommu.dev.add_invalidator(q.clone());
+    iommu.attach(1);
+    // Rings identity-mapped; the receive buffer at IOVA 0x100000 -> 0x9000.
+    iommu.map(1, 0, 0x8000, 0, RW);
+    iommu.map(1, 0x100000, 0x1000, 0x9000, RW);
+    let backend = open_backend(&ConsoleConfig::Pty(None)).unwrap().unwrap();
+    let path = backend.pty_path.clone().unwrap();
+    let mut dev = Console::new(backend);
+    let mut rx = DriverRing::new(
+        mem,
+        RingAddrs {
+            desc: 0x1000,
+            avail: 0x1400,
+            used: 0x1600,
+        },
+        64,
+    );
+    let kick = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    let irq = Arc::new(IrqCount::default());
+    dev.activate(ActivateContext {
+        mem: iommu.space(mem).with_quiescer(q.clone()),
+        interrupt: irq.clone(),
+        queues: vec![ActiveQueue {
+            index: 0,
+            queue: rx.queue(),
+            kick: kick.try_clone().unwrap(),
+        }],
+        features: 0,
+    })
+    .unwrap();
+    rx.desc(0, 0x100000, 64, WRITE, 0);
+    rx.offer(0);
+    kick.write(1).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let t0 = Instant::now();
+    iommu.unmap(1, 0x100000, 0x1000);
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "the UNMAP waited for an idle worker"
+    );
+    let mut slave = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY)
+        .open(&path)
+        .unwrap();
+    slave.write_all(b"zz").unwrap();
+    wait_for("needs reset", || irq.needs_reset() == 1);
+    assert_eq!(rx.used_idx(), 0);
+    let mut page = [0u8; 2];
+    mem.read_slice(&mut page, GuestAddress(0x9000)).unwrap();
+    assert_eq!(page, [0, 0], "the unmapped buffer was written");
+    dev.reset();
+}
