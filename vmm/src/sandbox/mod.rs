@@ -18,12 +18,12 @@
 //! device module can start its threads through [`spawn`].
 
 pub mod filters;
+#[cfg(test)]
+mod hotplug_filter_tests;
 pub mod landlock;
 pub mod seccomp;
 mod sigsys;
 mod syscall_names;
-#[cfg(test)]
-mod hotplug_filter_tests;
 
 use std::io;
 use std::thread::{Builder, JoinHandle};
