@@ -11,8 +11,8 @@ and `<serial type='pty'>`), vm.boot; vm.info's config.console.file and
 config.serial.file are the ptys, opened as `virsh console` does. The
 guest (guest/console-guest.sh) writes a marker on hvc0, which must come
 out of the console's pty; the line written into it must come back on
-the guest's serial port, read from the serial's pty. Then vm.shutdown (the console's worker stopped) and
-vmm.shutdown. Prints "API-REP name HTTP=code body" per request,
+the guest's serial port, read from the serial's pty. Then vm.shutdown
+(the console's worker stopped) and vmm.shutdown. Prints "API-REP name HTTP=code body" per request,
 "CONSOLE-OBS key=value" for what it saw, the guest's serial output
 ("SERIAL:" lines), the VMM's log ("VMM:" lines) and "VMM-EXIT rc=N".
 """
@@ -111,7 +111,11 @@ def main():
     while not os.path.exists(sock) and time.time() - t0 < 30:
         time.sleep(0.1)
     body = {
-        "payload": {"kernel": kernel, "initramfs": initrd, "cmdline": "console=ttyS0 quiet panic=-1"},
+        "payload": {
+            "kernel": kernel,
+            "initramfs": initrd,
+            "cmdline": "console=ttyS0 quiet panic=-1",
+        },
         "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
         "memory": {"size": 536870912},
         "serial": {"mode": "Tty"},

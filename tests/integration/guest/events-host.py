@@ -133,7 +133,11 @@ def main():
     reader.start()
     request(sock_path, "ping", "GET", "vmm.ping")
     body = {
-        "payload": {"kernel": kernel, "initramfs": initrd, "cmdline": "console=ttyS0 quiet panic=-1"},
+        "payload": {
+            "kernel": kernel,
+            "initramfs": initrd,
+            "cmdline": "console=ttyS0 quiet panic=-1",
+        },
         "cpus": {"boot_vcpus": 2, "max_vcpus": 2},
         "memory": {"size": 536870912},
         "serial": {"mode": "File", "file": serial},
