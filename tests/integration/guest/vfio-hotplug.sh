@@ -5,6 +5,7 @@
 # behind the vIOMMU with vm.add-device, on GUEST-UNPLUG-WAIT it asks for
 # its removal with vm.remove-device. Every request and answer is printed
 # (HOTPLUG-API lines), and vm.info's device list after each.
+# Once the guest has powered off, it ends the VMM with vmm.shutdown.
 #
 #   vfio-hotplug.sh SERIAL API_SOCKET DEVICE_SYSFS_PATH
 serial=$1
@@ -54,3 +55,16 @@ while devices | grep -q nic0 && [ $i -lt 20 ]; do
 done
 echo "HOTPLUG-API GET vm.info devices after the eject -> $(devices)"
 echo "HOTPLUG-API GET vm.counters -> $(call GET vm.counters)"
+# With --api-socket the VMM outlives the guest's power-off (as
+# cloud-hypervisor's does): once vm.info says the VM is torn down
+# (Created), end the VMM through the API, as a management stack would.
+i=0
+state=
+while [ $i -lt 900 ]; do
+    state=$(call GET vm.info | sed -n 's/.*"state":"\([A-Za-z]*\)".*/\1/p')
+    [ "$state" = Created ] && break
+    sleep 1
+    i=$((i + 1))
+done
+echo "HOTPLUG-API GET vm.info state after the guest's power-off -> $state"
+echo "HOTPLUG-API PUT vmm.shutdown -> $(call PUT vmm.shutdown)"
