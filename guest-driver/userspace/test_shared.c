@@ -5,8 +5,9 @@
  * (one MAP, or no request in page-table mode) and one IOVA; it stays
  * reachable until its last user unmaps, and that unmap (strict) returns
  * only after the device invalidated it. Then with two threads on both
- * cores mapping the same pages concurrently: reuse across CPUs, correct
- * translations throughout, nothing left at the end.
+ * cores mapping the same pages concurrently: at most one MAP per nested
+ * pair (fewer where the threads overlap), correct translations
+ * throughout, nothing left at the end.
  */
 #include "ut.h"
 
@@ -91,9 +92,20 @@ int main(void)
 			for (t = 0; t < NT; t++)
 				pthread_join(th[t], NULL);
 			ut_set_cpu(0);
-			if (!pgt && ut_dev_map_reqs - maps >= NT * ROUNDS)
+			/*
+			 * Every round's nested map reuses the first one: at
+			 * most one MAP a round. Fewer when the two threads
+			 * overlap on a page, which depends on scheduling (a
+			 * loaded machine may run them one after the other), so
+			 * that is reported, not required.
+			 */
+			if (!pgt && ut_dev_map_reqs - maps > NT * ROUNDS)
 				ut_violation("shared: %ld MAPs for %d double maps",
 					     ut_dev_map_reqs - maps, NT * ROUNDS);
+			if (!pgt)
+				printf("shared: %ld MAPs for %d double maps (%s)\n",
+				       ut_dev_map_reqs - maps, NT * ROUNDS,
+				       vvi_inval_names[inv]);
 			if (env->ep.pm_total)
 				ut_violation("shared: %u mappings left with no user",
 					     env->ep.pm_total);
