@@ -477,6 +477,16 @@ extern const struct vvi_policy_ops vvi_kmalloc_ops;
 /* vviommu_identity.c */
 extern const struct vvi_policy_ops vvi_identity_ops;
 
+/* vviommu_pm.c: the mapping table of `persistent` and `shared` */
+u32 vvi_pm_key(unsigned long pfn, u32 npages, u32 prot);
+struct vvi_pm *vvi_pm_find(struct vvi_ep *ep, unsigned long pfn, u32 n,
+			   u32 prot, u64 mask, u32 key);
+struct vvi_pm *vvi_pm_at(struct vvi_ep *ep, unsigned long ipfn);
+struct vvi_pm *vvi_pm_create(struct vvi_ep *ep, unsigned long pfn, u32 n,
+			     u32 prot, unsigned long ipfn);
+void vvi_pm_insert(struct vvi_ep *ep, struct vvi_pm *m, u32 key);
+void vvi_pm_forget_all(struct vvi_ep *ep);
+
 /* vviommu_persistent.c */
 extern unsigned int vvi_persistent_cap;
 extern const struct vvi_policy_ops vvi_persistent_ops;

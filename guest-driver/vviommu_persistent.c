@@ -14,80 +14,56 @@
 
 unsigned int vvi_persistent_cap = 1024;
 
-static u32 vvi_pm_hkey(unsigned long pfn, u32 npages, u32 prot)
-{
-	return hash_64(((u64)pfn << 8) ^ ((u64)npages << 2) ^ prot, 32);
-}
-
 static u64 vvi_pm_map(struct vvi_ep *ep, phys_addr_t phys, size_t size,
 		      u32 prot, u64 mask)
 {
 	unsigned long pfn = PHYS_PFN(phys), off = offset_in_page(phys);
 	u32 n = PFN_UP(off + size);
-	u32 key = vvi_pm_hkey(pfn, n, prot);
+	u32 key = vvi_pm_key(pfn, n, prot);
 	struct vvi_pm *m;
 	unsigned long flags, ipfn;
 
 	spin_lock_irqsave(&ep->pm_lock, flags);
-	hash_for_each_possible(ep->pm_key, m, hk, key) {
-		if (m->pfn == pfn && m->npages == n && m->prot == prot &&
-		    m->iova + ((u64)n << PAGE_SHIFT) - 1 <= mask) {
-			if (m->refs++ == 0) {
-				list_del(&m->lru);
-				ep->pm_idle--;
-			}
-			spin_unlock_irqrestore(&ep->pm_lock, flags);
-			vvi_inc(ep, VVI_ST_FAST);
-			return m->iova + off;
+	m = vvi_pm_find(ep, pfn, n, prot, mask, key);
+	if (m) {
+		if (m->refs++ == 0) {
+			list_del(&m->lru);
+			ep->pm_idle--;
 		}
+		spin_unlock_irqrestore(&ep->pm_lock, flags);
+		vvi_inc(ep, VVI_ST_FAST);
+		return m->iova + off;
 	}
 	spin_unlock_irqrestore(&ep->pm_lock, flags);
 
-	m = kmalloc(sizeof(*m), GFP_ATOMIC);
-	if (!m)
-		return DMA_MAPPING_ERROR;
 	ipfn = vvi_global_alloc(ep, n, mask);
-	if (!ipfn) {
-		kfree(m);
+	if (!ipfn)
 		return DMA_MAPPING_ERROR;
-	}
-	m->pfn = pfn;
-	m->npages = n;
-	m->prot = prot;
-	m->iova = PFN_PHYS(ipfn);
-	m->refs = 1;
-	if (vvi_hot_map(ep, m->iova, (u64)n << PAGE_SHIFT, PFN_PHYS(pfn),
-			prot)) {
+	m = vvi_pm_create(ep, pfn, n, prot, ipfn);
+	if (!m) {
 		vvi_global_free(ep, ipfn);
-		kfree(m);
 		return DMA_MAPPING_ERROR;
 	}
 	spin_lock_irqsave(&ep->pm_lock, flags);
-	hash_add(ep->pm_key, &m->hk, key);
-	hash_add(ep->pm_iova, &m->hi, ipfn);
-	ep->pm_total++;
+	vvi_pm_insert(ep, m, key);
 	spin_unlock_irqrestore(&ep->pm_lock, flags);
 	return m->iova + off;
 }
 
 static void vvi_pm_unmap(struct vvi_ep *ep, u64 dma)
 {
-	unsigned long ipfn = dma >> PAGE_SHIFT, flags;
+	unsigned long flags;
 	struct vvi_pm *m, *t;
 	LIST_HEAD(victims);
-	bool found = false;
+	bool found;
 
 	spin_lock_irqsave(&ep->pm_lock, flags);
-	hash_for_each_possible(ep->pm_iova, m, hi, ipfn) {
-		if ((m->iova >> PAGE_SHIFT) != ipfn)
-			continue;
-		found = true;
-		if (--m->refs == 0) {
-			list_add_tail(&m->lru, &ep->pm_lru);
-			ep->pm_idle++;
-		}
-		break;
+	m = vvi_pm_at(ep, dma >> PAGE_SHIFT);
+	if (m && --m->refs == 0) {
+		list_add_tail(&m->lru, &ep->pm_lru);
+		ep->pm_idle++;
 	}
+	found = !!m;
 	while (ep->pm_idle > vvi_persistent_cap) {
 		m = list_first_entry(&ep->pm_lru, struct vvi_pm, lru);
 		list_move_tail(&m->lru, &victims);
@@ -107,30 +83,6 @@ static void vvi_pm_unmap(struct vvi_ep *ep, u64 dma)
 	}
 }
 
-/* drop every cached mapping; strict, process context */
-static void vvi_pm_drain(struct vvi_ep *ep)
-{
-	struct vvi_pm *m;
-	struct hlist_node *t;
-	unsigned long flags;
-	int b;
-
-	spin_lock_irqsave(&ep->pm_lock, flags);
-	hash_for_each_safe(ep->pm_iova, b, t, m, hi) {
-		hash_del(&m->hi);
-		hash_del(&m->hk);
-		if (m->refs)
-			dev_warn(ep->dev,
-				 "vviommu: mapping %llx still in use at release\n",
-				 m->iova);
-		kfree(m);
-	}
-	INIT_LIST_HEAD(&ep->pm_lru);
-	ep->pm_idle = 0;
-	ep->pm_total = 0;
-	spin_unlock_irqrestore(&ep->pm_lock, flags);
-}
-
 static u64 vvi_persistent_map(struct vvi_ep *ep, phys_addr_t phys,
 			      size_t size, u32 prot, u64 mask)
 {
@@ -145,7 +97,7 @@ static void vvi_persistent_unmap(struct vvi_ep *ep, u64 dma, size_t size,
 
 const struct vvi_policy_ops vvi_persistent_ops = {
 	.setup = vvi_iovad_setup,
-	.teardown = vvi_pm_drain,
+	.teardown = vvi_pm_forget_all,
 	.map = vvi_persistent_map,
 	.unmap = vvi_persistent_unmap,
 	.release = vvi_global_release,

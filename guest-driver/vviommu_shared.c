@@ -20,36 +20,18 @@
 #include <linux/device.h>
 #include "vviommu.h"
 
-static u32 vvi_shared_key(unsigned long pfn, u32 npages, u32 prot)
-{
-	return hash_64(((u64)pfn << 8) ^ ((u64)npages << 2) ^ prot, 32);
-}
-
-/* pm_lock held: the live mapping of these pages, if any */
-static struct vvi_pm *vvi_shared_find(struct vvi_ep *ep, unsigned long pfn,
-				      u32 n, u32 prot, u64 mask, u32 key)
-{
-	struct vvi_pm *m;
-
-	/* every mapping in the table has a user: it is live */
-	hash_for_each_possible(ep->pm_key, m, hk, key)
-		if (m->pfn == pfn && m->npages == n && m->prot == prot &&
-		    m->iova + ((u64)n << PAGE_SHIFT) - 1 <= mask)
-			return m;
-	return NULL;
-}
-
 static u64 vvi_shared_map(struct vvi_ep *ep, phys_addr_t phys, size_t size,
 			  u32 prot, u64 mask)
 {
 	unsigned long pfn = PHYS_PFN(phys), off = offset_in_page(phys);
 	u32 n = PFN_UP(off + size);
-	u32 key = vvi_shared_key(pfn, n, prot);
+	u32 key = vvi_pm_key(pfn, n, prot);
 	unsigned long flags, ipfn;
 	struct vvi_pm *m, *other;
 
+	/* every mapping in the table has a user: a found one is live */
 	spin_lock_irqsave(&ep->pm_lock, flags);
-	m = vvi_shared_find(ep, pfn, n, prot, mask, key);
+	m = vvi_pm_find(ep, pfn, n, prot, mask, key);
 	if (m) {
 		m->refs++;
 		spin_unlock_irqrestore(&ep->pm_lock, flags);
@@ -58,23 +40,12 @@ static u64 vvi_shared_map(struct vvi_ep *ep, phys_addr_t phys, size_t size,
 	}
 	spin_unlock_irqrestore(&ep->pm_lock, flags);
 
-	m = kmalloc(sizeof(*m), GFP_ATOMIC);
-	if (!m)
-		return DMA_MAPPING_ERROR;
 	ipfn = vvi_mag_alloc(ep, n, mask);
-	if (!ipfn) {
-		kfree(m);
+	if (!ipfn)
 		return DMA_MAPPING_ERROR;
-	}
-	m->pfn = pfn;
-	m->npages = n;
-	m->prot = prot;
-	m->iova = PFN_PHYS(ipfn);
-	m->refs = 1;
-	if (vvi_hot_map(ep, m->iova, (u64)n << PAGE_SHIFT, PFN_PHYS(pfn),
-			prot)) {
+	m = vvi_pm_create(ep, pfn, n, prot, ipfn);
+	if (!m) {
 		vvi_mag_free(ep, ipfn, n);
-		kfree(m);
 		return DMA_MAPPING_ERROR;
 	}
 	/*
@@ -83,7 +54,7 @@ static u64 vvi_shared_map(struct vvi_ep *ep, phys_addr_t phys, size_t size,
 	 * the table holds one mapping per page and direction.
 	 */
 	spin_lock_irqsave(&ep->pm_lock, flags);
-	other = vvi_shared_find(ep, pfn, n, prot, mask, key);
+	other = vvi_pm_find(ep, pfn, n, prot, mask, key);
 	if (other) {
 		other->refs++;
 		spin_unlock_irqrestore(&ep->pm_lock, flags);
@@ -91,9 +62,7 @@ static u64 vvi_shared_map(struct vvi_ep *ep, phys_addr_t phys, size_t size,
 		kfree(m);
 		return other->iova + off;
 	}
-	hash_add(ep->pm_key, &m->hk, key);
-	hash_add(ep->pm_iova, &m->hi, ipfn);
-	ep->pm_total++;
+	vvi_pm_insert(ep, m, key);
 	spin_unlock_irqrestore(&ep->pm_lock, flags);
 	return m->iova + off;
 }
@@ -101,34 +70,29 @@ static u64 vvi_shared_map(struct vvi_ep *ep, phys_addr_t phys, size_t size,
 static void vvi_shared_unmap(struct vvi_ep *ep, u64 dma, size_t size,
 			     bool strict)
 {
-	unsigned long ipfn = dma >> PAGE_SHIFT, flags;
-	struct vvi_pm *m, *found = NULL;
+	unsigned long flags;
+	struct vvi_pm *m;
 	bool last = false;
 
 	spin_lock_irqsave(&ep->pm_lock, flags);
-	hash_for_each_possible(ep->pm_iova, m, hi, ipfn) {
-		if ((m->iova >> PAGE_SHIFT) != ipfn)
-			continue;
-		found = m;
-		if (--m->refs == 0) {
-			/* no new user can find it from here on */
-			hash_del(&m->hk);
-			hash_del(&m->hi);
-			ep->pm_total--;
-			last = true;
-		}
-		break;
+	m = vvi_pm_at(ep, dma >> PAGE_SHIFT);
+	if (m && --m->refs == 0) {
+		/* no new user can find it from here on */
+		hash_del(&m->hk);
+		hash_del(&m->hi);
+		ep->pm_total--;
+		last = true;
 	}
 	spin_unlock_irqrestore(&ep->pm_lock, flags);
-	if (!found) {
+	if (!m) {
 		dev_warn_ratelimited(ep->dev,
 				     "vviommu: unmap of unknown IOVA %llx\n",
 				     dma);
 		return;
 	}
 	if (last) {
-		vvi_invalidate(ep, found->iova, found->npages, strict);
-		kfree(found);
+		vvi_invalidate(ep, m->iova, m->npages, strict);
+		kfree(m);
 	}
 }
 
@@ -137,25 +101,10 @@ static int vvi_shared_setup(struct vvi_ep *ep)
 	return vvi_magazine_ops.setup(ep);
 }
 
-/* mappings left at release are a driver bug: warn, then forget them */
+/* mappings left at release are a driver bug: warned of, then forgotten */
 static void vvi_shared_teardown(struct vvi_ep *ep)
 {
-	struct hlist_node *t;
-	unsigned long flags;
-	struct vvi_pm *m;
-	int b;
-
-	spin_lock_irqsave(&ep->pm_lock, flags);
-	hash_for_each_safe(ep->pm_iova, b, t, m, hi) {
-		hash_del(&m->hi);
-		hash_del(&m->hk);
-		dev_warn(ep->dev,
-			 "vviommu: shared mapping %llx still in use at release\n",
-			 m->iova);
-		kfree(m);
-	}
-	ep->pm_total = 0;
-	spin_unlock_irqrestore(&ep->pm_lock, flags);
+	vvi_pm_forget_all(ep);
 	vvi_magazine_ops.teardown(ep);
 }
 
