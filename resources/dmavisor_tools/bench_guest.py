@@ -2,7 +2,7 @@
 vCPU counts, in one go, with a report and plots.
 
     bench-guest [--quick] [--runs N] [--rounds N] [--seed S] [--only PATTERN]
-                [--ch PATH] [--cpus 1,2] [--out DIR] [--list]
+                [--ch PATH] [--cpus 1,2] [--workloads dma,rr] [--out DIR] [--list]
     bench-guest --report DIR      (redo report.md and the plots of a run)
     bench-guest --project DIR ... (a PROJECTION for a VMX host: the runs'
                                    event counts times native costs,
@@ -15,7 +15,8 @@ The matrix (every combination is one configuration):
   IOMMU    off (no vIOMMU at all: one baseline per guest kernel),
            Linux's in-tree virtio-iommu driver strict and lazy (Debian
            trixie 6.12 guest), the project's vviommu driver with each IOVA
-           policy x invalidation mode (Debian bookworm 6.1 guest), and
+           policy x invalidation mode (Debian bookworm 6.1 guest; policy
+           shared is Willmann's reference-counted shared mappings), and
            under dmavisor vviommu in page-table mode (pgt-magazine-*:
            MAPs are page-table writes, only invalidations are requests)
   vCPUs    1 and 2 (--cpus)
@@ -92,7 +93,9 @@ from .stats import boots_of, compare, shuffled_rounds, value_range, verdict_text
 
 BEGIN, END = "@@CASE-BEGIN", "@@CASE-END"
 
-POLICIES = ["identity", "kmalloc", "magazine", "global", "persistent", "passthrough"]
+# shared: Willmann's shared mappings (guest-driver/vviommu_shared.c), the
+# seed paper's strategy compared with magazine and identity (issue 30)
+POLICIES = ["identity", "kmalloc", "magazine", "global", "persistent", "passthrough", "shared"]
 INVALS = ["strict", "lazy-global", "lazy-percpu"]
 QUICK_VVI = [("magazine", "lazy-percpu"), ("magazine", "strict")]
 # The project's best policy for the demo's headline: the candidates, the
@@ -106,7 +109,7 @@ DRIVERS_VVI = ("vvi", "pgt")  # the project's driver, either mode
 # The policies that protect and are the project's own: the headline's
 # "best policy" is one of these (passthrough maps all of RAM, persistent
 # keeps mappings after unmap, global is the unscalable baseline).
-PROJECT_POLICIES = ("identity", "kmalloc", "magazine")
+PROJECT_POLICIES = ("identity", "kmalloc", "magazine", "shared")
 KERNEL = {"bookworm": "6.1", "trixie": "6.12"}
 WORKLOADS = {  # name: (label, unit, higher is better)
     "dma": ("DMA map+unmap", "ops/s", True),
@@ -127,9 +130,16 @@ def config_id(vmm, cpus, iommu):
     return f"{vmm}/{cpus}cpu/{iommu}"
 
 
+def selected_workloads(args):
+    """The workloads every boot runs (--workloads; all by default)."""
+    sel = getattr(args, "workloads", None)
+    return [w for w in WORKLOADS if not sel or w in sel.split(",")]
+
+
 def plan_boots(args):
     """The guest boots: each is one runner case and holds one or more
     configurations (guest label -> configuration)."""
+    wanted = selected_workloads(args)
     vmms = ["dmavisor", "qemu"] + (["ch"] if args.ch else [])
     if args.demo:
         vmms, cpus_list = ["dmavisor"], [2]
@@ -150,9 +160,11 @@ def plan_boots(args):
                 # the DMA microbenchmark: not under cloud-hypervisor (no
                 # DMA test device), nor on 6.12 guests in quick mode (their
                 # vvi_edu build costs a trixie chroot, about a minute)
-                dma = vmm != "ch" and (suite == "bookworm" or not args.quick)
+                dma = (vmm != "ch" and (suite == "bookworm" or not args.quick)
+                       and "dma" in wanted)
                 return {"vmm": vmm, "cpus": cpus, "suite": suite, "mode": mode,
-                        "iommu": iommu, "configs": configs, "dma": dma}
+                        "iommu": iommu, "configs": configs, "dma": dma,
+                        "workloads": wanted}
             boots.append(boot("bookworm", "off", "off", {"off": "off-6.1"}))
             labels = {f"vvi-{p}-{i}": f"vvi-{p}-{i}" for p, i in vvi}
             if vmm == "dmavisor":
@@ -208,7 +220,8 @@ def predict_secs(b, args):
     """A-priori seconds of one boot in the nested runner (TCG, 256 MiB
     guests), refined during the run by how long finished boots took."""
     boot = {"dmavisor": 30, "qemu": 45, "ch": 35}[b["vmm"]] * max(1.0, args.mem / 256)
-    per = args.runs * 3 * (args.secs + 3) + 6
+    net = [w for w in b.get("workloads", WORKLOADS) if w != "dma"]
+    per = args.runs * len(net) * (args.secs + 3) + 6
     if b.get("dma"):
         per += args.runs * (2 + (args.dma_ms / 1000 if args.dma_ms else args.iters / 100))
     return boot + per * len(b["configs"])
@@ -300,6 +313,8 @@ def boot_cmdline(b, args):
     parts = ["console=ttyS0", "quiet", "panic=-1", f"bench_mode={b['mode']}",
              f"bench_runs={args.runs}", f"bench_iters={args.iters}", f"bench_secs={args.secs}",
              f"bench_dma_ms={args.dma_ms}"]
+    if b.get("workloads") and len(b["workloads"]) < len(WORKLOADS):
+        parts.append("bench_workloads=" + ",".join(b["workloads"]))
     if b["mode"] == "vvi":
         if args.vvi_params:
             parts.append("bench_vvi_params=" + ",".join(args.vvi_params.split()))
@@ -437,9 +452,13 @@ def parse(lines, boots):
             rec["invalidation"] = iommu.split("-", 1)[1]
         recs[cid] = rec
     for b in boots:
-        if "dma" in b:
-            for it in b["configs"].values():
-                recs[config_id(b["vmm"], b["cpus"], it)]["dma"] = b["dma"]
+        for it in b["configs"].values():
+            r = recs[config_id(b["vmm"], b["cpus"], it)]
+            if "dma" in b:
+                r["dma"] = b["dma"]
+            if b.get("workloads"):
+                # --workloads: the ones the plan ran (not missing figures)
+                r["planned_workloads"] = list(b["workloads"])
     case = None
     for line in lines:
         if line.startswith(BEGIN):
@@ -542,7 +561,8 @@ def expected_workloads(r):
     everywhere. Runs from before the 6.12 DMA figures have no "dma" key:
     there only 6.1 guests outside cloud-hypervisor ran it."""
     dma = r.get("dma", r["guest"].endswith("-6.1") and r["vmm"] != "ch")
-    return (["dma"] if dma else []) + ["tcp_tx", "tcp_rx", "rr"]
+    net = [w for w in r.get("planned_workloads", WORKLOADS) if w != "dma"]
+    return (["dma"] if dma else []) + net
 
 
 # ------------------------------------------------------------------ report
@@ -999,6 +1019,9 @@ def main():
     ap.add_argument("--ch", metavar="PATH", help="also run cloud-hypervisor (its binary)")
     ap.add_argument("--cpus", default=None, help="vCPU counts (default 1,2; quick 1)")
     ap.add_argument("--secs", type=int, help="seconds per iperf3/sockperf run (default 3, quick 1)")
+    ap.add_argument("--workloads", default="",
+                    help="comma-separated subset of " + ",".join(WORKLOADS) + " (default "
+                         "all; e.g. dma,rr for a latency run without bulk transfers)")
     ap.add_argument("--iters", type=int,
                     help="DMA microbenchmark iterations per vCPU (default 2000, quick 200)")
     ap.add_argument("--dma-ms", type=int, default=0, metavar="MS",
@@ -1058,6 +1081,8 @@ def main():
         ap.error("--runs and --secs must be positive, --cpus a list like 1,2")
     if args.rounds < 1:
         ap.error("--rounds must be positive")
+    if args.workloads and not set(args.workloads.split(",")) <= set(WORKLOADS):
+        ap.error(f"--workloads takes a subset of {','.join(WORKLOADS)}")
     if not re.fullmatch(r"(\s*[a-z_]+=[A-Za-z0-9_.-]+)*\s*", args.vvi_params):
         ap.error("--vvi-params takes NAME=VALUE words")
     if not 0 <= args.dma_ms <= 60000:

@@ -116,5 +116,35 @@ class Parse(unittest.TestCase):
             self.assertIn("no significant difference", text)
 
 
+class Workloads(unittest.TestCase):
+    """--workloads: a latency run skips the bulk transfers; the guest is
+    told so, and the configurations are complete without them."""
+
+    def test_selected_workloads_reach_the_guest_and_the_status(self):
+        boots = bg.plan_boots(args(workloads="dma,rr"))
+        line = bg.boot_cmdline(boots[0], SimpleNamespace(
+            runs=2, iters=0, secs=1, dma_ms=200, vvi_params=""))
+        self.assertIn("bench_workloads=dma,rr", line)
+
+        def latency_only(b, lbl):
+            return [f for f in figures(b, lbl) if " tcp_" not in f]
+
+        records = bg.parse(session(boots, latency_only), boots)
+        for r in records:
+            self.assertEqual(r["status"], "ok", (r["id"], r["errors"]))
+            self.assertNotIn("tcp_rx", r["expected_workloads"])
+        # the same figures without the selection: the TCP runs are missing
+        full = bg.plan_boots(args())
+        self.assertNotIn("bench_workloads", bg.boot_cmdline(full[0], SimpleNamespace(
+            runs=2, iters=0, secs=1, dma_ms=200, vvi_params="")))
+        incomplete = bg.parse(session(full, latency_only), full)
+        self.assertTrue(all(r["status"] == "incomplete" for r in incomplete))
+
+    def test_shared_policy_is_planned(self):
+        ids = [c[0] for c in bg.configurations(bg.plan_boots(args(quick=False, cpus="1")))]
+        self.assertIn("dmavisor/1cpu/vvi-shared-strict", ids)
+        self.assertIn("qemu/1cpu/vvi-shared-strict", ids)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -16,6 +16,8 @@
 #                              runner's jitter; 0: by iterations)
 #   bench_vvi_params=A=x,B=y   more vviommu module parameters
 #   bench_secs=S               seconds of each iperf3 and sockperf run
+#   bench_workloads=W,...      only these of dma,tcp_tx,tcp_rx,rr (a
+#                              latency run skips the bulk transfers)
 #   bench_host=IP bench_me=IP  the peer (iperf3 -s, sockperf server) and us
 # Prints, per configuration, "BENCH-CONFIG-BEGIN iommu=...", one
 # "BENCH <workload> iommu=... run=<i> key=value..." line per measurement
@@ -34,6 +36,7 @@ runs=1
 iters=1000
 dma_ms=0
 secs=2
+workloads=dma,tcp_tx,tcp_rx,rr
 host=192.168.249.1
 me=192.168.249.2
 for arg in $(cat /proc/cmdline); do
@@ -45,6 +48,7 @@ for arg in $(cat /proc/cmdline); do
 	bench_iters=*) iters=${arg#*=} ;;
 	bench_dma_ms=*) dma_ms=${arg#*=} ;;
 	bench_secs=*) secs=${arg#*=} ;;
+	bench_workloads=*) workloads=${arg#*=} ;;
 	bench_vvi_params=*) vvi_params=$(echo "${arg#*=}" | tr , ' ') ;;
 	bench_host=*) host=${arg#*=} ;;
 	bench_me=*) me=${arg#*=} ;;
@@ -65,6 +69,12 @@ sysd=/sys/devices/system
 echo "BENCH-INFO clocksource=$(cat $sysd/clocksource/clocksource0/current_clocksource 2>/dev/null) clockevent=$(cat $sysd/clockevents/clockevent0/current_device 2>/dev/null) cpuidle=$(cat $sysd/cpu/cpuidle/current_driver 2>/dev/null) governor=$(cat $sysd/cpu/cpuidle/current_governor_ro $sysd/cpu/cpuidle/current_governor 2>/dev/null | head -n1)"
 echo "BENCH-INFO cpuflags=$(sed -n 's/^flags[^:]*: //p' /proc/cpuinfo | head -n1 | tr ' ' ,)"
 dmesg | grep -iE "kvm|clocksource|tsc|x2apic|apic|hpet|idle" | head -n 30 | sed 's/^/BENCH-DMESG /'
+
+# is workload $1 one of bench_workloads?
+want() {
+	case ",$workloads," in *",$1,"*) return 0 ;; esac
+	return 1
+}
 
 kv() {
 	sed -n "s/^$2=//p" "$1" 2>/dev/null | head -n1
@@ -94,7 +104,7 @@ stat_deltas() {
 # dma IOMMU: the microbenchmark $runs times; request counts from the
 # vviommu statistics of the DMA test device when vviommu drives it
 dma() {
-	[ "$iters" -gt 0 ] && [ -n "$EDU" ] && [ -f $M/vvi_edu.ko ] || return 0
+	want dma && [ "$iters" -gt 0 ] && [ -n "$EDU" ] && [ -f $M/vvi_edu.ko ] || return 0
 	insmod $M/vvi_edu.ko || { echo "BENCH-ERROR iommu=$1 what=insmod-vvi_edu"; return 0; }
 	st=$D/vviommu/$EDU/stats
 	i=1
@@ -152,11 +162,13 @@ net() {
 	while ! ping -c 1 -W 2 "$host" >/dev/null 2>&1 && [ $i -lt 15 ]; do i=$((i + 1)); done
 	i=1
 	while [ $i -le "$runs" ]; do
-		echo "BENCH tcp_tx iommu=$1 run=$i $(with_irqs iperf_kbps)"
-		echo "BENCH tcp_rx iommu=$1 run=$i $(with_irqs iperf_kbps -R)"
-		lat=$(timeout $((secs + 60)) sockperf ping-pong -i "$host" -p 11111 --tcp -t "$secs" 2>&1 |
-			sed -n 's/.*Latency is \([0-9.]*\) usec.*/\1/p' | tail -n 1)
-		echo "BENCH rr iommu=$1 run=$i lat_us=$lat"
+		want tcp_tx && echo "BENCH tcp_tx iommu=$1 run=$i $(with_irqs iperf_kbps)"
+		want tcp_rx && echo "BENCH tcp_rx iommu=$1 run=$i $(with_irqs iperf_kbps -R)"
+		if want rr; then
+			lat=$(timeout $((secs + 60)) sockperf ping-pong -i "$host" -p 11111 --tcp -t "$secs" 2>&1 |
+				sed -n 's/.*Latency is \([0-9.]*\) usec.*/\1/p' | tail -n 1)
+			echo "BENCH rr iommu=$1 run=$i lat_us=$lat"
+		fi
 		i=$((i + 1))
 	done
 	if [ -n "$NET" ] && [ -f "$D/vviommu/$NET/stats" ]; then
@@ -194,7 +206,7 @@ vvi)
 		# configuration: its baseline differs only by the driver, and
 		# shares the moment (a boot slows down as it goes on in the
 		# nested runner, so a baseline taken once at the start flatters it)
-		if [ "$iters" -gt 0 ] && [ -n "$EDU" ] && insmod $M/vvi_edu.ko; then
+		if want dma && [ "$iters" -gt 0 ] && [ -n "$EDU" ] && insmod $M/vvi_edu.ko; then
 			i=1
 			while [ $i -le "$runs" ]; do
 				echo "size=4096 $amount bufs=1 dir=to" > $D/vvi_edu/bench
