@@ -77,7 +77,7 @@ import subprocess
 import sys
 import time
 
-from . import projection
+from . import latency, projection
 from .common import (
     BUILD,
     GUEST,
@@ -735,8 +735,11 @@ def headline_text(records):
             if h["dma"]["flushes"]:
                 s += f", {h['dma']['flushes']} flushes in its runs"
             s += ";"
-        s += (f" TCP peer->guest {ratio_text(h['tcp_rx'])}, guest->peer "
-              f"{ratio_text(h['tcp_tx'])} of the no-IOMMU boot")
+        if h["tcp_rx"] or h["tcp_tx"]:
+            s += (f" TCP peer->guest {ratio_text(h['tcp_rx'])}, guest->peer "
+                  f"{ratio_text(h['tcp_tx'])} of the no-IOMMU boot")
+        if h["rr"]:
+            s += f" request/response time {ratio_text(h['rr'])} of the no-IOMMU boot's"
         if h.get("requests_per_dma") is not None:
             s += f"; {h['requests_per_dma']:.4f} requests/DMA"
         for w, k in (("dma", "DMA"), ("tcp_rx", "TCP peer->guest")):
@@ -819,7 +822,10 @@ def report(outdir, records, meta):
         md += ["## Runs without a figure (left out of the statistics)", ""]
         md += [f"- `{r['id']}`: {'; '.join(r['failed_runs'])}" for r in failed]
         md.append("")
+    md += [latency.section(records, lambda r, w: base_runs(r, w, recs)), ""]
     for w, (title, unit, _) in WORKLOADS.items():
+        if not any(w in r["expected_workloads"] for r in records):
+            continue  # not run (--workloads)
         md += [f"## {title} ({unit})", ""]
         hdr = ["configuration", "VMM", "vCPUs", "IOMMU", f"median {unit}", "min–max", "runs",
                "boots", "ratio to no IOMMU", "vs QEMU (same config)"]

@@ -2,10 +2,13 @@
 every round's figures kept, every project configuration in the headline
 with its range, and VMM comparisons only with a test across boots."""
 
+import os
+import tempfile
 import unittest
 from types import SimpleNamespace
 
 from dmavisor_tools import bench_guest as bg
+from dmavisor_tools import latency
 
 
 def args(**kw):
@@ -144,6 +147,114 @@ class Workloads(unittest.TestCase):
         ids = [c[0] for c in bg.configurations(bg.plan_boots(args(quick=False, cpus="1")))]
         self.assertIn("dmavisor/1cpu/vvi-shared-strict", ids)
         self.assertIn("qemu/1cpu/vvi-shared-strict", ids)
+
+
+class Latency(unittest.TestCase):
+    """The small-I/O latency section (latency.py): multipliers over the
+    same VMM's no-vIOMMU baseline, every run's range, and VMM-vs-VMM
+    comparisons of the multipliers with their p."""
+
+    def test_every_run_is_a_multiplier_of_its_baselines_median_time(self):
+        base = [{"value": 5.0, "round": 1}, {"value": 5.0, "round": 2},
+                {"value": 15.0, "round": 3}]
+        rr = latency.multipliers("rr", [{"value": 10.0, "round": 1},
+                                        {"value": 20.0, "round": 2}], base)
+        self.assertEqual([(m["value"], m["round"]) for m in rr], [(2.0, 1), (4.0, 2)])
+        # a rate: the time per round trip is its inverse
+        dma = latency.multipliers("dma", [{"value": 100.0, "round": 1},
+                                          {"value": 0.0, "round": 1},
+                                          {"value": 50.0, "round": 3}],
+                                  [{"value": 1000.0, "round": 1}])
+        self.assertEqual([(m["value"], m["round"]) for m in dma], [(10.0, 1), (20.0, 3)])
+        self.assertEqual(latency.multipliers("rr", base, []), [])
+
+    def test_a_rates_median_multiplier_inverts_the_median_rate(self):
+        runs = [{"value": 100.0, "round": 1}, {"value": 300.0, "round": 2}]
+        base = [{"value": 1000.0, "round": 1}]
+        # 1000 / median(100, 300) = 5, not median(10, 3.33) = 6.67
+        self.assertAlmostEqual(latency.median_multiplier("dma", runs, base), 5.0)
+        s = latency.summarise(latency.multipliers("dma", runs, base), 5.0)
+        self.assertEqual((s["median"], s["n"], s["boots"]), (5.0, 2, 2))
+        self.assertAlmostEqual(s["min"], 1000 / 300)
+        self.assertAlmostEqual(s["max"], 10.0)
+
+    def setUp(self):
+        # dmavisor's protected round trips take 3x its no-IOMMU ones,
+        # QEMU's and cloud-hypervisor's 1.5x; DMA 100x and 50x
+        def fig(b, lbl):
+            slow = (3.0 if b["vmm"] == "dmavisor" else 1.5) if lbl != "off" else 1.0
+            out = []
+            for run in (1, 2):
+                jitter = 0.01 * (b["round"] * 2 + run)
+                out.append(f"BENCH rr iommu={{lbl}} run={run} lat_us={100 * slow + jitter}")
+                if b["vmm"] != "ch":
+                    dslow = (100.0 if b["vmm"] == "dmavisor" else 50.0) if lbl != "off" else 1.0
+                    out.append(f"BENCH dma iommu={{lbl}} run={run} "
+                               f"ops_per_sec={1e6 / dslow + jitter} errors=0 cpus=1 maps=10 "
+                               "requests=10 flushes=0")
+            if b["mode"] == "vvi":
+                out = ["BENCH-INFO iommu={lbl} dma_direct=1000000"] + out
+            return out
+
+        self.boots = bg.plan_boots(args(ch="/bin/true", rounds=3, seed=2, workloads="dma,rr"))
+        self.records = bg.parse(session(self.boots, fig), self.boots)
+        self.recs = {r["id"]: r for r in self.records}
+
+    def base_of(self, r, w):
+        return bg.base_runs(r, w, self.recs)
+
+    def test_rows_divide_by_the_same_vmms_baseline(self):
+        rows = {r["id"]: r for r in latency.rows(self.records, self.base_of)}
+        d = rows["dmavisor/1cpu/vvi-magazine-strict"]
+        self.assertAlmostEqual(d["rr"]["sum"]["median"], 3.0, places=2)
+        self.assertEqual((d["rr"]["sum"]["n"], d["rr"]["sum"]["boots"]), (6, 3))
+        self.assertAlmostEqual(d["dma"]["sum"]["median"], 100.0, places=2)
+        self.assertEqual(d["dma"]["base"], "dma-direct, same boot")
+        self.assertAlmostEqual(rows["qemu/1cpu/vvi-magazine-strict"]["rr"]["sum"]["median"],
+                               1.5, places=3)
+        off = rows["dmavisor/1cpu/off-6.1"]
+        self.assertEqual(off["rr"]["base"], "itself")
+        self.assertAlmostEqual(off["rr"]["sum"]["median"], 1.0, places=3)
+        self.assertIsNone(rows["ch/1cpu/vvi-magazine-strict"]["dma"])
+
+    def test_section_prints_ranges_and_every_comparison_with_its_p(self):
+        text = latency.section(self.records, self.base_of)
+        self.assertIn("| dmavisor | 1 | vvi-magazine-strict |", text)
+        self.assertIn("x3 (x3-x3, 6 runs/3 boots)", text)
+        for other in ("QEMU", "cloud-hypervisor"):
+            self.assertIn(f"dmavisor's multiplier is higher than {other}'s "
+                          "(Mann-Whitney p = 0.00216, 6 runs/3 boots vs 6 runs/3 boots)", text)
+        # no DMA figure under cloud-hypervisor: no DMA comparison with it
+        self.assertNotIn("DMA map+unmap round trip: dmavisor x100 vs – ", text)
+        # rr of the two vviommu configurations (quick mode has no 6.12
+        # baseline: Linux lazy has no multiplier, hence no comparison)
+        self.assertEqual(text.count("vs cloud-hypervisor's") + text.count(
+            "than cloud-hypervisor's"), 2)
+        self.assertNotIn("linux-lazy", text)
+        self.assertIn("- dmavisor, 1 vCPU, request/response (sockperf): x3-x3 over 2 "
+                      "configurations", text)
+        # report.md carries it, and no empty TCP sections (not run)
+        with tempfile.TemporaryDirectory() as d:
+            bg.report(d, self.records, {
+                "started": "t", "command": "c", "runner": "r", "runs": 2, "secs": 1,
+                "iters": 0, "dma_ms": 200, "session_secs": 1, "versions": {}, "seed": 2})
+            with open(os.path.join(d, "report.md"), encoding="utf-8") as f:
+                md = f.read()
+        self.assertIn(text, md)
+        self.assertNotIn("## TCP guest->peer", md)
+        self.assertIn("## TCP request/response", md)
+
+    def test_comparisons_are_not_verdicts_without_enough_boots(self):
+        one = [b for b in self.boots if b["round"] == 1]
+        recs = bg.parse(session(one, lambda b, lbl: [
+            f"BENCH rr iommu={{lbl}} run=1 lat_us={300 if b['vmm'] == 'dmavisor' else 100}"]),
+            one)
+        by = {r["id"]: r for r in recs}
+        comps = latency.comparisons(latency.rows(recs, lambda r, w: bg.base_runs(r, w, by)))
+        self.assertTrue(comps)
+        for c in comps:
+            self.assertEqual(c["test"]["verdict"], "no significant difference")
+            self.assertIn("too few to test", latency.comparison_text(c))
 
 
 if __name__ == "__main__":
