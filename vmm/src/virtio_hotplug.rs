@@ -65,11 +65,15 @@ pub fn add_net(
 }
 
 /// Adds a virtio-blk device on the raw image `cfg` names, as `cfg.id`
-/// (or `_disk<N>`).
+/// (or `_disk<N>`, chosen before the image is opened: the id is the
+/// disk's serial, the same after a reboot rebuilt it from `vm.info`).
 pub fn add_disk(
     hotplug: &VfioHotplug,
-    cfg: DiskConfig,
+    mut cfg: DiskConfig,
 ) -> Result<(String, PciAddress), HotplugError> {
+    if cfg.id.is_none() {
+        cfg.id = Some(hotplug.free_id("disk")?);
+    }
     let image = DiskImage::open(&cfg.path, cfg.readonly, cfg.id.as_deref())
         .map_err(|e| HotplugError::Refused(format!("vm.add-disk: {e}")))?;
     let num_queues = u16::try_from(cfg.num_queues).unwrap_or(1);

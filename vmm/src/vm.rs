@@ -21,6 +21,7 @@ use crate::acpi::dsdt::{COM1_IRQ, COM1_PORT};
 use crate::acpi::tables::create_acpi_tables_with;
 use crate::acpi::AcpiConfig;
 use crate::api::controller::Booted;
+use crate::api::running_config::boot_ids;
 use crate::api::vm_state::CounterSources;
 use crate::api::vm_state::Lifecycle;
 use crate::api::vm_state::VmState;
@@ -534,6 +535,7 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
         eject_rx,
     )
     .map_err(step(StartError::Hotplug))?;
+    hotplug.reserve_ids(boot_ids(config));
     owner.own_hotplug(hotplug.clone());
     let vcpu_control = VcpuControl::new(usize::from(config.cpus.boot));
     owner.own_vcpus(vcpu_control.clone());

@@ -12,7 +12,7 @@ image and a TAP named in the NetConfig (dmavisor creates it), both with
 "iommu": true. After each round the guest's done marker triggers
 vm.remove-device of both, and the guest reports them gone. Every request
 and reply is an "HP-API name code body" line; vm.info's disks and net
-after each step are "HP-INFO" lines; what the host's TCP sink received
+after each step are "HP-INFO" lines (net by TAP and by id); what the host's TCP sink received
 from the guest (the image's first MiB, read by the guest from the
 hotplugged disk and sent over the hotplugged NIC) is "HOST-RX" lines; the
 guest's serial output is "SERIAL:" lines, the VMM's log "VMM:" lines.
@@ -120,8 +120,9 @@ def info_devices(sock_path, label):
         return "", ""
     disks = ",".join(str(d.get("id") or d.get("path")) for d in cfg.get("disks") or [])
     nets = ",".join(str(n.get("tap")) for n in cfg.get("net") or [])
-    say(f"HP-INFO {label} disks=[{disks}] net=[{nets}]")
-    return disks, nets
+    net_ids = ",".join(str(n.get("id")) for n in cfg.get("net") or [])
+    say(f"HP-INFO {label} disks=[{disks}] net=[{nets}] net_ids=[{net_ids}]")
+    return disks, nets + "," + net_ids
 
 
 def sink(listener):

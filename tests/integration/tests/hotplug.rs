@@ -180,6 +180,8 @@ fn check_round(out: &str, round: u32, iommu: bool) {
     assert!(info(out, &present, "disks").contains(&disk_id), "{out}");
     let tap = if round == 1 { "dmvhp1" } else { "dmvhp2" };
     assert!(info(out, &present, "net").contains(tap), "{out}");
+    // Listed by the ids the adds returned, which remove-device takes.
+    assert!(info(out, &present, "net_ids").contains(&net_id), "{out}");
     for label in ["remove_disk", "remove_net"] {
         assert_eq!(reply(out, &format!("{label}{round}")).0, 204, "{out}");
     }
@@ -189,6 +191,7 @@ fn check_round(out: &str, round: u32, iommu: bool) {
     let after = format!("gone{round}");
     assert_eq!(info(out, &after, "disks"), "[]", "{out}");
     assert_eq!(info(out, &after, "net"), "[]", "{out}");
+    assert_eq!(info(out, &after, "net_ids"), "[]", "{out}");
 }
 
 #[test]

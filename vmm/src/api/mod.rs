@@ -24,6 +24,7 @@ pub mod controller;
 pub mod error;
 pub mod fd_stream;
 pub mod routes;
+pub mod running_config;
 pub mod server;
 pub mod vm_config;
 pub mod vm_state;

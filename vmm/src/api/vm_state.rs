@@ -24,7 +24,7 @@ use crate::devices::ged::GedTrigger;
 use crate::exit::{ExitEvent, ExitSender};
 use crate::net::NetConfig;
 use crate::vcpu_control::VcpuControl;
-use crate::vfio::hotplug::{HotplugError, VfioHotplug, VirtioConfig};
+use crate::vfio::hotplug::{HotplugError, VfioHotplug};
 use crate::vfio::VfioConfig;
 use crate::vhost_user::iotlb::BackendIotlb;
 
@@ -142,17 +142,12 @@ pub fn reboot_obstacle(c: &VmConfig) -> Option<String> {
 impl VmApi for VmState {
     fn config(&self) -> Value {
         match &self.lifecycle.hotplug {
-            Some(h) => {
-                let mut now = self.config.clone();
-                now.devices = h.configs();
-                for (_, cfg) in h.virtio_configs() {
-                    match cfg {
-                        VirtioConfig::Net(n) => now.net.push(n),
-                        VirtioConfig::Disk(d) => now.disks.push(d),
-                    }
-                }
-                super::vm_config::to_json(&now)
-            }
+            // Every hotplugged device with the id it was added as.
+            Some(h) => super::vm_config::to_json(&super::running_config::running_config(
+                &self.config,
+                h.configs(),
+                h.virtio_configs().into_iter().map(|(_, cfg)| cfg),
+            )),
             None => super::vm_config::to_json(&self.config),
         }
     }

@@ -37,6 +37,7 @@ use log::{info, warn};
 
 use virtio_iommu::locks::Unpoison;
 
+use super::hotplug_ids::{check_id, choose, made_up};
 use super::{add_vfio_device, AssignedDevice, VfioConfig, VfioMirror};
 use crate::block::DiskConfig;
 use crate::devices::ged::GedTrigger;
@@ -97,7 +98,8 @@ pub enum VirtioConfig {
 }
 
 impl VirtioConfig {
-    fn kind(&self) -> &'static str {
+    /// `net` or `disk`: what made-up ids of this kind start with.
+    pub fn kind(&self) -> &'static str {
         match self {
             Self::Net(_) => "net",
             Self::Disk(_) => "disk",
@@ -108,6 +110,14 @@ impl VirtioConfig {
         match self {
             Self::Net(c) => c.iommu,
             Self::Disk(c) => c.iommu,
+        }
+    }
+
+    /// Records the id the device goes by (`vm.info` lists it).
+    pub fn set_id(&mut self, id: &str) {
+        match self {
+            Self::Net(c) => c.id = Some(id.to_string()),
+            Self::Disk(c) => c.id = Some(id.to_string()),
         }
     }
 }
@@ -153,6 +163,9 @@ pub struct VfioHotplug {
     events: Arc<HotplugEvents>,
     ged: GedTrigger,
     plugged: Mutex<Vec<Plugged>>,
+    /// Ids of the VM's other devices (`--net`, `--disk` at boot), which
+    /// no hotplugged function may take ([`VfioHotplug::reserve_ids`]).
+    reserved: Mutex<Vec<String>>,
     /// A guest ejected a slot with no hotplugged function (logged once: a
     /// guest can do it at will).
     stray_eject: AtomicBool,
@@ -172,13 +185,6 @@ fn slots_for(iommu: bool) -> Range<usize> {
     } else {
         GENERAL_SLOTS
     }
-}
-
-fn check_id(id: &str) -> Result<(), HotplugError> {
-    if id.is_empty() || id.len() > MAX_ID_LEN || id.chars().any(char::is_control) {
-        return Err(HotplugError::BadId);
-    }
-    Ok(())
 }
 
 /// Whether `e` is bus 0 having no free slot for a virtio device.
@@ -217,14 +223,20 @@ impl VfioHotplug {
             plugged: Mutex::new(
                 assigned
                     .into_iter()
-                    .map(|(cfg, dev)| Plugged {
-                        id: cfg.name(),
-                        addr: dev.addr,
-                        function: Function::Assigned { cfg, dev },
-                        removing: false,
+                    .map(|(mut cfg, dev)| {
+                        // vm.info lists it by the id it can be removed by.
+                        let id = cfg.name();
+                        cfg.id = Some(id.clone());
+                        Plugged {
+                            id,
+                            addr: dev.addr,
+                            function: Function::Assigned { cfg, dev },
+                            removing: false,
+                        }
                     })
                     .collect(),
             ),
+            reserved: Mutex::new(Vec::new()),
             stray_eject: AtomicBool::new(false),
             thread: Mutex::new(None),
         });
@@ -283,6 +295,26 @@ impl VfioHotplug {
         self.plugged.lock().unpoisoned()
     }
 
+    /// Keeps hotplugged functions off `ids`, those of the VM's boot-time
+    /// devices (see `super::hotplug_ids`).
+    pub fn reserve_ids(&self, ids: impl IntoIterator<Item = String>) {
+        self.reserved.lock().unpoisoned().extend(ids);
+    }
+
+    /// Whether a function of the list (`plugged`, its lock held) or a
+    /// boot-time device goes by `id`.
+    fn taken(&self, plugged: &[Plugged], id: &str) -> bool {
+        plugged.iter().any(|p| p.id == id)
+            || self.reserved.lock().unpoisoned().iter().any(|r| r == id)
+    }
+
+    /// The first made-up id of `kind` (`net`, `disk`) no device uses now:
+    /// a disk gets its id before it is built, since it is its serial.
+    pub fn free_id(&self, kind: &str) -> Result<String, HotplugError> {
+        let plugged = self.lock();
+        made_up(kind, |id| self.taken(&plugged, id))
+    }
+
     /// Tells the guest slot `addr` gained a function.
     fn announce(&self, addr: PciAddress) -> Result<(), HotplugError> {
         self.events.plugged(slot_of(addr));
@@ -290,15 +322,16 @@ impl VfioHotplug {
     }
 
     /// Assigns `cfg` and tells the guest; returns the id and address.
-    pub fn add(&self, cfg: VfioConfig) -> Result<(String, PciAddress), HotplugError> {
+    pub fn add(&self, mut cfg: VfioConfig) -> Result<(String, PciAddress), HotplugError> {
         let name = cfg.name();
         check_id(&name)?;
         // Held across the assignment: two requests for one id cannot both
         // pass the check, and no eject tears down a slot meanwhile.
         let mut plugged = self.lock();
-        if plugged.iter().any(|p| p.id == name) {
+        if self.taken(&plugged, &name) {
             return Err(HotplugError::DuplicateId(name));
         }
+        cfg.id = Some(name.clone());
         super::check_assignable(&cfg)?;
         let slots = slots_for(cfg.iommu);
         let dev = match &self.iommu {
@@ -330,23 +363,12 @@ impl VfioHotplug {
     pub fn add_virtio(
         &self,
         id: Option<String>,
-        cfg: VirtioConfig,
+        mut cfg: VirtioConfig,
         device: Box<dyn VirtioDevice>,
     ) -> Result<(String, PciAddress), HotplugError> {
         let mut plugged = self.lock();
-        let id = match id {
-            Some(id) => {
-                check_id(&id)?;
-                if plugged.iter().any(|p| p.id == id) {
-                    return Err(HotplugError::DuplicateId(id));
-                }
-                id
-            }
-            None => (0..)
-                .map(|n| format!("_{}{n}", cfg.kind()))
-                .find(|c| !plugged.iter().any(|p| &p.id == c))
-                .unwrap_or_default(),
-        };
+        let id = choose(id, cfg.kind(), |c| self.taken(&plugged, c))?;
+        cfg.set_id(&id);
         let iommu = cfg.iommu();
         if iommu && self.iommu.is_none() {
             return Err(HotplugError::Refused(format!(
@@ -480,7 +502,7 @@ impl VfioHotplug {
     }
 
     /// The configurations of the assigned functions, in the order they
-    /// were plugged (what `vm.info` and a reboot show).
+    /// were plugged, each with its id (what `vm.info` and a reboot show).
     pub fn configs(&self) -> Vec<VfioConfig> {
         self.lock()
             .iter()
@@ -491,9 +513,9 @@ impl VfioHotplug {
             .collect()
     }
 
-    /// The hotplugged virtio devices' ids and configurations, in the
-    /// order they were plugged (`vm.info` lists them under `net` and
-    /// `disks`).
+    /// The hotplugged virtio devices' ids and configurations (which carry
+    /// the id too), in the order they were plugged (`vm.info` lists them
+    /// under `net` and `disks`).
     pub fn virtio_configs(&self) -> Vec<(String, VirtioConfig)> {
         self.lock()
             .iter()

@@ -13,6 +13,7 @@ pub mod device;
 mod direct_bar;
 pub mod host;
 pub mod hotplug;
+pub mod hotplug_ids;
 pub mod mirror;
 #[cfg(test)]
 mod mirror_tests;
