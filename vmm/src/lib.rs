@@ -42,3 +42,4 @@ pub mod virtio;
 pub mod virtio_hotplug;
 pub mod vm;
 pub mod vm_owner;
+pub mod width;

@@ -14,6 +14,15 @@ use crate::devices::power::S5_SLEEP_TYPE;
 use crate::memory::layout::{PCI_ECAM_LAST_BUS, PCI_IO_SIZE, PCI_IO_START};
 use crate::pci::config_access::{PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_PORT_SIZE};
 use crate::pci::PciWindows;
+use crate::width::{const_u16, const_u8};
+
+/// The host bridge's port ranges as the 16-bit fields of its `_CRS`,
+/// narrowed by the compiler (a layout change that did not fit would fail the
+/// build, not wrap in the table the guest reads).
+const CFG_PORT: u16 = const_u16(PCI_CONFIG_IO_PORT as i128);
+const CFG_PORT_LEN: u8 = const_u8(PCI_CONFIG_IO_PORT_SIZE as i128);
+const IO_WINDOW_FIRST: u16 = const_u16(PCI_IO_START as i128);
+const IO_WINDOW_LAST: u16 = const_u16((PCI_IO_START + PCI_IO_SIZE - 1) as i128);
 
 /// COM1's port and IRQ as described to the guest.
 pub const COM1_PORT: u16 = 0x3f8;
@@ -38,23 +47,19 @@ pub fn build_dsdt(windows: &PciWindows) -> Sdt {
 fn pci_host_bridge(windows: &PciWindows) -> Vec<u8> {
     let (m32_start, m32_size) = windows.mmio32;
     let (m64_start, m64_size) = windows.mmio64;
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "mmio32 is the 32-bit BAR window, below 4 GiB by construction (vm.rs)"
+    )]
+    let (m32_first, m32_last) = (m32_start as u32, (m32_start + m32_size - 1) as u32);
     let bus_range = AddressSpace::new_bus_number(0u16, u16::from(PCI_ECAM_LAST_BUS));
-    let cfg_ports = IO::new(
-        PCI_CONFIG_IO_PORT as u16,
-        PCI_CONFIG_IO_PORT as u16,
-        1,
-        PCI_CONFIG_IO_PORT_SIZE as u8,
-    );
-    let io_window = AddressSpace::new_io(
-        PCI_IO_START as u16,
-        (PCI_IO_START + PCI_IO_SIZE - 1) as u16,
-        None,
-    );
+    let cfg_ports = IO::new(CFG_PORT, CFG_PORT, 1, CFG_PORT_LEN);
+    let io_window = AddressSpace::new_io(IO_WINDOW_FIRST, IO_WINDOW_LAST, None);
     let mmio32 = AddressSpace::new_memory(
         AddressSpaceCacheable::NotCacheable,
         true,
-        m32_start as u32,
-        (m32_start + m32_size - 1) as u32,
+        m32_first,
+        m32_last,
         None,
     );
     let mmio64 = AddressSpace::new_memory(

@@ -35,10 +35,10 @@ fn slot_path(slot: usize) -> String {
 /// A device per hotpluggable slot (every slot but the host bridge's).
 pub fn slot_devices() -> Vec<u8> {
     let mut out = Vec::new();
-    for slot in 1..NUM_SLOTS {
-        let adr = (slot as u32) << 16;
-        let sun = slot as u32;
-        let bit = 1u32 << slot;
+    // `sun` counts along with `slot`: the slot number as the u32 AML wants.
+    for (slot, sun) in (1..NUM_SLOTS).zip(1u32..) {
+        let adr = sun << 16;
+        let bit = 1u32 << sun;
         let b0ej = Path::new(&format!("{BRIDGE}.B0EJ"));
         let eject = Store::new(&b0ej, &bit);
         let ej0 = Method::new("_EJ0".into(), 1, false, vec![&eject]);
@@ -141,7 +141,7 @@ mod tests {
         region.push(0x01);
         region.push(0x0b);
         region.extend_from_slice(&PCI_HOTPLUG_PORT.to_le_bytes());
-        region.extend_from_slice(&[0x0a, PCI_HOTPLUG_LEN as u8]);
+        region.extend_from_slice(&[0x0a, u8::try_from(PCI_HOTPLUG_LEN).unwrap()]);
         assert!(contains(&c, &region), "{c:02x?}");
         for name in [b"PCIU", b"PCID", b"B0EJ", b"DVNT", b"PSCN"] {
             assert!(contains(&c, name));

@@ -23,6 +23,13 @@ use crate::memory::layout::{
 };
 use crate::memory::GuestMemoryMmap;
 use crate::pci::PciWindows;
+use crate::width::{const_u32, const_u8};
+
+/// The MADT's 32-bit address fields and its 8-bit source IRQ, narrowed by
+/// the compiler (a constant that did not fit would fail the build).
+const LAPIC_ADDR: u32 = const_u32(APIC_START as i128);
+const IOAPIC_ADDR: u32 = const_u32(IOAPIC_START as i128);
+const COM1_ISA_IRQ: u8 = const_u8(COM1_IRQ as i128);
 
 /// FADT IA-PC boot architecture flag: no VGA to probe.
 const IAPC_BOOT_ARCH_NO_VGA: u16 = 1 << 2;
@@ -81,7 +88,7 @@ pub fn build_fadt(dsdt_addr: u64) -> Vec<u8> {
 /// interrupt overrides of the devices we model.
 pub fn build_madt(num_vcpus: u8) -> Vec<u8> {
     let mut madt = Sdt::new(*b"APIC", 44, 5, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
-    madt.write_bytes(36, &(APIC_START as u32).to_le_bytes());
+    madt.write_bytes(36, &LAPIC_ADDR.to_le_bytes());
     // Flags 0: no dual-8259 setup to mask (HW-reduced platform).
     madt.write_bytes(40, &0u32.to_le_bytes());
     for id in 0..num_vcpus {
@@ -90,11 +97,11 @@ pub fn build_madt(num_vcpus: u8) -> Vec<u8> {
         madt.append_slice(&lapic);
     }
     let mut ioapic = vec![MADT_IO_APIC, 12, 0, 0];
-    ioapic.extend_from_slice(&(IOAPIC_START as u32).to_le_bytes());
+    ioapic.extend_from_slice(&IOAPIC_ADDR.to_le_bytes());
     ioapic.extend_from_slice(&0u32.to_le_bytes());
     madt.append_slice(&ioapic);
     // COM1: ISA IRQ 4 is GSI 4, edge, active high (flags 0 = bus default).
-    let mut iso = vec![MADT_INTERRUPT_SOURCE_OVERRIDE, 10, 0, COM1_IRQ as u8];
+    let mut iso = vec![MADT_INTERRUPT_SOURCE_OVERRIDE, 10, 0, COM1_ISA_IRQ];
     iso.extend_from_slice(&COM1_IRQ.to_le_bytes());
     iso.extend_from_slice(&0u16.to_le_bytes());
     madt.append_slice(&iso);
@@ -271,7 +278,7 @@ mod tests {
         for n in [1u8, 2, 7] {
             let madt = build_madt(n);
             assert_eq!(sum(&madt), 0);
-            assert_eq!(u32_at(&madt, 36), APIC_START as u32);
+            assert_eq!(u32_at(&madt, 36), LAPIC_ADDR);
             let mut off = 44;
             let mut lapics = Vec::new();
             let mut ioapics = 0;
@@ -286,7 +293,7 @@ mod tests {
                         lapics.push(madt[off + 3]);
                     }
                     1 => {
-                        assert_eq!(u32_at(&madt, off + 4), IOAPIC_START as u32);
+                        assert_eq!(u32_at(&madt, off + 4), IOAPIC_ADDR);
                         assert_eq!(u32_at(&madt, off + 8), 0);
                         ioapics += 1;
                     }

@@ -32,9 +32,13 @@ use acpi_tables::sdt::Sdt;
 
 use super::{OEM_ID, OEM_REVISION, OEM_TABLE_ID};
 use crate::pci::PciAddress;
+use crate::width::{const_u16, const_u32};
 
 /// Size of the VIOT header including node count/offset and reserved bytes.
 pub const VIOT_HEADER_LEN: usize = 48;
+/// The header length in the table's own 16- and 32-bit fields.
+const HEADER_LEN_U16: u16 = const_u16(VIOT_HEADER_LEN as i128);
+const HEADER_LEN_U32: u32 = const_u32(VIOT_HEADER_LEN as i128);
 /// Node type: PCI range.
 pub const NODE_PCI_RANGE: u8 = 1;
 /// Node type: virtio-pci IOMMU.
@@ -81,7 +85,7 @@ pub fn build_viot(cfg: &ViotConfig) -> Vec<u8> {
     let runs = ranges(cfg.endpoints.iter().map(|a| bdf(*a)).collect());
     let mut viot = Sdt::new(
         *b"VIOT",
-        VIOT_HEADER_LEN as u32,
+        HEADER_LEN_U32,
         0,
         OEM_ID,
         OEM_TABLE_ID,
@@ -89,10 +93,10 @@ pub fn build_viot(cfg: &ViotConfig) -> Vec<u8> {
     );
     let node_count = u16::try_from(runs.len().saturating_add(1)).unwrap_or(u16::MAX);
     viot.write_bytes(36, &node_count.to_le_bytes());
-    viot.write_bytes(38, &(VIOT_HEADER_LEN as u16).to_le_bytes());
+    viot.write_bytes(38, &HEADER_LEN_U16.to_le_bytes());
 
     // The IOMMU node comes first, so its offset is the header length.
-    let iommu_offset = VIOT_HEADER_LEN as u16;
+    let iommu_offset = HEADER_LEN_U16;
     let mut node = vec![NODE_VIRTIO_PCI_IOMMU, 0];
     node.extend_from_slice(&VIRTIO_PCI_IOMMU_LEN.to_le_bytes());
     node.extend_from_slice(&cfg.segment.to_le_bytes());
