@@ -167,15 +167,15 @@ impl DiskConfig {
         if spec.pci_segment != 0 {
             return Err(DiskSpecError::PciSegment);
         }
-        let num_queues = spec.num_queues.unwrap_or(1);
-        if !(1..=MAX_QUEUES as u64).contains(&num_queues) {
-            return Err(DiskSpecError::NumQueues);
-        }
-        let queue_size = spec.queue_size.unwrap_or(DEFAULT_QUEUE_SIZE.into());
+        let num_queues = usize::try_from(spec.num_queues.unwrap_or(1))
+            .ok()
+            .filter(|n| (1..=MAX_QUEUES).contains(n))
+            .ok_or(DiskSpecError::NumQueues)?;
         // A request needs a header and a status descriptor besides its data.
-        if !queue_size.is_power_of_two() || !(4..=32768).contains(&queue_size) {
-            return Err(DiskSpecError::QueueSize);
-        }
+        let queue_size = u16::try_from(spec.queue_size.unwrap_or(DEFAULT_QUEUE_SIZE.into()))
+            .ok()
+            .filter(|q| q.is_power_of_two() && (4..=32768).contains(q))
+            .ok_or(DiskSpecError::QueueSize)?;
         if let Some(id) = &spec.id {
             if id.is_empty() || id.len() > MAX_ID_LEN || id.chars().any(char::is_control) {
                 return Err(DiskSpecError::Id);
@@ -185,9 +185,8 @@ impl DiskConfig {
             path: path.clone(),
             readonly: spec.readonly,
             iommu: spec.iommu,
-            // Both bounded above (16 and 32768).
-            num_queues: num_queues as usize,
-            queue_size: queue_size as u16,
+            num_queues,
+            queue_size,
             id: spec.id.clone(),
         })
     }

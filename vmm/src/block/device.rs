@@ -23,6 +23,10 @@ use crate::virtio::{
     feature, read_config_window, ActivateContext, ActivateError, QueueSetupError, VirtioDevice,
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
+use crate::width::const_u32;
+
+/// `blk_size` in the config space: the sector, as its 32-bit field.
+const BLK_SIZE: u32 = const_u32(SECTOR_SIZE as i128);
 
 /// A virtio-blk device.
 pub struct Block {
@@ -80,7 +84,7 @@ impl Block {
         );
         put(
             offset_of!(virtio_blk_config, blk_size),
-            &(SECTOR_SIZE as u32).to_le_bytes(),
+            &BLK_SIZE.to_le_bytes(),
         );
         put(
             offset_of!(virtio_blk_config, num_queues),

@@ -83,7 +83,7 @@ fn make_id(file: &File, id: Option<&str>) -> [u8; ID_BYTES] {
 /// Whether `fallocate(PUNCH_HOLE)` works on `file`: tried on an empty range
 /// just past its end, which holds no data.
 fn probe_punch_hole(file: &File, size: u64) -> bool {
-    let Ok(off) = i64::try_from(size) else {
+    let (Ok(off), Ok(len)) = (i64::try_from(size), i64::try_from(SECTOR_SIZE)) else {
         return false;
     };
     // SAFETY: fallocate on an fd we own; no memory is passed.
@@ -92,7 +92,7 @@ fn probe_punch_hole(file: &File, size: u64) -> bool {
             file.as_raw_fd(),
             libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
             off,
-            SECTOR_SIZE as i64,
+            len,
         )
     };
     r == 0
@@ -192,7 +192,8 @@ impl DiskImage {
             }
             let off =
                 i64::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-            let count = iov.len().min(MAX_IOVECS) as i32;
+            let count = i32::try_from(iov.len().min(MAX_IOVECS))
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
             let fd = self.file.as_raw_fd();
             // SAFETY: every iovec points into a live guest memory mapping
             // (a VolatileSlice of the device's DmaSpace, valid for its
@@ -205,17 +206,18 @@ impl DiskImage {
                     libc::preadv(fd, iov.as_ptr(), count, off)
                 }
             };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
+            // Negative: the call failed (errno); zero: end of the image.
+            let mut done = match usize::try_from(n) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+                Ok(done) => done,
+                Err(_) => {
+                    let e = io::Error::last_os_error();
+                    if e.kind() == io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    return Err(e);
                 }
-                return Err(e);
-            }
-            if n == 0 {
-                return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
-            }
-            let mut done = n as usize;
+            };
             offset += done as u64;
             // Drop the iovecs completed, shorten the one cut in the middle.
             while let Some(v) = iov.first_mut() {

@@ -33,6 +33,7 @@ use crate::resources::VmResources;
 use crate::virtio::iommu::IommuPlatform;
 use crate::virtio::pci::VirtioPciDevice;
 use crate::virtio::plug::plug_virtio_pci;
+use crate::width::const_u32;
 use image::ImageError;
 
 /// virtio-blk sectors are 512 bytes whatever the image's block size.
@@ -41,7 +42,7 @@ pub const SECTOR_SIZE: u64 = 512;
 /// per request when told 1).
 pub const MAX_DISCARD_SEGMENTS: u32 = 1;
 /// Sectors one DISCARD / WRITE_ZEROES segment may cover (2 GiB - 512).
-pub const MAX_DISCARD_SECTORS: u32 = (u32::MAX >> 1) / SECTOR_SIZE as u32;
+pub const MAX_DISCARD_SECTORS: u32 = (u32::MAX >> 1) / const_u32(SECTOR_SIZE as i128);
 
 /// Why a `--disk` could not be added.
 #[derive(Debug, thiserror::Error)]

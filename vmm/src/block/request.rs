@@ -31,11 +31,17 @@ use super::section::Section;
 use super::{MAX_DISCARD_SECTORS, MAX_DISCARD_SEGMENTS, SECTOR_SIZE};
 use crate::dma::DmaSpace;
 use crate::virtio::chain::{Buffer, Chain};
+use crate::width::{const_u8, usize_from_u64};
 
 /// `struct virtio_blk_outhdr`: type, ioprio (ignored), sector.
 const HEADER_LEN: u64 = 16;
 /// `struct virtio_blk_discard_write_zeroes`: sector, num_sectors, flags.
 const SEGMENT_LEN: u64 = 16;
+/// The status bytes, as the one byte the device writes (the bindings give
+/// them as `u32`; the compiler checks they fit).
+const STATUS_OK: u8 = const_u8(VIRTIO_BLK_S_OK as i128);
+const STATUS_IOERR: u8 = const_u8(VIRTIO_BLK_S_IOERR as i128);
+const STATUS_UNSUPP: u8 = const_u8(VIRTIO_BLK_S_UNSUPP as i128);
 
 /// What a request asks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,8 +142,8 @@ impl RequestError {
     /// The status byte that answers this error.
     pub fn status(&self) -> u8 {
         match self {
-            Self::Unsupported(_) => VIRTIO_BLK_S_UNSUPP as u8,
-            _ => VIRTIO_BLK_S_IOERR as u8,
+            Self::Unsupported(_) => STATUS_UNSUPP,
+            _ => STATUS_IOERR,
         }
     }
 }
@@ -162,17 +168,17 @@ pub struct Request {
 fn skip_front(bufs: &[Buffer], mut skip: u64, out: &mut Vec<Buffer>) {
     out.clear();
     for b in bufs {
-        let len = u64::from(b.len);
-        if skip >= len {
-            skip -= len;
-            continue;
+        match u32::try_from(skip) {
+            // Cut in this buffer; addr wrap is caught at translation.
+            Ok(s) if s < b.len => {
+                out.push(Buffer {
+                    addr: b.addr.wrapping_add(skip),
+                    len: b.len - s,
+                });
+                skip = 0;
+            }
+            _ => skip -= u64::from(b.len),
         }
-        // skip < len <= u32::MAX; addr wrap is caught at translation.
-        out.push(Buffer {
-            addr: b.addr.wrapping_add(skip),
-            len: (len - skip) as u32,
-        });
-        skip = 0;
     }
 }
 
@@ -233,7 +239,7 @@ pub fn parse(mem: &DmaSpace, chain: &Chain, req: &mut Request) -> Result<(), Req
     if have < HEADER_LEN {
         return Err(RequestError::ShortHeader(have));
     }
-    let mut hdr = [0u8; HEADER_LEN as usize];
+    let mut hdr = [0u8; usize_from_u64(HEADER_LEN)];
     gather(mem, &chain.readable, &mut hdr)?;
     let mut t = [0u8; 4];
     t.copy_from_slice(&hdr[0..4]);
@@ -368,14 +374,14 @@ fn discard_or_zero(
     if count > u64::from(MAX_DISCARD_SEGMENTS) {
         return Err(RequestError::BadSegments("more segments than max_*_seg"));
     }
-    let mut raw = [0u8; (SEGMENT_LEN as usize) * MAX_DISCARD_SEGMENTS as usize];
+    let mut raw = [0u8; usize_from_u64(SEGMENT_LEN) * MAX_DISCARD_SEGMENTS as usize];
     let raw = raw
-        .get_mut(..len as usize)
+        .get_mut(..usize_from_u64(len))
         .ok_or(RequestError::BadSegments("internal bounds"))?;
     gather(mem, &req.readable, raw)?;
     let mut ranges = [(0u64, 0u64); MAX_DISCARD_SEGMENTS as usize];
     for (seg, r) in raw
-        .chunks_exact(SEGMENT_LEN as usize)
+        .chunks_exact(usize_from_u64(SEGMENT_LEN))
         .zip(ranges.iter_mut())
     {
         let mut s = [0u8; 8];
@@ -463,13 +469,15 @@ pub fn execute(
                 if left.is_empty() {
                     break;
                 }
-                let n = (b.len as usize).min(left.len());
+                // At most b.len bytes, so `n` fits the u32 it is counted in.
+                let n32 = u32::try_from(left.len()).map_or(b.len, |l| l.min(b.len));
+                let n = n32 as usize;
                 let (now, rest) = left.split_at(n);
                 io.section
                     .write_slice(now, GuestAddress(b.addr))
                     .map_err(|_| RequestError::DataInaccessible(b.addr))?;
                 left = rest;
-                written += n as u32;
+                written += n32;
             }
             Ok(written)
         }
@@ -502,7 +510,7 @@ pub fn serve(
 ) -> Result<Served, RequestError> {
     let outcome = parse(io.section, chain, req).and_then(|()| execute(disk, req, io));
     let (status, written) = match outcome {
-        Ok(n) => (VIRTIO_BLK_S_OK as u8, n),
+        Ok(n) => (STATUS_OK, n),
         Err(RequestError::NoStatus) => return Err(RequestError::NoStatus),
         Err(e) => {
             debug!("virtio-blk request {}: {e}", chain.head);

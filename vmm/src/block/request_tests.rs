@@ -16,10 +16,11 @@ use crate::block::worker::QueueServer;
 use crate::dma::ThreadDma;
 use crate::virtio::chain::{VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
 use crate::virtio::test_ring::put_desc;
+use crate::width::const_u8;
 
-const OK: u8 = VIRTIO_BLK_S_OK as u8;
-const IOERR: u8 = VIRTIO_BLK_S_IOERR as u8;
-const UNSUPP: u8 = VIRTIO_BLK_S_UNSUPP as u8;
+const OK: u8 = const_u8(VIRTIO_BLK_S_OK as i128);
+const IOERR: u8 = const_u8(VIRTIO_BLK_S_IOERR as i128);
+const UNSUPP: u8 = const_u8(VIRTIO_BLK_S_UNSUPP as i128);
 const W: u16 = VIRTQ_DESC_F_WRITE;
 const N: u16 = VIRTQ_DESC_F_NEXT;
 

@@ -22,12 +22,18 @@ use crate::block::test_util::{pattern, temp_image, Ring};
 use crate::dma::test_iommu::{TestIommu, RW};
 use crate::dma::{DmaSpace, ThreadDma};
 use crate::virtio::chain::{walk, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
+use crate::width::{const_u8, usize_from_u64};
 
 const HDR: u64 = 0x8000;
 const STATUS: u64 = 0x9000;
 const DATA: u64 = 0x10000;
 const CHUNK: u64 = 4096;
 const LEN: u64 = 4 * CHUNK;
+/// [`LEN`] as a buffer length.
+const LEN_BYTES: usize = usize_from_u64(LEN);
+/// The status bytes as the device writes them.
+const OK: u8 = const_u8(VIRTIO_BLK_S_OK as i128);
+const IOERR: u8 = const_u8(VIRTIO_BLK_S_IOERR as i128);
 
 fn limits() -> Limits {
     Limits {
@@ -74,8 +80,7 @@ fn blk_long_io_is_split_into_bounded_sections() {
     // Segments of 3000, 5000 and 8384 bytes, contiguous at DATA.
     let segs = [(DATA, 3000u32), (DATA + 3000, 5000), (DATA + 8000, 8384)];
     ring.desc(0, HDR, 16, VIRTQ_DESC_F_NEXT, 1);
-    for (i, (addr, len)) in segs.iter().enumerate() {
-        let i = i as u16 + 1;
+    for (i, (addr, len)) in (1u16..).zip(segs.iter()) {
         ring.desc(
             i,
             *addr,
@@ -87,22 +92,22 @@ fn blk_long_io_is_split_into_bounded_sections() {
     ring.desc(4, STATUS, 1, VIRTQ_DESC_F_WRITE, 0);
     ring.offer(0);
     ring.mem
-        .write_slice(&[0xc5; LEN as usize], GuestAddress(DATA))
+        .write_slice(&[0xc5; LEN_BYTES], GuestAddress(DATA))
         .unwrap();
-    let want: Vec<u8> = (8 * 512..8 * 512 + LEN as usize).map(pattern).collect();
+    let want: Vec<u8> = (8 * 512..8 * 512 + LEN_BYTES).map(pattern).collect();
     // How much of the data had landed each time a section ended.
     let landed = Rc::new(RefCell::new(Vec::new()));
     let seen = landed.clone();
     let mem = ring.mem;
     let probe = Box::new(move || {
-        let mut got = vec![0u8; LEN as usize];
+        let mut got = vec![0u8; LEN_BYTES];
         mem.read_slice(&mut got, GuestAddress(DATA)).unwrap();
         let n = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
         seen.borrow_mut().push(n);
     });
     let dma = ring.dma.clone();
     let (status, renewals) = serve_with(&ring, &dma, &disk, probe);
-    assert_eq!(status, VIRTIO_BLK_S_OK as u8);
+    assert_eq!(status, OK);
     assert_eq!(renewals, LEN / CHUNK - 1);
     // The pattern may repeat a byte of the canary, so "landed" may run a
     // little past a chunk's end, never short of it nor a chunk beyond.
@@ -115,25 +120,24 @@ fn blk_long_io_is_split_into_bounded_sections() {
             "chunk {i}: {n} bytes landed"
         );
     }
-    let mut got = vec![0u8; LEN as usize];
+    let mut got = vec![0u8; LEN_BYTES];
     ring.mem.read_slice(&mut got, GuestAddress(DATA)).unwrap();
     assert_eq!(
         got,
-        (8 * 512..8 * 512 + LEN as usize)
+        (8 * 512..8 * 512 + LEN_BYTES)
             .map(pattern)
             .collect::<Vec<_>>()
     );
     // A write splits the same way.
     ring.header(HDR, VIRTIO_BLK_T_OUT, 0);
-    for (i, (addr, len)) in segs.iter().enumerate() {
-        let i = i as u16 + 1;
+    for (i, (addr, len)) in (1u16..).zip(segs.iter()) {
         ring.desc(i, *addr, *len, VIRTQ_DESC_F_NEXT, i + 1);
     }
     ring.offer(0);
     let (status, renewals) = serve_with(&ring, &dma, &disk, Box::new(|| {}));
-    assert_eq!((status, renewals), (VIRTIO_BLK_S_OK as u8, 3));
+    assert_eq!((status, renewals), (OK, 3));
     let img = std::fs::read(&path).unwrap();
-    assert_eq!(&img[..LEN as usize], &got[..]);
+    assert_eq!(&img[..LEN_BYTES], &got[..]);
     let _ = std::fs::remove_file(path);
 }
 
@@ -164,14 +168,14 @@ fn an_unmap_between_chunks_waits_for_no_chunk_and_stops_the_request() {
         ring.desc(
             1,
             0x100000,
-            LEN as u32,
+            u32::try_from(LEN).unwrap(),
             VIRTQ_DESC_F_WRITE | VIRTQ_DESC_F_NEXT,
             2,
         );
         ring.desc(2, STATUS, 1, VIRTQ_DESC_F_WRITE, 0);
         ring.offer(0);
         ring.mem
-            .write_slice(&[0xc5; LEN as usize], GuestAddress(DATA))
+            .write_slice(&[0xc5; LEN_BYTES], GuestAddress(DATA))
             .unwrap();
         let mut calls = 0;
         let unmapper = iommu.clone();
@@ -182,7 +186,7 @@ fn an_unmap_between_chunks_waits_for_no_chunk_and_stops_the_request() {
             }
         });
         let (status, _) = serve_with(&ring, &dma, &disk, between);
-        let mut page = vec![0u8; CHUNK as usize];
+        let mut page = vec![0u8; usize_from_u64(CHUNK)];
         ring.mem
             .read_slice(&mut page, GuestAddress(DATA + 2 * CHUNK))
             .unwrap();
@@ -198,7 +202,7 @@ fn an_unmap_between_chunks_waits_for_no_chunk_and_stops_the_request() {
     let (status, untouched, first, waits) = rx
         .recv_timeout(Duration::from_secs(60))
         .expect("the UNMAP waited for the request's section: chunks do not leave it");
-    assert_eq!(status, VIRTIO_BLK_S_IOERR as u8);
+    assert_eq!(status, IOERR);
     assert!(untouched, "the unmapped page was written");
     assert_eq!(first, pattern(1), "the chunks before the UNMAP landed");
     assert!(waits >= 1, "the UNMAP went through the quiescer");

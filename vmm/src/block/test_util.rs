@@ -19,7 +19,7 @@ use crate::virtio::VirtioInterrupt;
 
 /// Byte `i` of a fresh test image.
 pub fn pattern(i: usize) -> u8 {
-    (i % 251) as u8
+    u8::try_from(i % 251).expect("below 251")
 }
 
 /// A file of `len` bytes of [`pattern`] in the temporary directory.
