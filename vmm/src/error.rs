@@ -152,6 +152,9 @@ pub enum DoesNotFit {
     /// The PVH start info's memory map is full.
     #[error("too many PVH memory map entries")]
     PvhMemmapEntries,
+    /// A value the zero page holds in 32 bits is wider.
+    #[error("the {0} does not fit the zero page's 32-bit field")]
+    ZeroPageField(&'static str),
     /// The initramfs does not fit below the kernel's limit.
     #[error(
         "initramfs '{}' ({size} bytes) does not fit between {min_start:#x} and {max_end:#x}",

@@ -6,6 +6,7 @@ use vm_memory::{Bytes, GuestAddress};
 use crate::error::{DoesNotFit, Error};
 use crate::memory::layout::{e820_entries, CMDLINE_START, ZERO_PAGE_START};
 use crate::memory::GuestMemoryMmap;
+use crate::width::const_u32;
 
 /// "Undefined" boot loader id: we are not a registered loader.
 const LOADER_TYPE_UNDEFINED: u8 = 0xff;
@@ -13,6 +14,8 @@ const LOADER_TYPE_UNDEFINED: u8 = 0xff;
 const BOOT_FLAG_MAGIC: u16 = 0xaa55;
 /// "HdrS".
 const HEADER_MAGIC: u32 = 0x5372_6448;
+/// The command line's address, as the zero page's 32-bit field.
+const CMDLINE_PTR: u32 = const_u32(CMDLINE_START as i128);
 
 /// Inputs of the zero page besides the kernel's own setup header.
 pub struct ZeroPageParams {
@@ -35,14 +38,16 @@ pub fn build_zero_page(header: &setup_header, p: &ZeroPageParams) -> Result<boot
     params.hdr.type_of_loader = LOADER_TYPE_UNDEFINED;
     params.hdr.boot_flag = BOOT_FLAG_MAGIC;
     params.hdr.header = HEADER_MAGIC;
-    params.hdr.cmd_line_ptr = CMDLINE_START as u32;
-    params.hdr.cmdline_size = p.cmdline_len as u32;
+    params.hdr.cmd_line_ptr = CMDLINE_PTR;
+    let field = |v: u64, what| u32::try_from(v).map_err(|_| DoesNotFit::ZeroPageField(what));
+    params.hdr.cmdline_size = field(p.cmdline_len as u64, "command line length")?;
     if let Some((addr, size)) = p.initramfs {
-        params.hdr.ramdisk_image = addr as u32;
-        params.hdr.ramdisk_size = size as u32;
+        params.hdr.ramdisk_image = field(addr, "initramfs address")?;
+        params.hdr.ramdisk_size = field(size, "initramfs size")?;
     }
     params.acpi_rsdp_addr = p.rsdp;
     let entries = e820_entries(p.mem_size);
+    let count = u8::try_from(entries.len()).map_err(|_| DoesNotFit::E820Entries)?;
     if entries.len() > params.e820_table.len() {
         return Err(DoesNotFit::E820Entries.into());
     }
@@ -53,7 +58,7 @@ pub fn build_zero_page(header: &setup_header, p: &ZeroPageParams) -> Result<boot
             r#type: e.kind as u32,
         };
     }
-    params.e820_entries = entries.len() as u8;
+    params.e820_entries = count;
     Ok(params)
 }
 
@@ -85,7 +90,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!({ p.hdr.type_of_loader }, 0xff);
-        assert_eq!({ p.hdr.cmd_line_ptr }, CMDLINE_START as u32);
+        assert_eq!(u64::from(p.hdr.cmd_line_ptr), CMDLINE_START);
         assert_eq!({ p.hdr.cmdline_size }, 13);
         assert_eq!({ p.hdr.ramdisk_image }, 0x1f00_0000);
         assert_eq!({ p.hdr.ramdisk_size }, 0x12345);

@@ -12,6 +12,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, ReadVolatile};
 use crate::error::{DoesNotFit, Error, KernelRejected, OptionReason};
 use crate::memory::layout::{CMDLINE_MAX_SIZE, CMDLINE_START, HIGH_RAM_START};
 use crate::memory::GuestMemoryMmap;
+use crate::width::usize_from_u64;
 
 /// Offset of the 64-bit entry point from the bzImage's protected-mode load address.
 const BZIMAGE_64BIT_ENTRY_OFFSET: u64 = 0x200;
@@ -174,7 +175,7 @@ pub fn load_initramfs(
             max_end,
         })?;
     let mut slice = mem
-        .get_slice(GuestAddress(start), size as usize)
+        .get_slice(GuestAddress(start), usize_from_u64(size))
         .map_err(|_| Error::GuestWrite("initramfs"))?;
     file.read_exact_volatile(&mut slice)
         .map_err(|e| Error::ReadFile {
@@ -235,7 +236,7 @@ mod tests {
             note.extend_from_slice(&v.to_le_bytes());
         }
         note.extend_from_slice(b"Xen\0");
-        note.extend_from_slice(&(entry as u32).to_le_bytes());
+        note.extend_from_slice(&u32::try_from(entry).unwrap().to_le_bytes());
         let phnum: u16 = if pvh { 2 } else { 1 };
         let mut img = vec![0u8; 0x1000 + code.len()];
         img[0..8].copy_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0]);

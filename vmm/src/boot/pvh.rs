@@ -28,6 +28,7 @@ pub fn write_start_info(
     if entries.len() > PVH_MEMMAP_MAX_ENTRIES {
         return Err(DoesNotFit::PvhMemmapEntries.into());
     }
+    let count = u32::try_from(entries.len()).map_err(|_| DoesNotFit::PvhMemmapEntries)?;
     for (i, e) in entries.iter().enumerate() {
         let entry = hvm_memmap_table_entry {
             addr: e.addr,
@@ -49,7 +50,7 @@ pub fn write_start_info(
         cmdline_paddr: CMDLINE_START,
         rsdp_paddr: rsdp,
         memmap_paddr: PVH_MEMMAP_START,
-        memmap_entries: entries.len() as u32,
+        memmap_entries: count,
         ..Default::default()
     };
     if let Some((addr, size)) = initramfs {

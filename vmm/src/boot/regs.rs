@@ -13,6 +13,7 @@ use crate::memory::layout::{
     BOOT_GDT_START, BOOT_IDT_START, BOOT_STACK_POINTER, PDE_START, PDPTE_START, PML4_START,
 };
 use crate::memory::GuestMemoryMmap;
+use crate::width::const_u16;
 
 const CR0_PE: u64 = 1 << 0;
 const CR0_ET: u64 = 1 << 4;
@@ -25,6 +26,11 @@ const EFER_LMA: u64 = 1 << 10;
 const CODE_SELECTOR: u16 = 0x08;
 const DATA_SELECTOR: u16 = 0x10;
 const TSS_SELECTOR: u16 = 0x18;
+/// Descriptors in the boot GDT.
+const GDT_ENTRIES: usize = 4;
+/// The GDT's limit (its size in bytes minus one), as the 16-bit register
+/// field.
+const GDT_LIMIT: u16 = const_u16((GDT_ENTRIES * 8 - 1) as i128);
 
 /// Which entry state to build.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,7 +56,10 @@ pub fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
 /// Decodes a GDT descriptor into the segment KVM expects.
 pub fn segment_from_gdt(entry: u64, selector: u16) -> kvm_segment {
     let granularity = ((entry >> 55) & 1) as u8;
-    let raw_limit = (((entry >> 32) & 0x000f_0000) | (entry & 0xffff)) as u32;
+    // Limit bits 0..15 are the entry's bytes 0-1, bits 16..19 the low
+    // nibble of its byte 6.
+    let b = entry.to_le_bytes();
+    let raw_limit = u32::from_le_bytes([b[0], b[1], b[6] & 0x0f, 0]);
     let present = ((entry >> 47) & 1) as u8;
     kvm_segment {
         base: ((entry >> 16) & 0x00ff_ffff) | ((entry >> 32) & 0xff00_0000),
@@ -74,7 +83,7 @@ pub fn segment_from_gdt(entry: u64, selector: u16) -> kvm_segment {
 }
 
 /// The boot GDT for `mode`.
-pub fn boot_gdt(mode: EntryMode) -> [u64; 4] {
+pub fn boot_gdt(mode: EntryMode) -> [u64; GDT_ENTRIES] {
     let code = match mode {
         EntryMode::Long64 => gdt_entry(0xa09b, 0, 0xfffff),
         EntryMode::Protected32 => gdt_entry(0xc09b, 0, 0xfffff),
@@ -119,7 +128,7 @@ pub fn setup_sregs(
     mem.write_obj(0u64, GuestAddress(BOOT_IDT_START))
         .map_err(|_| Error::GuestWrite("IDT"))?;
     sregs.gdt.base = BOOT_GDT_START;
-    sregs.gdt.limit = (gdt.len() * 8 - 1) as u16;
+    sregs.gdt.limit = GDT_LIMIT;
     sregs.idt.base = BOOT_IDT_START;
     sregs.idt.limit = 7;
 

@@ -21,6 +21,8 @@
 //! align_up(end of RAM, 1 GiB): PCI 64-bit MMIO window (16 GiB)
 //! ```
 
+use crate::width::usize_from_u64;
+
 /// Boot GDT (4 entries).
 pub const BOOT_GDT_START: u64 = 0x500;
 /// Boot IDT (empty; the kernel installs its own).
@@ -32,7 +34,7 @@ pub const PVH_MODLIST_START: u64 = 0x6040;
 /// PVH memory map entries.
 pub const PVH_MEMMAP_START: u64 = 0x6100;
 /// Maximum number of PVH memory map entries that fit before the zero page.
-pub const PVH_MEMMAP_MAX_ENTRIES: usize = (ZERO_PAGE_START - PVH_MEMMAP_START) as usize / 24;
+pub const PVH_MEMMAP_MAX_ENTRIES: usize = usize_from_u64(ZERO_PAGE_START - PVH_MEMMAP_START) / 24;
 /// Linux boot protocol zero page.
 pub const ZERO_PAGE_START: u64 = 0x7000;
 /// Initial stack pointer for the boot vCPU.
