@@ -242,14 +242,14 @@ impl NetConfig {
             };
         let ip = ipv4("ip", &spec.ip)?;
         let mask = ipv4("mask", &spec.mask)?;
-        let num_queues = spec.num_queues.unwrap_or(2);
-        if num_queues < 2 || num_queues & 1 != 0 || num_queues / 2 > MAX_QUEUE_PAIRS as u64 {
-            return Err(NetSpecError::NumQueues);
-        }
-        let queue_size = spec.queue_size.unwrap_or(256);
-        if !queue_size.is_power_of_two() || !(2..=32768).contains(&queue_size) {
-            return Err(NetSpecError::QueueSize);
-        }
+        let num_queues = usize::try_from(spec.num_queues.unwrap_or(2))
+            .ok()
+            .filter(|&n| n >= 2 && n & 1 == 0 && n / 2 <= MAX_QUEUE_PAIRS)
+            .ok_or(NetSpecError::NumQueues)?;
+        let queue_size = u16::try_from(spec.queue_size.unwrap_or(256))
+            .ok()
+            .filter(|q| q.is_power_of_two() && (2..=32768).contains(q))
+            .ok_or(NetSpecError::QueueSize)?;
         let vhost_server = match spec.vhost_mode.as_deref() {
             None | Some("client") | Some("Client") => false,
             Some("server") | Some("Server") if spec.vhost_user => true,
@@ -282,9 +282,8 @@ impl NetConfig {
             mac,
             ip,
             mask,
-            // Both bounded above (at most 32 and 32768).
-            num_queues: num_queues as usize,
-            queue_size: queue_size as u16,
+            num_queues,
+            queue_size,
             iommu: spec.iommu,
             vhost_user_socket,
             vhost_server,

@@ -14,6 +14,7 @@ use super::queue::{break_queue, pop_head, signal_used, WorkerQueue};
 use crate::dma::{DmaSpace, ThreadDma};
 use crate::virtio::chain::{walk_into, Chain};
 use crate::virtio::VirtioInterrupt;
+use crate::width::usize_from_u64;
 use virtio_queue::QueueT;
 
 /// Class MQ, command VQ_PAIRS_SET.
@@ -48,7 +49,7 @@ fn read_command(mem: &DmaSpace, chain: &Chain) -> Option<CtrlCommand> {
     if !(2..=MAX_COMMAND_LEN).contains(&len) {
         return None;
     }
-    let mut cmd = Vec::with_capacity(len as usize);
+    let mut cmd = Vec::with_capacity(usize_from_u64(len));
     for b in &chain.readable {
         let start = cmd.len();
         cmd.resize(start + b.len as usize, 0);

@@ -179,7 +179,9 @@ impl VirtioDevice for Net {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        read_config_window(&config_space(self.mac, self.pairs() as u16), offset, data);
+        // NetConfig bounds the pairs to MAX_QUEUE_PAIRS: never saturates.
+        let pairs = u16::try_from(self.pairs()).unwrap_or(u16::MAX);
+        read_config_window(&config_space(self.mac, pairs), offset, data);
     }
 
     fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {

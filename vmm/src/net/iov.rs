@@ -4,6 +4,7 @@ use vm_memory::{GuestAddress, GuestMemory, GuestMemoryError, Permissions};
 
 use crate::dma::DmaSpace;
 use crate::virtio::chain::Buffer;
+use crate::width::usize_from_u64;
 
 /// A buffer the device's DMA space refused (the vIOMMU, or not guest RAM).
 #[derive(Debug, thiserror::Error)]
@@ -38,7 +39,7 @@ pub fn append_iovecs(
             source,
         };
         for s in mem
-            .get_slices(GuestAddress(b.addr), len as usize, access)
+            .get_slices(GuestAddress(b.addr), usize_from_u64(len), access)
             .map_err(err)?
         {
             let s = s.map_err(err)?;

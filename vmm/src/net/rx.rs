@@ -44,6 +44,7 @@ use super::queue::pop_head;
 use super::tap::{Tap, VNET_HDR_LEN};
 use crate::dma::DmaSpace;
 use crate::virtio::chain::{walk_into, Buffer, Chain, ChainError, MAX_CHAIN_DESCRIPTORS};
+use crate::width::usize_from_u64;
 
 /// Largest frame the TAP hands over: a 64 KiB GSO frame plus headers.
 pub const MAX_FRAME: usize = 65536 + 256;
@@ -549,7 +550,7 @@ fn write_at(mem: &DmaSpace, chain: &Chain, off: u64, bytes: &[u8]) -> Result<(),
         let at = off + (bytes.len() - rest.len()) as u64;
         if at < end {
             let inner = at - pos;
-            let n = ((end - at) as usize).min(rest.len());
+            let n = usize_from_u64(end - at).min(rest.len());
             let addr = b.addr.wrapping_add(inner);
             let (piece, after) = rest.split_at(n);
             mem.write_slice(piece, GuestAddress(addr))

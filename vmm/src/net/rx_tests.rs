@@ -126,7 +126,7 @@ impl Ring {
 }
 
 fn frame(len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i * 7 + 3) as u8).collect()
+    (0..len).map(|i| (i * 7 + 3).to_le_bytes()[0]).collect()
 }
 
 /// The header's `num_buffers` as the frame source left it, before the
@@ -420,12 +420,12 @@ fn virtio_net_rx_held_chains_are_bounded() {
                 // Every head is an indirect table of 1,022 empty buffers
                 // and one byte (1,024 descriptors with the head: the
                 // walker's limit).
-                let last = (MAX_CHAIN_DESCRIPTORS - 2) as u16;
+                let last = u16::try_from(MAX_CHAIN_DESCRIPTORS - 2).unwrap();
                 for i in 0..last {
                     put_desc(r.mem, INDIRECT, i, BYTE, 0, w | VIRTQ_DESC_F_NEXT, i + 1);
                 }
                 put_desc(r.mem, INDIRECT, last, BYTE, 1, w, 0);
-                let len = (MAX_CHAIN_DESCRIPTORS as u32 - 1) * 16;
+                let len = (u32::try_from(MAX_CHAIN_DESCRIPTORS).unwrap() - 1) * 16;
                 for i in 0..size {
                     r.driver.desc(i, INDIRECT, len, VIRTQ_DESC_F_INDIRECT, 0);
                 }
@@ -471,7 +471,7 @@ fn virtio_net_rx_held_chains_are_bounded() {
                 // Every new used entry names a head of the ring and no more
                 // than the chain's one writable byte.
                 let used_idx = r.driver.used_idx();
-                while (used_seen as u16) != used_idx {
+                while (used_seen & 0xffff) as u16 != used_idx {
                     let (id, len) = r.driver.used(used_seen);
                     assert!(id < u32::from(size) && len <= 1, "used ({id}, {len})");
                     used_seen += 1;

@@ -19,6 +19,7 @@ use thiserror::Error;
 use vmm_sys_util::ioctl::{ioctl_with_mut_ref, ioctl_with_ref, ioctl_with_val};
 
 use self::ioctls::{TUNGETIFF, TUNSETIFF, TUNSETOFFLOAD, TUNSETQUEUE, TUNSETVNETHDRSZ};
+use crate::width::{const_i32, const_u16};
 
 /// The TUN ioctl numbers, from `<linux/if_tun.h>`'s `_IOW('T', nr, type)`.
 #[allow(non_snake_case)]
@@ -44,6 +45,10 @@ const IFF_MULTI_QUEUE: u16 = 0x0100;
 const IFNAMSIZ: usize = 16;
 /// `sizeof(struct ifreq)`: the kernel copies this much whatever the request.
 const IFREQ_SIZE: usize = 40;
+/// libc's `int` constants in the narrower fields the kernel reads them
+/// from (checked by the compiler).
+const AF_INET_FAMILY: libc::sa_family_t = const_u16(libc::AF_INET as i128);
+const IFF_UP_RUNNING: u16 = const_u16((libc::IFF_UP | libc::IFF_RUNNING) as i128);
 
 /// TUNSETOFFLOAD: the reader accepts partial checksums.
 pub const TUN_F_CSUM: u32 = 0x01;
@@ -56,6 +61,8 @@ pub const TUN_F_TSO_ECN: u32 = 0x08;
 
 /// Size of the virtio-net header on the TAP (virtio 1.x header).
 pub const VNET_HDR_LEN: usize = 12;
+/// [`VNET_HDR_LEN`] as the `int` TUNSETVNETHDRSZ takes.
+const VNET_HDR_LEN_INT: libc::c_int = const_i32(VNET_HDR_LEN as i128);
 
 /// Errors while setting up a TAP interface.
 #[derive(Debug, Error)]
@@ -131,19 +138,20 @@ impl IfReq {
     }
 
     fn set_flags(&mut self, flags: u16) {
-        self.data.flags = flags as libc::c_short;
+        // The same 16 bits, as the C field's signed type.
+        self.data.flags = libc::c_short::from_ne_bytes(flags.to_ne_bytes());
     }
 
     fn flags(&self) -> u16 {
         // SAFETY: the union was zeroed whole in `new`, so its first two
         // bytes are initialized whichever member was written since, and
         // every bit pattern is a valid c_short.
-        unsafe { self.data.flags as u16 }
+        unsafe { u16::from_ne_bytes(self.data.flags.to_ne_bytes()) }
     }
 
     fn set_inet(&mut self, addr: Ipv4Addr) {
         self.data.addr = libc::sockaddr_in {
-            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_family: AF_INET_FAMILY,
             sin_port: 0,
             sin_addr: libc::in_addr {
                 // Network byte order: the octets as they lie in memory.
@@ -214,7 +222,7 @@ impl Tap {
             file,
             name: req.name(),
         };
-        let hdr: libc::c_int = VNET_HDR_LEN as libc::c_int;
+        let hdr: libc::c_int = VNET_HDR_LEN_INT;
         // SAFETY: TUNSETVNETHDRSZ reads an `int` through its argument,
         // which `hdr` is, alive for the call.
         check(unsafe { ioctl_with_ref(&tap.file, TUNSETVNETHDRSZ(), &hdr) })
@@ -259,7 +267,7 @@ impl Tap {
         // SAFETY: as above.
         check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK) })
             .map_err(err("F_SETFL O_NONBLOCK"))?;
-        let hdr: libc::c_int = VNET_HDR_LEN as libc::c_int;
+        let hdr: libc::c_int = VNET_HDR_LEN_INT;
         // SAFETY: TUNSETVNETHDRSZ reads an `int` through its argument,
         // which `hdr` is, alive for the call.
         check(unsafe { ioctl_with_ref(&file, TUNSETVNETHDRSZ(), &hdr) })
@@ -347,7 +355,7 @@ impl Tap {
         }
         let mut req = IfReq::new(&self.name);
         ioctl_ifreq(&sock, libc::SIOCGIFFLAGS, &mut req).map_err(err("SIOCGIFFLAGS"))?;
-        let flags = req.flags() | (libc::IFF_UP | libc::IFF_RUNNING) as u16;
+        let flags = req.flags() | IFF_UP_RUNNING;
         req.set_flags(flags);
         ioctl_ifreq(&sock, libc::SIOCSIFFLAGS, &mut req).map_err(err("SIOCSIFFLAGS"))?;
         Ok(())
@@ -357,11 +365,8 @@ impl Tap {
     pub fn read_frame(&self, buf: &mut [u8]) -> io::Result<usize> {
         // SAFETY: `buf` is valid for writes of its length.
         let n = unsafe { libc::read(self.file.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
+        // Negative: the call failed and errno says why.
+        usize::try_from(n).map_err(|_| io::Error::last_os_error())
     }
 
     /// Reads one frame scattered over `iov`: the kernel copies it straight
@@ -374,23 +379,19 @@ impl Tap {
             .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         // SAFETY: the caller guarantees the iovecs are writable.
         let n = unsafe { libc::readv(self.file.as_raw_fd(), iov.as_ptr(), count) };
-        if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
+        // Negative: the call failed and errno says why.
+        usize::try_from(n).map_err(|_| io::Error::last_os_error())
     }
 
     /// Writes one frame gathered from `iov`.
     pub fn write_iov(&self, iov: &[libc::iovec]) -> io::Result<usize> {
+        let count = libc::c_int::try_from(iov.len())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         // SAFETY: every iovec points into live guest memory mappings (built
         // from VolatileSlices of the device's DmaSpace) or host buffers.
-        let n = unsafe { libc::writev(self.file.as_raw_fd(), iov.as_ptr(), iov.len() as i32) };
-        if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
+        let n = unsafe { libc::writev(self.file.as_raw_fd(), iov.as_ptr(), count) };
+        // Negative: the call failed and errno says why.
+        usize::try_from(n).map_err(|_| io::Error::last_os_error())
     }
 }
 
@@ -439,7 +440,7 @@ mod tests {
         assert_eq!(r.name(), "tap-test0");
         r.set_inet(Ipv4Addr::new(192, 168, 249, 1));
         assert_eq!(&bytes(&r)[20..24], &[192, 168, 249, 1]);
-        assert_eq!(&bytes(&r)[16..18], &(libc::AF_INET as u16).to_ne_bytes());
+        assert_eq!(&bytes(&r)[16..18], &AF_INET_FAMILY.to_ne_bytes());
         r.set_flags(0x1234);
         assert_eq!(r.flags(), 0x1234);
         assert!(matches!(

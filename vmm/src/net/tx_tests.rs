@@ -92,7 +92,7 @@ impl Fixture {
 #[test]
 fn a_frame_is_gathered_across_descriptors_and_returned_empty() {
     let mut f = Fixture::new();
-    let frame: Vec<u8> = (0..300u32).map(|i| (i * 7) as u8).collect();
+    let frame: Vec<u8> = (0..300u32).map(|i| ((i * 7) & 0xff) as u8).collect();
     f.mem
         .write_slice(&frame[..12], GuestAddress(0x8000))
         .unwrap();
