@@ -77,6 +77,7 @@ use crate::pci::{
     BarKind, BarReprogram, PciAddress, PciConfiguration, PciDevice, PciHeader, PciRoot,
 };
 use crate::virtio::iommu::IommuPlatform;
+use crate::width::usize_from_u64;
 
 /// PCI vendor id of QEMU's edu device.
 pub const EDU_VENDOR_ID: u16 = 0x1234;
@@ -340,7 +341,8 @@ impl DmaTestDevice {
     }
 
     fn write_reg(&mut self, offset: u64, value: u64) {
-        let v32 = value as u32;
+        // The 32-bit registers take the access's low half.
+        let v32 = (value & 0xffff_ffff) as u32;
         match offset {
             reg::LIVENESS => self.liveness = v32,
             reg::FACTORIAL => {
@@ -586,7 +588,7 @@ impl PciDevice for DmaTestDevice {
             let addr = offset.saturating_add(i as u64);
             let (base, _) = register_of(addr);
             let shift = (addr - base) * 8;
-            *d = (self.read_reg(base) >> shift) as u8;
+            *d = ((self.read_reg(base) >> shift) & 0xff) as u8;
         }
     }
 
@@ -602,7 +604,7 @@ impl PciDevice for DmaTestDevice {
         while let Some(rest) = data.get(i..).filter(|r| !r.is_empty()) {
             let addr = offset.saturating_add(i as u64);
             let (base, width) = register_of(addr);
-            let start = (addr - base) as usize;
+            let start = usize_from_u64(addr - base);
             let n = rest.len().min(width - start);
             let mut bytes = self.read_reg(base).to_le_bytes();
             if matches!(base, reg::LIVENESS) {
@@ -741,7 +743,7 @@ mod tests {
     fn identity_round_trip_and_byte_counter() {
         let mem = ram();
         let mut d = device(DmaSpace::identity(mem.clone()));
-        let pattern: Vec<u8> = (0..2048u32).map(|i| (i * 7) as u8).collect();
+        let pattern: Vec<u8> = (0..2048u32).map(|i| ((i * 7) & 0xff) as u8).collect();
         mem.write_slice(&pattern, GuestAddress(0x8000)).unwrap();
         assert_eq!(dma(&mut d, 0x8000, DMA_BUF_ADDR, 2048, false), 0);
         assert_eq!(dma(&mut d, DMA_BUF_ADDR, 0x20000, 2048, true), 0);

@@ -33,7 +33,7 @@ pub fn open_kvm_at(path: &Path) -> Result<Kvm, Error> {
         },
     })?;
     let version = kvm.get_api_version();
-    if version != kvm_bindings::KVM_API_VERSION as i32 {
+    if i64::from(version) != i64::from(kvm_bindings::KVM_API_VERSION) {
         return Err(KvmUnusable::ApiVersion {
             path: dev(),
             version,

@@ -123,7 +123,7 @@ fn msi_entry(gsi: u32, msg: MsiMessage) -> kvm_irq_routing_entry {
         type_: KVM_IRQ_ROUTING_MSI,
         ..Default::default()
     };
-    e.u.msi.address_lo = msg.addr as u32;
+    e.u.msi.address_lo = (msg.addr & 0xffff_ffff) as u32;
     e.u.msi.address_hi = (msg.addr >> 32) as u32;
     e.u.msi.data = msg.data;
     e

@@ -7,6 +7,8 @@
 
 use thiserror::Error;
 
+use crate::width::usize_from_u64;
+
 /// Number of 32-bit registers in a PCI Express configuration space (4 KiB).
 pub const NUM_CONFIG_REGISTERS: usize = 1024;
 /// Number of BARs in a type 0 header.
@@ -208,7 +210,8 @@ impl PciConfiguration {
         });
         let reg = BAR0_REG + index;
         let mask = !(size - 1);
-        self.writable[reg] = (mask as u32) & if kind.is_memory() { !0xf } else { !0x3 };
+        self.writable[reg] =
+            ((mask & 0xffff_ffff) as u32) & if kind.is_memory() { !0xf } else { !0x3 };
         self.regs[reg] = kind.flag_bits();
         if slots == 2 {
             self.writable[reg + 1] = (mask >> 32) as u32;
@@ -237,7 +240,7 @@ impl PciConfiguration {
         };
         bar.addr = addr;
         let reg = BAR0_REG + index;
-        self.regs[reg] = (addr as u32 & self.writable[reg]) | bar.kind.flag_bits();
+        self.regs[reg] = ((addr & 0xffff_ffff) as u32 & self.writable[reg]) | bar.kind.flag_bits();
         if matches!(bar.kind, BarKind::Mem64 { .. }) {
             self.regs[reg + 1] = (addr >> 32) as u32;
         }
@@ -288,12 +291,14 @@ impl PciConfiguration {
         if offset + len > LEGACY_CONFIG_END {
             return Err(PciConfigError::CapabilitySpace(len));
         }
+        // Below LEGACY_CONFIG_END (256): the byte a capability pointer holds.
+        let pointer = u8::try_from(offset).map_err(|_| PciConfigError::CapabilitySpace(len))?;
         self.write_bytes_raw(offset, &[id, 0]);
         self.write_bytes_raw(offset + 2, body);
         match self.last_capability {
-            Some(prev) => self.write_bytes_raw(prev + 1, &[offset as u8]),
+            Some(prev) => self.write_bytes_raw(prev + 1, &[pointer]),
             None => {
-                self.regs[13] = offset as u32;
+                self.regs[13] = u32::from(pointer);
                 self.regs[1] |= STATUS_CAP_LIST;
             }
         }
@@ -330,13 +335,14 @@ impl PciConfiguration {
     /// Applies a guest write of 1, 2 or 4 bytes at byte `offset` of register
     /// `reg`. Returns the BAR move it causes, if any.
     pub fn write_reg(&mut self, reg: usize, offset: u64, data: &[u8]) -> Option<BarReprogram> {
-        if reg >= NUM_CONFIG_REGISTERS || offset as usize + data.len() > 4 || data.is_empty() {
+        if reg >= NUM_CONFIG_REGISTERS || usize_from_u64(offset) + data.len() > 4 || data.is_empty()
+        {
             return None;
         }
         let mut value = 0u32;
         let mut lanes = 0u32;
         for (i, b) in data.iter().enumerate() {
-            let shift = (offset as usize + i) * 8;
+            let shift = (usize_from_u64(offset) + i) * 8;
             value |= u32::from(*b) << shift;
             lanes |= 0xff << shift;
         }

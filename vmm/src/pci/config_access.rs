@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::root::{PciAddress, PciRoot};
 use crate::devices::bus::BusDevice;
+use crate::width::usize_from_u64;
 
 /// First port of the legacy mechanism.
 pub const PCI_CONFIG_IO_PORT: u64 = 0xcf8;
@@ -45,13 +46,16 @@ pub fn decode_ecam_offset(offset: u64) -> (PciAddress, usize, u64) {
 fn fill_from_register(value: u32, offset: u64, data: &mut [u8]) {
     let bytes = value.to_le_bytes();
     for (i, d) in data.iter_mut().enumerate() {
-        *d = bytes.get(offset as usize + i).copied().unwrap_or(0xff);
+        *d = bytes
+            .get(usize_from_u64(offset) + i)
+            .copied()
+            .unwrap_or(0xff);
     }
 }
 
 /// Accesses must be 1, 2 or 4 bytes and stay inside one register.
 fn valid_access(offset: u64, len: usize) -> bool {
-    matches!(len, 1 | 2 | 4) && offset as usize + len <= 4
+    matches!(len, 1 | 2 | 4) && usize_from_u64(offset) + len <= 4
 }
 
 /// The 0xcf8/0xcfc device.

@@ -346,6 +346,8 @@ impl PciRoot {
             .into_iter()
             .find(|&s| slots.get(s).is_some_and(Option::is_none))
             .ok_or(PciError::NoFreeSlot)?;
+        // A slot of the 32-entry table: always a valid device number.
+        let device_number = u8::try_from(slot).map_err(|_| PciError::NoFreeSlot)?;
         let bars: Vec<_> = {
             let dev = device.lock().unpoisoned();
             dev.config().bars().collect()
@@ -399,7 +401,7 @@ impl PciRoot {
         slots[slot] = Some(device);
         Ok(PciAddress {
             bus: 0,
-            device: slot as u8,
+            device: device_number,
             function: 0,
         })
     }
@@ -641,7 +643,7 @@ mod tests {
             &mut self.config
         }
         fn read_bar(&mut self, bar: usize, offset: u64, data: &mut [u8]) {
-            data.fill((bar as u8) << 4 | offset as u8);
+            data.fill(bar.to_le_bytes()[0] << 4 | offset.to_le_bytes()[0]);
         }
         fn write_bar(&mut self, bar: usize, offset: u64, data: &[u8]) {
             self.last_write = Some((bar, offset, data.to_vec()));
