@@ -125,16 +125,12 @@ fn read_descriptor<M: GuestMemory + ?Sized>(
     let mut raw = [0u8; 16];
     mem.read_slice(&mut raw, GuestAddress(at))
         .map_err(|_| ChainError::Unreadable(at))?;
-    let le64 = |b: &[u8]| {
-        b.iter()
-            .rev()
-            .fold(0u64, |acc, x| (acc << 8) | u64::from(*x))
-    };
+    let [a0, a1, a2, a3, a4, a5, a6, a7, l0, l1, l2, l3, f0, f1, n0, n1] = raw;
     Ok(RawDescriptor {
-        addr: le64(&raw[0..8]),
-        len: le64(&raw[8..12]) as u32,
-        flags: le64(&raw[12..14]) as u16,
-        next: le64(&raw[14..16]) as u16,
+        addr: u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]),
+        len: u32::from_le_bytes([l0, l1, l2, l3]),
+        flags: u16::from_le_bytes([f0, f1]),
+        next: u16::from_le_bytes([n0, n1]),
     })
 }
 
@@ -186,7 +182,8 @@ pub fn walk_into<M: GuestMemory + ?Sized>(
                 return Err(ChainError::BadIndirectLength(d.len));
             }
             table = d.addr;
-            table_size = entries as u32;
+            table_size =
+                u32::try_from(entries).map_err(|_| ChainError::BadIndirectLength(d.len))?;
             index = 0;
             in_table = 0;
             indirect = true;

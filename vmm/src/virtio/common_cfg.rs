@@ -7,6 +7,7 @@
 
 use super::status::{DEVICE_NEEDS_RESET, DRIVER_OK, FEATURES_OK};
 use super::{feature, VIRTIO_F_VERSION_1};
+use crate::width::usize_from_u64;
 
 /// "No MSI-X vector" (virtio 1.2, 4.1.5.1.2).
 pub const VIRTIO_MSI_NO_VECTOR: u16 = 0xffff;
@@ -224,10 +225,17 @@ impl CommonConfig {
         }
     }
 
+    /// `value` is the field's bytes (`write` masked it to the field's
+    /// width); the masks below take the field's own type from it.
     fn set(&mut self, field: u64, value: u64) -> CommonCfgAction {
+        let (v8, v16, v32) = (
+            (value & 0xff) as u8,
+            (value & 0xffff) as u16,
+            (value & 0xffff_ffff) as u32,
+        );
         match field {
-            DEVICE_FEATURE_SELECT => self.device_feature_select = value as u32,
-            DRIVER_FEATURE_SELECT => self.driver_feature_select = value as u32,
+            DEVICE_FEATURE_SELECT => self.device_feature_select = v32,
+            DRIVER_FEATURE_SELECT => self.driver_feature_select = v32,
             // Features are frozen once FEATURES_OK was accepted.
             DRIVER_FEATURE if self.status & FEATURES_OK == 0 => {
                 let v = value & 0xffff_ffff;
@@ -238,13 +246,13 @@ impl CommonConfig {
                 }
             }
             MSIX_CONFIG => {
-                self.msix_config = self.valid_vector(value as u16);
+                self.msix_config = self.valid_vector(v16);
                 return CommonCfgAction::VectorsChanged;
             }
-            DEVICE_STATUS => return self.set_status(value as u8),
-            QUEUE_SELECT => self.queue_select = value as u16,
+            DEVICE_STATUS => return self.set_status(v8),
+            QUEUE_SELECT => self.queue_select = v16,
             QUEUE_SIZE => {
-                let v = value as u16;
+                let v = v16;
                 if let Some(q) = self.selected_mut() {
                     if !q.ready && v.is_power_of_two() && v <= q.max_size {
                         q.size = v;
@@ -252,7 +260,7 @@ impl CommonConfig {
                 }
             }
             QUEUE_MSIX_VECTOR => {
-                let v = self.valid_vector(value as u16);
+                let v = self.valid_vector(v16);
                 if let Some(q) = self.queues.get_mut(usize::from(self.queue_select)) {
                     q.msix_vector = v;
                     return CommonCfgAction::VectorsChanged;
@@ -323,7 +331,7 @@ impl CommonConfig {
             return;
         };
         let bytes = self.get(start, needs_reset).to_le_bytes();
-        let shift = (offset - start) as usize;
+        let shift = usize_from_u64(offset - start);
         if let Some(src) = bytes.get(shift..shift + data.len()) {
             data.copy_from_slice(src);
         }
@@ -335,7 +343,7 @@ impl CommonConfig {
             return CommonCfgAction::None;
         };
         let mut bytes = self.get(start, false).to_le_bytes();
-        let shift = (offset - start) as usize;
+        let shift = usize_from_u64(offset - start);
         let Some(dst) = bytes.get_mut(shift..shift + data.len()) else {
             return CommonCfgAction::None;
         };
@@ -380,7 +388,10 @@ mod tests {
     fn negotiate(c: &mut CommonConfig, features: u64) -> CommonCfgAction {
         c.write(DEVICE_STATUS, &[ACKNOWLEDGE | DRIVER]);
         c.write(DRIVER_FEATURE_SELECT, &0u32.to_le_bytes());
-        c.write(DRIVER_FEATURE, &(features as u32).to_le_bytes());
+        c.write(
+            DRIVER_FEATURE,
+            &((features & 0xffff_ffff) as u32).to_le_bytes(),
+        );
         c.write(DRIVER_FEATURE_SELECT, &1u32.to_le_bytes());
         c.write(DRIVER_FEATURE, &((features >> 32) as u32).to_le_bytes());
         c.write(DEVICE_STATUS, &[ACKNOWLEDGE | DRIVER | FEATURES_OK])
@@ -389,7 +400,7 @@ mod tests {
     #[test]
     fn device_features_by_select() {
         let mut c = cfg();
-        assert_eq!(r32(&c, DEVICE_FEATURE), OFFERED as u32);
+        assert_eq!(r32(&c, DEVICE_FEATURE), (OFFERED & 0xffff_ffff) as u32);
         c.write(DEVICE_FEATURE_SELECT, &1u32.to_le_bytes());
         assert_eq!(r32(&c, DEVICE_FEATURE), 1);
         c.write(DEVICE_FEATURE_SELECT, &7u32.to_le_bytes());

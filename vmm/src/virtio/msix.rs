@@ -10,6 +10,7 @@
 
 use crate::interrupt::{InterruptError, MsiMessage, MsiVector};
 use crate::warn_limited;
+use crate::width::usize_from_u64;
 
 /// PCI capability id of MSI-X.
 pub const MSIX_CAP_ID: u8 = 0x11;
@@ -281,7 +282,7 @@ impl MsixState {
             self.collect(v);
         }
         for (i, b) in data.iter_mut().enumerate() {
-            let first = (offset as usize + i) * 8;
+            let first = (usize_from_u64(offset) + i) * 8;
             *b = (0..8).fold(0u8, |acc, bit| {
                 let set = self.pending.get(first + bit).copied().unwrap_or(false);
                 acc | (u8::from(set) << bit)

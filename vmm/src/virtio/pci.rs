@@ -41,6 +41,7 @@ use crate::interrupt::{GsiRouter, InterruptError};
 use crate::pci::{
     BarKind, BarPlaceError, BarReprogram, PciConfigError, PciConfiguration, PciDevice, PciHeader,
 };
+use crate::width::{const_u32, const_u8};
 
 /// PCI vendor id of virtio devices.
 pub const VIRTIO_PCI_VENDOR_ID: u16 = 0x1af4;
@@ -71,6 +72,24 @@ pub const MSIX_PBA_OFFSET: u64 = 0x6000;
 /// Largest number of queues (bounded by the MSI-X table room).
 pub const MAX_QUEUES: usize = 255;
 
+/// The BAR layout in the 8- and 32-bit fields of the capabilities that
+/// describe it (narrowed by the compiler: a layout that did not fit would
+/// fail the build).
+const BAR_INDEX: u8 = const_u8(VIRTIO_BAR as i128);
+const COMMON_CAP: (u32, u32) = (
+    const_u32(COMMON_CFG_OFFSET as i128),
+    const_u32(COMMON_CFG_SIZE as i128),
+);
+const NOTIFY_CAP_OFFSET: u32 = const_u32(NOTIFY_OFFSET as i128);
+const ISR_CAP_OFFSET: u32 = const_u32(ISR_OFFSET as i128);
+const DEVICE_CAP: (u32, u32) = (
+    const_u32(DEVICE_CFG_OFFSET as i128),
+    const_u32(DEVICE_CFG_SIZE as i128),
+);
+/// MSI-X table and PBA: offset in the BAR, BAR index in the low bits.
+const MSIX_TABLE_BIR: u32 = const_u32((MSIX_TABLE_OFFSET | VIRTIO_BAR as u64) as i128);
+const MSIX_PBA_BIR: u32 = const_u32((MSIX_PBA_OFFSET | VIRTIO_BAR as u64) as i128);
+
 const CAP_VENDOR: u8 = 0x09;
 const CFG_TYPE_COMMON: u8 = 1;
 const CFG_TYPE_NOTIFY: u8 = 2;
@@ -96,6 +115,9 @@ pub enum VirtioPciError {
     /// The device has no queues or too many.
     #[error("device has {0} queues (1..={MAX_QUEUES} supported)")]
     Queues(usize),
+    /// The device type has no virtio-pci device id (0x1040 + type, 16 bits).
+    #[error("virtio device type {0} has no PCI device id")]
+    DeviceType(u32),
 }
 
 /// Interrupt delivery shared with the device's threads.
@@ -199,11 +221,11 @@ pub struct VirtioPciDevice {
 }
 
 /// Builds a vendor-specific virtio capability body (after id and next).
-fn virtio_cap(cfg_type: u8, offset: u64, length: u64, extra: Option<u32>) -> Vec<u8> {
+fn virtio_cap(cfg_type: u8, (offset, length): (u32, u32), extra: Option<u32>) -> Vec<u8> {
     let cap_len: u8 = if extra.is_some() { 20 } else { 16 };
-    let mut v = vec![cap_len, cfg_type, VIRTIO_BAR as u8, 0, 0, 0];
-    v.extend_from_slice(&(offset as u32).to_le_bytes());
-    v.extend_from_slice(&(length as u32).to_le_bytes());
+    let mut v = vec![cap_len, cfg_type, BAR_INDEX, 0, 0, 0];
+    v.extend_from_slice(&offset.to_le_bytes());
+    v.extend_from_slice(&length.to_le_bytes());
     if let Some(x) = extra {
         v.extend_from_slice(&x.to_le_bytes());
     }
@@ -240,15 +262,22 @@ impl VirtioPciDevice {
         if sizes.is_empty() || sizes.len() > MAX_QUEUES {
             return Err(VirtioPciError::Queues(sizes.len()));
         }
+        // At most MAX_QUEUES (255): the count and one vector more fit u16.
+        let queue_count =
+            u16::try_from(sizes.len()).map_err(|_| VirtioPciError::Queues(sizes.len()))?;
+        let vector_count = queue_count + 1;
+        let device_id = u16::try_from(device.device_type())
+            .ok()
+            .and_then(|t| VIRTIO_PCI_DEVICE_ID_BASE.checked_add(t))
+            .ok_or(VirtioPciError::DeviceType(device.device_type()))?;
         let mut features = device.features() | feature(VIRTIO_F_VERSION_1);
         if iommu {
             features |= feature(VIRTIO_F_ACCESS_PLATFORM);
         }
-        let num_vectors = sizes.len() + 1;
         let (class, subclass) = device.pci_class();
         let mut config = PciConfiguration::new(PciHeader {
             vendor_id: VIRTIO_PCI_VENDOR_ID,
-            device_id: VIRTIO_PCI_DEVICE_ID_BASE + device.device_type() as u16,
+            device_id,
             class,
             subclass,
             prog_if: 0,
@@ -265,28 +294,27 @@ impl VirtioPciDevice {
                 prefetchable: false,
             },
         )?;
-        config.add_capability(
-            CAP_VENDOR,
-            &virtio_cap(CFG_TYPE_COMMON, COMMON_CFG_OFFSET, COMMON_CFG_SIZE, None),
-        )?;
+        config.add_capability(CAP_VENDOR, &virtio_cap(CFG_TYPE_COMMON, COMMON_CAP, None))?;
         config.add_capability(
             CAP_VENDOR,
             &virtio_cap(
                 CFG_TYPE_NOTIFY,
-                NOTIFY_OFFSET,
-                sizes.len() as u64 * u64::from(NOTIFY_OFF_MULTIPLIER),
+                (
+                    NOTIFY_CAP_OFFSET,
+                    u32::from(queue_count) * NOTIFY_OFF_MULTIPLIER,
+                ),
                 Some(NOTIFY_OFF_MULTIPLIER),
             ),
         )?;
-        config.add_capability(CAP_VENDOR, &virtio_cap(CFG_TYPE_ISR, ISR_OFFSET, 1, None))?;
         config.add_capability(
             CAP_VENDOR,
-            &virtio_cap(CFG_TYPE_DEVICE, DEVICE_CFG_OFFSET, DEVICE_CFG_SIZE, None),
+            &virtio_cap(CFG_TYPE_ISR, (ISR_CAP_OFFSET, 1), None),
         )?;
+        config.add_capability(CAP_VENDOR, &virtio_cap(CFG_TYPE_DEVICE, DEVICE_CAP, None))?;
         let mut msix_body = Vec::with_capacity(10);
-        msix_body.extend_from_slice(&((num_vectors - 1) as u16).to_le_bytes());
-        msix_body.extend_from_slice(&(MSIX_TABLE_OFFSET as u32 | VIRTIO_BAR as u32).to_le_bytes());
-        msix_body.extend_from_slice(&(MSIX_PBA_OFFSET as u32 | VIRTIO_BAR as u32).to_le_bytes());
+        msix_body.extend_from_slice(&queue_count.to_le_bytes());
+        msix_body.extend_from_slice(&MSIX_TABLE_BIR.to_le_bytes());
+        msix_body.extend_from_slice(&MSIX_PBA_BIR.to_le_bytes());
         let msix_cap = config.add_capability(MSIX_CAP_ID, &msix_body)?;
         let msix_cap_reg = msix_cap / 4;
         // Message control is the upper half of the capability's first
@@ -313,7 +341,7 @@ impl VirtioPciDevice {
         dma.set_bus_master(config.bus_master_enabled());
         Ok(Self {
             config,
-            common: CommonConfig::new(features, &sizes, num_vectors as u16),
+            common: CommonConfig::new(features, &sizes, vector_count),
             device,
             interrupt,
             msix,
@@ -440,11 +468,13 @@ impl VirtioPciDevice {
                     return;
                 }
             };
-            queues.push(ActiveQueue {
-                index: i as u16,
-                queue,
-                kick,
-            });
+            // Below the queue count, which fits u16 (checked in `new`).
+            let Ok(index) = u16::try_from(i) else {
+                warn!("virtio device not started: queue {i} has no 16-bit index");
+                self.interrupt.set_needs_reset();
+                return;
+            };
+            queues.push(ActiveQueue { index, queue, kick });
         }
         let ctx = ActivateContext {
             mem: self.dma.clone(),
@@ -461,7 +491,7 @@ impl VirtioPciDevice {
                 let kicked_by_fd: Vec<usize> = ready
                     .iter()
                     .copied()
-                    .filter(|&i| !self.device.serves_inline(i as u16))
+                    .filter(|&i| u16::try_from(i).is_ok_and(|q| !self.device.serves_inline(q)))
                     .collect();
                 self.register_ioevents(&kicked_by_fd);
                 info!(
@@ -560,9 +590,9 @@ impl PciDevice for VirtioPciDevice {
             self.device.bus_master_changed(self.dma.bus_master());
         }
         if self.active && !was_master && self.dma.bus_master() {
-            for (i, k) in self.kicks.iter().enumerate() {
-                if self.device.serves_inline(i as u16) {
-                    self.device.serve_queue(i as u16);
+            for (i, k) in (0..=u16::MAX).zip(self.kicks.iter()) {
+                if self.device.serves_inline(i) {
+                    self.device.serve_queue(i);
                 } else if let Err(e) = k.write(1) {
                     warn!("virtio: cannot kick a queue after bus mastering was enabled: {e}");
                 }
@@ -636,11 +666,14 @@ impl PciDevice for VirtioPciDevice {
         } else if within(DEVICE_CFG_OFFSET, DEVICE_CFG_SIZE) {
             self.device.write_config(offset - DEVICE_CFG_OFFSET, data);
         } else if within(NOTIFY_OFFSET, NOTIFY_SIZE) {
-            let q = (offset - NOTIFY_OFFSET) / u64::from(NOTIFY_OFF_MULTIPLIER);
-            if self.active && self.device.serves_inline(q as u16) {
-                self.device.serve_queue(q as u16);
-            } else if let Some(k) = self.kicks.get(q as usize) {
-                let _ = k.write(1);
+            // Within NOTIFY_SIZE: a 16-bit queue index.
+            let q = u16::try_from((offset - NOTIFY_OFFSET) / u64::from(NOTIFY_OFF_MULTIPLIER));
+            if let Ok(q) = q {
+                if self.active && self.device.serves_inline(q) {
+                    self.device.serve_queue(q);
+                } else if let Some(k) = self.kicks.get(usize::from(q)) {
+                    let _ = k.write(1);
+                }
             }
         } else if within(MSIX_TABLE_OFFSET, self.msix_table_len()) {
             self.msix

@@ -22,6 +22,7 @@ use vm_memory::GuestAddress;
 
 use crate::memory::GuestMemoryMmap;
 use crate::virtio::VirtioInterrupt;
+use crate::width::usize_from_u64;
 
 /// Test RAM of `size` bytes at guest address 0, leaked so that a fixture
 /// can hold both the memory and the [`DriverRing`] that borrows it (one
@@ -140,7 +141,7 @@ impl<'m> DriverRing<'m> {
     /// Used entry number `i` (counted from the start, so wrapped into the
     /// ring): (head, length).
     pub fn used(&self, i: u64) -> (u32, u32) {
-        let slot = (i % u64::from(self.size)) as usize;
+        let slot = usize_from_u64(i % u64::from(self.size));
         let e = self.used.ring().ref_at(slot).expect("used slot").load();
         (e.id(), e.len())
     }

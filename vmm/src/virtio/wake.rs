@@ -10,6 +10,8 @@ use std::os::fd::{AsRawFd, RawFd};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::width::usize_from_u64;
+
 /// An epoll set with every `(fd, token)` registered for input.
 pub fn epoll_on(fds: &[(RawFd, u64)]) -> io::Result<Epoll> {
     epoll_with(
@@ -73,7 +75,7 @@ impl<'a> Wake<'a> {
             return Ok(false);
         }
         for e in &events[..n] {
-            if let Some(fd) = self.fds.get(e.data() as usize) {
+            if let Some(fd) = self.fds.get(usize_from_u64(e.data())) {
                 // Non-blocking: a spurious wake-up reads EAGAIN, which is fine.
                 let _ = fd.read();
             }

@@ -21,6 +21,10 @@ use crate::sandbox::{self, ThreadKind};
 use crate::virtio::chain::{pop_head, walk_into, Chain};
 use crate::virtio::{ActiveQueue, VirtioInterrupt};
 use crate::warn_limited;
+use crate::width::const_u32;
+
+/// A fault event's size as the used ring's 32-bit length.
+const FAULT_LEN: u32 = const_u32(FAULT_SIZE as i128);
 
 struct EventQueue {
     iommu: Arc<IommuDevice>,
@@ -85,7 +89,7 @@ impl EventQueue {
                 break false;
             }
             let len = if self.write_event(&ev) {
-                FAULT_SIZE as u32
+                FAULT_LEN
             } else {
                 warn_limited!(
                     "virtio-iommu: event buffer too small or not writable; event dropped"

@@ -296,9 +296,9 @@ mod tests {
         let (d, a, u) = RINGS[i];
         let mut q = Queue::new(16).unwrap();
         q.set_size(16);
-        q.set_desc_table_address(Some(d as u32), Some(0));
-        q.set_avail_ring_address(Some(a as u32), Some(0));
-        q.set_used_ring_address(Some(u as u32), Some(0));
+        q.set_desc_table_address(Some(u32::try_from(d).unwrap()), Some(0));
+        q.set_avail_ring_address(Some(u32::try_from(a).unwrap()), Some(0));
+        q.set_used_ring_address(Some(u32::try_from(u).unwrap()), Some(0));
         q.set_ready(true);
         assert!(q.is_valid(mem));
         q
@@ -431,7 +431,7 @@ mod tests {
             interrupt: irq.clone(),
             queues: (0..2)
                 .map(|i| ActiveQueue {
-                    index: i as u16,
+                    index: u16::try_from(i).unwrap(),
                     queue: queue(&mem, i),
                     kick: kicks[i].try_clone().unwrap(),
                 })
@@ -480,7 +480,7 @@ mod tests {
             interrupt: Arc::new(Irq::default()),
             queues: (0..2)
                 .map(|i| ActiveQueue {
-                    index: i as u16,
+                    index: u16::try_from(i).unwrap(),
                     queue: queue(&mem, i),
                     kick: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
                 })

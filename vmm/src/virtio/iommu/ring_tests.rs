@@ -56,7 +56,7 @@ fn activate(serving: RequestServing) -> Fixture {
         .iter()
         .enumerate()
         .map(|(i, r)| ActiveQueue {
-            index: i as u16,
+            index: u16::try_from(i).unwrap(),
             queue: r.queue(),
             kick: match i {
                 0 => kick.try_clone().unwrap(),
