@@ -17,6 +17,7 @@ use crate::error::{kvm_err, Error};
 use crate::exit::{ExitEvent, ExitSender, Failure};
 use crate::memory::GuestMemoryMmap;
 use crate::vcpu_control::VcpuControl;
+use crate::width::usize_from_u64;
 
 /// Local APIC register offsets and delivery modes for the LINT pins.
 const APIC_LVT0: usize = 0x350;
@@ -54,7 +55,7 @@ pub struct Vcpu {
 fn lapic_reg(regs: &[libc::c_char], offset: usize) -> u32 {
     let mut b = [0u8; 4];
     for (i, byte) in b.iter_mut().enumerate() {
-        *byte = regs.get(offset + i).map(|c| *c as u8).unwrap_or(0);
+        *byte = regs.get(offset + i).map_or(0, |c| c.to_ne_bytes()[0]);
     }
     u32::from_le_bytes(b)
 }
@@ -62,7 +63,7 @@ fn lapic_reg(regs: &[libc::c_char], offset: usize) -> u32 {
 fn set_lapic_reg(regs: &mut [libc::c_char], offset: usize, value: u32) {
     for (i, byte) in value.to_le_bytes().iter().enumerate() {
         if let Some(r) = regs.get_mut(offset + i) {
-            *r = *byte as libc::c_char;
+            *r = libc::c_char::from_ne_bytes([*byte]);
         }
     }
 }
@@ -83,7 +84,8 @@ fn io_exit_data(fd: &mut VcpuFd) -> (u16, usize, &mut [u8]) {
     // SAFETY: KVM places the data `data_offset` bytes into the kvm_run
     // mapping, which is mapped for the vCPU's lifetime (kvm-ioctls derives
     // its IoIn/IoOut slices the same way).
-    let data = unsafe { std::slice::from_raw_parts_mut(base.add(io.data_offset as usize), len) };
+    let data =
+        unsafe { std::slice::from_raw_parts_mut(base.add(usize_from_u64(io.data_offset)), len) };
     (io.port, size, data)
 }
 

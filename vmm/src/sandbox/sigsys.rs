@@ -75,7 +75,11 @@ fn call_args(ctx: *mut libc::c_void) -> Option<(u64, u64)> {
     let regs = unsafe { &(*ctx.cast::<libc::ucontext_t>()).uc_mcontext.gregs };
     let rdi = regs.get(libc::REG_RDI as usize).copied()?;
     let rsi = regs.get(libc::REG_RSI as usize).copied()?;
-    Some((rdi as u64, rsi as u64))
+    // The registers' 64 bits as the syscall's unsigned arguments.
+    Some((
+        u64::from_ne_bytes(rdi.to_ne_bytes()),
+        u64::from_ne_bytes(rsi.to_ne_bytes()),
+    ))
 }
 
 extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {

@@ -40,6 +40,7 @@ use crate::pci::{
 };
 use crate::virtio::msix::{MsiSink, MSIX_CAP_ID};
 use crate::warn_limited;
+use crate::width::usize_from_u64;
 
 /// Why an MSI change the guest wrote could not be carried out (logged; the
 /// vector stays as it was).
@@ -209,7 +210,10 @@ impl VfioPciDevice {
             subsystem_id: w(0x2e),
             interrupt_pin: 0,
         });
-        let layout = bar_layout(&cfg, |i| device.get_region_size(i as u32));
+        // A BAR index (0..6) is a region index; size 0 is "no BAR".
+        let layout = bar_layout(&cfg, |i| {
+            u32::try_from(i).map_or(0, |i| device.get_region_size(i))
+        });
         for &(i, size, kind) in &layout {
             // A BAR smaller than the minimum decodes as the minimum.
             let size = size
@@ -437,14 +441,14 @@ impl PciDevice for VfioPciDevice {
         offset: u64,
         data: &[u8],
     ) -> Option<BarReprogram> {
-        if reg >= CONFIG_SIZE / 4 || offset as usize + data.len() > 4 {
+        if reg >= CONFIG_SIZE / 4 || usize_from_u64(offset) + data.len() > 4 {
             return None;
         }
         if reg < HEADER_REGS {
             let moved = self.config.write_reg(reg, offset, data);
             if reg == 1 && offset < 2 {
                 // Memory/I-O decoding and bus mastering reach the device.
-                let n = (2 - offset as usize).min(data.len());
+                let n = (2 - usize_from_u64(offset)).min(data.len());
                 if let Some(cmd) = data.get(..n) {
                     let device = &self.device;
                     self.gate.write_command(offset, cmd, |cmd| {
@@ -464,7 +468,7 @@ impl PciDevice for VfioPciDevice {
             self.device_config_read(reg as u64 * 4, &mut dev);
             let dev = u32::from_le_bytes(dev);
             let change = self.msi.as_mut().map_or(MsiChange::None, |m| {
-                m.cap.write(reg, offset as usize, data, dev)
+                m.cap.write(reg, usize_from_u64(offset), data, dev)
             });
             self.apply_msi(change);
             return None;
@@ -472,7 +476,7 @@ impl PciDevice for VfioPciDevice {
         if let Some(cap) = self.msix.as_ref().map(|m| m.cap) {
             if reg == cap / 4 && offset + data.len() as u64 > 2 {
                 // The control word (bytes 2..4 of the capability's dword).
-                let cur = merge_write(self.read_config_register(reg), offset as usize, data);
+                let cur = merge_write(self.read_config_register(reg), usize_from_u64(offset), data);
                 self.set_msix_control((cur >> 16) as u16);
                 return None;
             }
@@ -484,14 +488,21 @@ impl PciDevice for VfioPciDevice {
     fn read_bar(&mut self, bar: usize, offset: u64, data: &mut [u8]) {
         match (self.msix_target(bar, offset), self.msix.as_mut()) {
             (Some(at), Some(m)) => m.read(at, data),
-            _ => self.device.region_read(bar as u32, data, offset),
+            _ => match u32::try_from(bar) {
+                Ok(index) => self.device.region_read(index, data, offset),
+                Err(_) => data.fill(0xff),
+            },
         }
     }
 
     fn write_bar(&mut self, bar: usize, offset: u64, data: &[u8]) {
         match (self.msix_target(bar, offset), self.msix.as_mut()) {
             (Some(at), Some(m)) => m.write(at, data),
-            _ => self.device.region_write(bar as u32, data, offset),
+            _ => {
+                if let Ok(index) = u32::try_from(bar) {
+                    self.device.region_write(index, data, offset);
+                }
+            }
         }
     }
 }
@@ -526,7 +537,7 @@ mod tests {
     fn image() -> Vec<u8> {
         let mut c = vec![0u8; 256];
         c[0..2].copy_from_slice(&0x8086u16.to_le_bytes());
-        c[6] = STATUS_CAP_LIST as u8;
+        c[6] = u8::try_from(STATUS_CAP_LIST).unwrap();
         c[0x34] = 0x40;
         c[0x40] = 0x01;
         c[0x41] = 0x50;

@@ -18,6 +18,7 @@ use vfio_bindings::bindings::vfio::VFIO_REGION_INFO_FLAG_MMAP;
 use vfio_ioctls::{VfioDevice, VfioRegionInfoCap};
 
 use crate::memory::slots::device_slot;
+use crate::width::usize_from_u64;
 
 /// Host page size KVM slots are made of.
 const PAGE: u64 = 4096;
@@ -167,6 +168,6 @@ impl Drop for DirectBar {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `try_new`, unmapped once; the owner
         // removed the KVM slot first (see `VfioPciDevice`'s drop).
-        unsafe { libc::munmap(self.host, self.size as usize) };
+        unsafe { libc::munmap(self.host, usize_from_u64(self.size)) };
     }
 }

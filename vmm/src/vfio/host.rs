@@ -20,6 +20,7 @@ use virtio_iommu::mapping::Perm;
 use vmm_sys_util::ioctl::{ioctl_with_mut_ref, ioctl_with_ref, ioctl_with_val};
 
 use super::bus_master::{BusMasterGate, COMMAND_BUS_MASTER};
+use crate::width::const_u32;
 
 /// The type1 container's ioctl numbers (private: the macro makes public
 /// functions).
@@ -32,6 +33,10 @@ mod ioctl_nr {
     ioctl_io_nr!(VFIO_IOMMU_UNMAP_DMA, VFIO_TYPE as u32, VFIO_BASE + 14);
 }
 use ioctl_nr::{VFIO_CHECK_EXTENSION, VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA};
+
+/// The ioctl arguments' own sizes, for their 32-bit `argsz` fields.
+const MAP_ARGSZ: u32 = const_u32(std::mem::size_of::<vfio_iommu_type1_dma_map>() as i128);
+const UNMAP_ARGSZ: u32 = const_u32(std::mem::size_of::<vfio_iommu_type1_dma_unmap>() as i128);
 
 /// What the mirror asks of the host for one assigned function.
 pub trait HostFunction: Send + Sync {
@@ -138,7 +143,7 @@ impl HostFunction for VfioHost {
             flags |= VFIO_DMA_MAP_FLAG_WRITE;
         }
         let arg = vfio_iommu_type1_dma_map {
-            argsz: std::mem::size_of::<vfio_iommu_type1_dma_map>() as u32,
+            argsz: MAP_ARGSZ,
             flags,
             vaddr: host,
             iova,
@@ -155,7 +160,7 @@ impl HostFunction for VfioHost {
 
     fn unmap_dma(&self, iova: u64, len: u64) -> io::Result<()> {
         let mut arg = vfio_iommu_type1_dma_unmap {
-            argsz: std::mem::size_of::<vfio_iommu_type1_dma_unmap>() as u32,
+            argsz: UNMAP_ARGSZ,
             iova,
             size: len,
             ..Default::default()
@@ -173,7 +178,7 @@ impl HostFunction for VfioHost {
             return Err(io::Error::from(io::ErrorKind::Unsupported));
         }
         let mut arg = vfio_iommu_type1_dma_unmap {
-            argsz: std::mem::size_of::<vfio_iommu_type1_dma_unmap>() as u32,
+            argsz: UNMAP_ARGSZ,
             flags: VFIO_DMA_UNMAP_FLAG_ALL,
             ..Default::default()
         };

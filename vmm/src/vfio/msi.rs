@@ -155,7 +155,7 @@ impl MsiCap {
             // The low two bits of the address are reserved.
             (1, _) => self.addr_lo = value & !3,
             (2, true) => self.addr_hi = value,
-            (2, false) | (3, true) => self.data = value as u16,
+            (2, false) | (3, true) => self.data = (value & 0xffff) as u16,
             _ => {}
         }
         match (was_on, self.enabled) {
@@ -175,7 +175,7 @@ mod tests {
     /// masking, 4 vectors capable).
     fn image() -> Vec<u8> {
         let mut c = vec![0u8; 256];
-        c[6] = STATUS_CAP_LIST as u8;
+        c[6] = u8::try_from(STATUS_CAP_LIST).unwrap();
         c[0x34] = 0x40;
         c[0x40] = 0x01;
         c[0x41] = 0xd0;
