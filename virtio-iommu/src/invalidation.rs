@@ -74,8 +74,19 @@ impl Batch {
     }
 
     /// Records a removed range, to be merged with the kick's others.
+    ///
+    /// A range that continues the one recorded just before (a ring of DMA
+    /// buffers unmapped in order) extends it in place: the same merge
+    /// `merge_ranges` would make at the flush, without a slot per UNMAP to
+    /// store and sort.
     #[inline]
     pub(crate) fn record(&mut self, domain: u32, first: u64, last: u64) {
+        if let Some(prev) = self.merged.last_mut() {
+            if prev.0 == domain && prev.2.checked_add(1) == Some(first) {
+                prev.2 = last;
+                return;
+            }
+        }
         self.merged.push((domain, first, last));
     }
 

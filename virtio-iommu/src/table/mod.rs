@@ -22,6 +22,7 @@
 
 mod audit;
 pub mod entry;
+mod held;
 mod ops;
 mod quota;
 mod range;
@@ -40,7 +41,7 @@ use crate::space::{
 pub use audit::{Audit, AuditError};
 pub(crate) use quota::Padded;
 use quota::{Credits, Shard, SHARDS};
-use retire::{release_credits, retire_candidates, trim_credits};
+use retire::{release_credits, retire_at_flush, retire_candidates, trim_credits};
 
 /// Level of the root node.
 pub(crate) const ROOT_LEVEL: u32 = 3;
@@ -108,22 +109,14 @@ pub(crate) struct WorkerTableState {
     pub(crate) pins: Vec<Pin>,
     /// Mapping-count quota reserved from one domain.
     pub(crate) credits: Option<Credits>,
-    /// The link of the last leaf node used (a software TLB for the walk).
-    pub(crate) leaf_cache: Option<LeafLink>,
+    /// The leaf node this worker's one-page MAPs and UNMAPs work in,
+    /// pinned across them (`held.rs`).
+    pub(crate) held: Option<held::HeldLeaf>,
+    /// Empty nodes kept linked across a flush (`retire.rs`).
+    pub(crate) hot: retire::Hot,
     /// Slots visited by this worker's range walks and sweeps: the cost
     /// measure `invalidate_cost_follows_live_entries` asserts on.
     pub(crate) visited_slots: u64,
-}
-
-/// Where a leaf node is linked: checked by `Table::pin` before use, so a
-/// stale cache entry is harmless (see `Table::find`).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct LeafLink {
-    pub(crate) table: usize,
-    pub(crate) region: u64,
-    pub(crate) parent: u64,
-    pub(crate) slot: usize,
-    pub(crate) entry: u64,
 }
 
 impl WorkerTableState {
@@ -134,7 +127,8 @@ impl WorkerTableState {
             candidates: Vec::new(),
             pins: Vec::new(),
             credits: None,
-            leaf_cache: None,
+            held: None,
+            hot: retire::Hot::default(),
             visited_slots: 0,
         }
     }
@@ -169,10 +163,10 @@ impl TableWorker {
 
 impl WorkerState for TableWorker {
     fn before_invalidate(w: &mut Ctx) {
-        retire_candidates(w);
-        // The cached leaf link is re-validated on use anyway; dropping it
-        // each kick bounds how long a stale one can be kept.
-        w.state.table.leaf_cache = None;
+        // First: the hold's count goes back into `live`, so a leaf the kick
+        // emptied is a candidate like any other.
+        held::release(w);
+        retire_at_flush(w);
     }
 
     fn after_invalidate(w: &mut Ctx, invalidated: bool) {
@@ -184,6 +178,7 @@ impl WorkerState for TableWorker {
     }
 
     fn release(w: &mut Ctx) {
+        held::release(w);
         retire_candidates(w);
         w.state.recycle_deferred();
         release_credits(w);

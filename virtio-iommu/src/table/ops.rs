@@ -5,12 +5,11 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, SeqCst};
 use std::sync::Arc;
 
 use super::entry::{self, HEAD, LOCKED, TAIL, VALID};
-use super::range;
 use super::{backoff, index, quota, span, Candidate, Ctx, Table, MAX_LEAF_LEVEL, ROOT_LEVEL};
+use super::{held, range};
 use crate::node::{self, Node};
 use crate::space::{
-    check_map_args, Fault, MapError, Perm, Translation, UnmapError, HUGE_PAGE_SIZE, IOVA_MAX,
-    PAGE_SIZE,
+    check_map_args, Fault, MapError, Perm, Translation, UnmapError, IOVA_MAX, PAGE_SIZE,
 };
 
 /// What a walk found at the requested level.
@@ -79,21 +78,6 @@ impl Table {
         level: u32,
         install: bool,
     ) -> Result<Found<'a>, MapError> {
-        let me = Arc::as_ptr(self) as usize;
-        if level == 0 {
-            if let Some(c) = w.state.table.leaf_cache {
-                // The parent slot still holding this exact entry (address
-                // and generation) proves the leaf is linked here now: an
-                // incarnation is linked at most once, so a reused parent
-                // or a reused table cannot hold it.
-                if c.table == me && c.region == iova >> 21 {
-                    let n = self.node(entry::addr(c.entry));
-                    if self.pin(n, self.node(c.parent), c.slot, c.entry, node_tag(iova, 0)) {
-                        return Ok(Found::Node(n));
-                    }
-                }
-            }
-        }
         let mut spins = 0;
         'retry: loop {
             let mut n = self.root();
@@ -104,15 +88,6 @@ impl Table {
                 if lvl == level {
                     return match link {
                         Some((p, i, e)) if self.pin(n, p, i, e, node_tag(iova, lvl)) => {
-                            if level == 0 {
-                                w.state.table.leaf_cache = Some(super::LeafLink {
-                                    table: me,
-                                    region: iova >> 21,
-                                    parent: p as *const Node as u64,
-                                    slot: i,
-                                    entry: e,
-                                });
-                            }
                             Ok(Found::Node(n))
                         }
                         Some(_) => continue 'retry,
@@ -274,24 +249,21 @@ pub(crate) fn map(
     check_map_args(iova, last, gpa)?;
     quota::take(t, w)?;
     let size = last - iova + 1;
-    let res = if size == PAGE_SIZE {
-        match map_one(t, w, iova, 0, entry::leaf(gpa, perm, true, true) | VALID) {
-            Fast::Done(r) => r,
-            Fast::Fallback => range::run_map(t, w, iova, last, gpa, perm),
+    // One call site, so the one-entry path is inlined here.
+    let res = match one_entry_level(iova, last) {
+        Some(level) if gpa & (span(level) - 1) == 0 => {
+            match map_one(
+                t,
+                w,
+                iova,
+                level,
+                entry::leaf(gpa, perm, true, true) | VALID,
+            ) {
+                Fast::Done(r) => r,
+                Fast::Fallback => range::run_map(t, w, iova, last, gpa, perm),
+            }
         }
-    } else if size == HUGE_PAGE_SIZE && (iova | gpa) & (HUGE_PAGE_SIZE - 1) == 0 {
-        match map_one(t, w, iova, 1, entry::leaf(gpa, perm, true, true) | VALID) {
-            Fast::Done(r) => r,
-            Fast::Fallback => range::run_map(t, w, iova, last, gpa, perm),
-        }
-    } else if size == span(MAX_LEAF_LEVEL) && (iova | gpa) & (size - 1) == 0 {
-        let leaf = entry::leaf(gpa, perm, true, true) | VALID;
-        match map_one(t, w, iova, MAX_LEAF_LEVEL, leaf) {
-            Fast::Done(r) => r,
-            Fast::Fallback => range::run_map(t, w, iova, last, gpa, perm),
-        }
-    } else {
-        range::run_map(t, w, iova, last, gpa, perm)
+        _ => range::run_map(t, w, iova, last, gpa, perm),
     };
     match res {
         Ok(()) => quota::add(t, w, 1, size),
@@ -301,29 +273,46 @@ pub(crate) fn map(
 }
 
 /// One-entry MAP: a single compare-and-swap from empty to the mapping.
+/// A one-page entry goes into the worker's held leaf (`held.rs`), which
+/// needs no pin of its own; a larger one into a node pinned by the walk.
+#[inline]
 fn map_one(t: &Arc<Table>, w: &mut Ctx, iova: u64, level: u32, value: u64) -> Fast {
-    let n = match t.find(w, iova, level, true) {
+    let hold = level == 0;
+    let found = if hold {
+        held::leaf(t, w, iova, true)
+    } else {
+        t.find(w, iova, level, true)
+    };
+    let n = match found {
         Ok(Found::Node(n)) => n,
         Ok(Found::Leaf) => return Fast::Done(Err(MapError::Overlap)),
         Ok(Found::Absent) => return Fast::Fallback,
         Err(e) => return Fast::Done(Err(e)),
     };
-    let slot = &n.entries[index(iova, level)];
+    let i = index(iova, level);
+    let slot = &n.entries[i];
     let mut spins = 0;
     loop {
         match slot.compare_exchange(0, value, SeqCst, Acquire) {
-            // The pin taken by `find` now counts the new entry.
             Ok(_) => {
-                n.mark(index(iova, level));
+                n.mark(i);
+                if hold {
+                    held::filled(w);
+                }
+                // Otherwise the pin taken by `find` now counts the entry.
                 return Fast::Done(Ok(()));
             }
             Err(cur) if entry::is_dir(cur) => {
-                t.unpin(w, n, iova, level, 1);
+                if !hold {
+                    t.unpin(w, n, iova, level, 1);
+                }
                 return Fast::Fallback;
             }
             Err(cur) if entry::is_transient(cur) => backoff(&mut spins),
             Err(_) => {
-                t.unpin(w, n, iova, level, 1);
+                if !hold {
+                    t.unpin(w, n, iova, level, 1);
+                }
                 return Fast::Done(Err(MapError::Overlap));
             }
         }
@@ -336,46 +325,80 @@ pub(crate) fn unmap(t: &Arc<Table>, w: &mut Ctx, iova: u64, last: u64) -> Result
         return Ok(());
     }
     let last = last.min(IOVA_MAX);
-    if iova & (PAGE_SIZE - 1) == 0 && last - iova == PAGE_SIZE - 1 {
-        if let Some(r) = unmap_one(t, w, iova) {
+    if let Some(level) = one_entry_level(iova, last) {
+        if let Some(r) = unmap_one(t, w, iova, level) {
             return r;
         }
     }
     range::run_unmap(t, w, iova, last)
 }
 
-/// One-page UNMAP of a one-page mapping: one compare-and-swap to empty.
-/// `None`: the page holds a claim of a range operation; use the range path.
-fn unmap_one(t: &Arc<Table>, w: &mut Ctx, iova: u64) -> Option<Result<(), UnmapError>> {
-    let n = match t.find(w, iova, 0, false) {
+/// The level whose single entry is exactly `iova..=last` (a 4 KiB page, or
+/// an aligned 2 MiB or 1 GiB block), if any.
+#[inline]
+fn one_entry_level(iova: u64, last: u64) -> Option<u32> {
+    let len = last - iova;
+    if len == PAGE_SIZE - 1 {
+        return (iova & (PAGE_SIZE - 1) == 0).then_some(0);
+    }
+    (1..=MAX_LEAF_LEVEL).find(|&l| len == span(l) - 1 && iova & (span(l) - 1) == 0)
+}
+
+/// UNMAP of the one entry of `level` at `iova`, when a single mapping fills
+/// it: one compare-and-swap to empty. `None`: the entry holds a claim of a
+/// range operation or a node of smaller entries; use the range path.
+#[inline]
+fn unmap_one(t: &Arc<Table>, w: &mut Ctx, iova: u64, level: u32) -> Option<Result<(), UnmapError>> {
+    let hold = level == 0;
+    let found = if hold {
+        held::leaf(t, w, iova, false)
+    } else {
+        t.find(w, iova, level, false)
+    };
+    let n = match found {
         Ok(Found::Node(n)) => n,
         Ok(Found::Absent) => return Some(Ok(())),
-        // A 2 MiB or 1 GiB mapping covers the page: unmapping 4 KiB of it
-        // would split it.
+        // A larger mapping covers the range: unmapping part of it would
+        // split it.
         Ok(Found::Leaf) => return Some(Err(UnmapError::WouldSplit)),
         Err(_) => return None,
     };
-    let slot = &n.entries[index(iova, 0)];
+    // What the walk's pin is dropped with (a held leaf has none).
+    let unpin = |w: &mut Ctx, k: u64| {
+        if !hold {
+            t.unpin(w, n, iova, level, k);
+        }
+    };
+    let slot = &n.entries[index(iova, level)];
     let mut spins = 0;
     loop {
         let e = slot.load(Acquire);
         if e == 0 {
-            t.unpin(w, n, iova, 0, 1);
+            unpin(w, 1);
             return Some(Ok(()));
+        }
+        if entry::is_dir(e) {
+            unpin(w, 1);
+            return None;
         }
         if entry::is_transient(e) {
             backoff(&mut spins);
             continue;
         }
         if e & (HEAD | TAIL) != HEAD | TAIL {
-            t.unpin(w, n, iova, 0, 1);
+            unpin(w, 1);
             return Some(Err(UnmapError::WouldSplit));
         }
         if slot.compare_exchange(e, 0, AcqRel, Acquire).is_ok() {
-            // The entry and our pin.
-            t.unpin(w, n, iova, 0, 2);
-            w.batch.record(t.domain, iova, iova + PAGE_SIZE - 1);
-            quota::remove(t, w, 1, PAGE_SIZE);
+            if hold {
+                held::emptied(w);
+            } else {
+                // The entry and our pin.
+                unpin(w, 2);
+            }
+            let sz = span(level);
+            w.batch.record(t.domain, iova, iova + (sz - 1));
+            quota::remove(t, w, 1, sz);
             quota::give(t, w, 1);
             return Some(Ok(()));
         }
@@ -404,8 +427,14 @@ pub(crate) fn invalidate(
 
 /// Removes every mapping.
 pub(crate) fn clear(t: &Arc<Table>, w: &mut Ctx) {
+    // Let go of the held leaf first, so the walk below can empty it.
+    held::release(w);
     // A range covering the whole space cannot split anything.
     let _ = range::run_unmap(t, w, 0, IOVA_MAX);
+    // The domain is being emptied on purpose: keep no empty node linked
+    // (retiring before the flush is safe, the nodes wait in the deferred
+    // list for it).
+    super::retire::retire_candidates(w);
 }
 
 /// Longest run of following entries `translate` folds into one answer.

@@ -42,13 +42,23 @@ impl<T> Deref for Padded<T> {
 }
 
 /// One shard of a domain's exact counters: mappings in the bits above
-/// [`MAPPINGS_SHIFT`], mapped 4 KiB pages below, so one atomic add updates
-/// both. A shard alone may "go negative" (one queue maps, another unmaps);
-/// the wrapping sum over all shards is exact as long as the domain holds
-/// fewer than 2^28 mappings and 2^36 pages (the whole 48-bit IOVA space).
+/// [`MAPPINGS_SHIFT`], mapped 4 KiB pages below, so one add updates both.
+/// A shard alone may "go negative" (one queue maps, another unmaps); the
+/// wrapping sum over all shards is exact as long as the domain holds fewer
+/// than 2^28 mappings and 2^36 pages (the whole 48-bit IOVA space).
+///
+/// WHY owners: a locked add per MAP and per UNMAP cost as much as the
+/// table entry's own compare-and-swap. Shards 1.. are claimed by at most
+/// one worker at a time (`owner`, the worker's id + 1, taken with its
+/// credits for the domain and given back with them); the owner is their
+/// only writer, so it updates its shard with a plain load and store.
+/// Shard 0 is never owned: a worker without a shard of this domain (more
+/// workers than shards, or an UNMAP on a domain it holds no credits for)
+/// adds to it atomically.
 #[derive(Debug, Default)]
 pub(crate) struct Shard {
     pub(crate) packed: AtomicU64,
+    owner: AtomicU64,
 }
 
 const MAPPINGS_SHIFT: u32 = 36;
@@ -59,6 +69,8 @@ const PAGES_MASK: u64 = (1 << MAPPINGS_SHIFT) - 1;
 pub(crate) struct Credits {
     pub(crate) table: Arc<Table>,
     pub(crate) count: u64,
+    /// The shard of `table` this worker owns, if it got one.
+    shard: Option<usize>,
 }
 
 /// Sums the shards.
@@ -75,21 +87,37 @@ fn delta(mappings: u64, bytes: u64) -> u64 {
     (mappings << MAPPINGS_SHIFT).wrapping_add(bytes / PAGE_SIZE)
 }
 
+/// Adds `d` (a packed delta, wrapping) to this worker's shard of `t`.
+#[inline]
+fn apply(t: &Table, w: &Ctx, d: u64) {
+    if let Some(c) = &w.state.table.credits {
+        if let Some(sh) = c.shard.and_then(|i| t.shards.get(i)) {
+            if std::ptr::eq(Arc::as_ptr(&c.table), t) {
+                // Sole writer (see `Shard`): no locked instruction needed.
+                // Relaxed like the add it replaces: `totals` is a sum
+                // of independent counters, not a synchronisation point.
+                sh.packed.store(
+                    sh.packed.load(Ordering::Relaxed).wrapping_add(d),
+                    Ordering::Relaxed,
+                );
+                return;
+            }
+        }
+    }
+    t.shards[0].packed.fetch_add(d, Ordering::Relaxed);
+}
+
 /// Adds mappings to this worker's shard of `t`'s counters.
 #[inline]
 pub(crate) fn add(t: &Table, w: &Ctx, mappings: u64, bytes: u64) {
-    t.shards[w.state.table.id % SHARDS]
-        .packed
-        .fetch_add(delta(mappings, bytes), Ordering::Relaxed);
+    apply(t, w, delta(mappings, bytes));
 }
 
 /// Takes mappings off this worker's shard of `t`'s counters (wrapping: see
 /// [`Shard`] for why a shard may go below zero).
 #[inline]
 pub(crate) fn remove(t: &Table, w: &Ctx, mappings: u64, bytes: u64) {
-    t.shards[w.state.table.id % SHARDS]
-        .packed
-        .fetch_sub(delta(mappings, bytes), Ordering::Relaxed);
+    apply(t, w, delta(mappings, bytes).wrapping_neg());
 }
 
 /// Gives a worker's credits back to their domain.
@@ -98,7 +126,24 @@ pub(crate) fn release(w: &mut Ctx) {
         if c.count > 0 {
             c.table.reserved.fetch_sub(c.count, Ordering::AcqRel);
         }
+        if let Some(sh) = c.shard.and_then(|i| c.table.shards.get(i)) {
+            // Publishes our last plain stores to the next owner's claim.
+            sh.owner.store(0, Ordering::Release);
+        }
     }
+}
+
+/// Claims a shard of `t` for worker `id` (its preferred one only: a busy
+/// shard means this worker uses shard 0).
+fn claim_shard(t: &Table, id: usize) -> Option<usize> {
+    let i = 1 + id % (SHARDS - 1);
+    let owner = u64::try_from(id).ok()?.checked_add(1)?;
+    let sh = t.shards.get(i)?;
+    // Acquire: sees the previous owner's last stores (its release).
+    sh.owner
+        .compare_exchange(0, owner, Ordering::Acquire, Ordering::Relaxed)
+        .ok()
+        .map(|_| i)
 }
 
 /// End of a kick: gives the unused credits back, so that once every queue
@@ -150,6 +195,7 @@ fn take_slow(t: &Arc<Table>, w: &mut Ctx) -> Result<(), MapError> {
         w.state.table.credits = Some(Credits {
             table: Arc::clone(t),
             count: 0,
+            shard: claim_shard(t, w.state.table.id),
         });
     }
     if let Some(c) = w.state.table.credits.as_mut() {

@@ -9,20 +9,113 @@
 //! guest still believes the UNMAP incomplete. Retiring at the flush rather
 //! than at the moment a node empties also gives hysteresis: a ring of DMA
 //! buffers that empties and refills one leaf within a kick keeps its node.
+//!
+//! WHY a second kick of hysteresis ([`Hot`]): a guest that maps and unmaps
+//! one large block per kick (the passthrough policy's 1 GiB MAP, a 2 MiB
+//! buffer) empties the same directory node at every flush; unlinking it and
+//! linking a fresh one on the next MAP cost more than the mapping itself.
+//! A node that was a candidate at the previous flush too stays linked,
+//! empty (translators see no mapping in it), until a flush of this worker
+//! finds it was not emptied again during the kick. At most [`HOT_MAX`]
+//! such nodes per worker, counted in the table's node quota like any
+//! linked node; `clear` and a worker going away retire them at once.
 
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 use std::sync::Arc;
 
 use super::entry::{self, LOCKED};
-use super::{index, quota, Ctx, Table, ROOT_LEVEL};
+use super::{index, quota, Candidate, Ctx, Table, ROOT_LEVEL};
 use crate::node::{Node, NodePtr};
 
-/// Tries to unlink every node this worker saw become empty.
+/// Most empty nodes a worker keeps linked across a flush (see [`Hot`]);
+/// a kick emptying more nodes than this keeps none.
+const HOT_MAX: usize = 4;
+
+/// What identifies a candidate across flushes: table address, base, level.
+type Key = (u64, u64, u32);
+
+fn key(c: &Candidate) -> Key {
+    (c.table.id(), c.iova, c.level)
+}
+
+/// A worker's empty nodes kept linked across a flush (module doc).
+#[derive(Debug, Default)]
+pub(crate) struct Hot {
+    /// Nodes left linked, empty, at the last flush.
+    kept: Vec<Candidate>,
+    /// Spare buffer for the next `kept` (no allocation per flush).
+    spare: Vec<Candidate>,
+    /// The candidates of the last flush, when there were at most HOT_MAX.
+    recent: [Key; HOT_MAX],
+    recent_len: usize,
+}
+
+impl Hot {
+    fn was_recent(&self, k: &Key) -> bool {
+        self.recent.iter().take(self.recent_len).any(|r| r == k)
+    }
+}
+
+/// Tries to unlink every node this worker saw become empty, and every
+/// node it kept linked (no hysteresis).
 pub(super) fn retire_candidates(w: &mut Ctx) {
     let mut cands = std::mem::take(&mut w.state.table.candidates);
     for c in cands.drain(..) {
         try_retire(&c.table, w, c.iova, c.level);
     }
+    w.state.table.candidates = cands;
+    let mut kept = std::mem::take(&mut w.state.table.hot.kept);
+    for c in kept.drain(..) {
+        try_retire(&c.table, w, c.iova, c.level);
+    }
+    w.state.table.hot.kept = kept;
+    w.state.table.hot.recent_len = 0;
+}
+
+/// The flush's retirement: like [`retire_candidates`], except that a node
+/// emptied in this kick and the last one stays linked (see [`Hot`]), and a
+/// node kept at the last flush that was not emptied again is retired now.
+pub(super) fn retire_at_flush(w: &mut Ctx) {
+    let n = w.state.table.candidates.len();
+    if n == 0 && w.state.table.hot.kept.is_empty() {
+        w.state.table.hot.recent_len = 0;
+        return;
+    }
+    if n > HOT_MAX {
+        retire_candidates(w);
+        return;
+    }
+    let mut cands = std::mem::take(&mut w.state.table.candidates);
+    let mut old = std::mem::take(&mut w.state.table.hot.kept);
+    let mut new = std::mem::take(&mut w.state.table.hot.spare);
+    let mut recent = [(0, 0, 0); HOT_MAX];
+    let mut recent_len = 0;
+    for c in cands.drain(..) {
+        let k = key(&c);
+        if recent[..recent_len].contains(&k) {
+            continue;
+        }
+        if let Some(r) = recent.get_mut(recent_len) {
+            *r = k;
+            recent_len += 1;
+        }
+        if w.state.table.hot.was_recent(&k) {
+            new.push(c);
+        } else {
+            try_retire(&c.table, w, c.iova, c.level);
+        }
+    }
+    for c in old.drain(..) {
+        // Not emptied during this kick (or refilled): retire if empty.
+        if !new.iter().any(|x| key(x) == key(&c)) {
+            try_retire(&c.table, w, c.iova, c.level);
+        }
+    }
+    let hot = &mut w.state.table.hot;
+    hot.kept = new;
+    hot.spare = old;
+    hot.recent = recent;
+    hot.recent_len = recent_len;
     w.state.table.candidates = cands;
 }
 
