@@ -2,9 +2,13 @@
 //! interface, used to test dmavisor's vhost-user-net front-end against a
 //! back-end that is not dmavisor's own code.
 //!
-//! It serves exactly one front-end connection and exits 0 when that
-//! front-end disconnects, so a test can run it as a child process and treat
-//! any other exit as a failure.
+//! By default it serves exactly one front-end connection and exits 0 when
+//! that front-end disconnects, so a test can run it as a child process and
+//! treat any other exit as a failure. With `--reconnect` it serves one
+//! front-end after another until it is killed, as a back-end must for a
+//! VMM that rebuilds its VM on a guest reboot and connects again: each
+//! session starts from a fresh back-end state (no owner, features, memory
+//! table or rings of the previous one), on the same TAP and socket.
 
 mod backend;
 mod tap;
@@ -58,6 +62,11 @@ struct Cli {
     #[arg(long)]
     client: bool,
 
+    /// Serve front-ends one after another (listen again, or with
+    /// --client connect again, after each disconnect) until killed.
+    #[arg(long)]
+    reconnect: bool,
+
     /// Fault injection: exit abruptly (status 3, no goodbye to the
     /// front-end) after forwarding this many frames from the guest, as a
     /// back-end that crashes mid-transfer.
@@ -106,10 +115,42 @@ fn run(cli: &Cli) -> Result<(), Error> {
     tap.bring_up()?;
     info!("{}: up", tap.name());
 
+    // Kept for every session: the socket file exists for as long as the
+    // back-end serves, and is removed when the listener is dropped. A
+    // front-end connecting between two sessions waits in its backlog.
+    let mut listener = if cli.client {
+        None
+    } else {
+        let listener = Listener::new(&cli.socket, true).map_err(|err| Error::Listen {
+            path: cli.socket.clone(),
+            err,
+        })?;
+        info!("listening on {}", cli.socket.display());
+        Some(listener)
+    };
+    let mut session = 1u64;
+    loop {
+        serve_session(cli, &tap, listener.as_mut(), session)?;
+        if !cli.reconnect {
+            return Ok(());
+        }
+        session += 1;
+        info!("waiting for front-end {session}");
+    }
+}
+
+/// Serves one front-end connection, from its first message to its
+/// disconnect, on a back-end state of its own.
+fn serve_session(
+    cli: &Cli,
+    tap: &Tap,
+    listener: Option<&mut Listener>,
+    session: u64,
+) -> Result<(), Error> {
     // Empty until the front-end sends its memory table; the framework swaps
     // the mapped regions into this same atomic.
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-    let mut net = NetBackend::new(tap, mem.clone());
+    let mut net = NetBackend::new(tap.try_clone()?, mem.clone());
     net.die_after_tx_frames = cli.die_after_tx_frames;
     let backend: SharedBackend = Arc::new(Mutex::new(net));
     let mut daemon = VhostUserDaemon::new("vhost-user-test-net".to_owned(), backend.clone(), mem)
@@ -126,21 +167,11 @@ fn run(cli: &Cli) -> Result<(), Error> {
         .unwrap_or_else(PoisonError::into_inner)
         .set_epoll_handler(worker);
 
-    // Kept until the session ends: the socket file exists for as long as the
-    // back-end serves, and is removed when the listener is dropped.
-    let _listener = if cli.client {
-        connect(&mut daemon, &cli.socket)?;
-        None
-    } else {
-        let mut listener = Listener::new(&cli.socket, true).map_err(|err| Error::Listen {
-            path: cli.socket.clone(),
-            err,
-        })?;
-        info!("listening on {}", cli.socket.display());
-        daemon.start(&mut listener).map_err(Error::Start)?;
-        Some(listener)
-    };
-    info!("front-end connected");
+    match listener {
+        None => connect(&mut daemon, &cli.socket)?,
+        Some(listener) => daemon.start(listener).map_err(Error::Start)?,
+    }
+    info!("front-end connected (session {session})");
 
     let result = daemon.wait();
     for handler in daemon.get_epoll_handlers() {
@@ -151,7 +182,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
         Err(e) if is_disconnect(&e) => {}
         Err(e) => return Err(Error::Session(e)),
     }
-    info!("front-end disconnected");
+    info!("front-end disconnected (session {session})");
     Ok(())
 }
 
@@ -217,6 +248,7 @@ mod tests {
         assert_eq!(cli.ip, Some(Ipv4Addr::new(10, 77, 0, 1)));
         assert_eq!(cli.mask, Some(Ipv4Addr::new(255, 255, 255, 0)));
         assert!(!cli.client);
+        assert!(!cli.reconnect, "one session unless asked");
     }
 
     #[test]
@@ -228,9 +260,11 @@ mod tests {
             "--tap",
             "t",
             "--client",
+            "--reconnect",
         ])
         .unwrap();
         assert!(cli.client);
+        assert!(cli.reconnect);
         assert_eq!(cli.ip, None);
     }
 

@@ -50,6 +50,12 @@ pub enum TapError {
         #[source]
         err: io::Error,
     },
+    #[error("cannot duplicate the descriptor of {name}: {err}")]
+    Dup {
+        name: String,
+        #[source]
+        err: io::Error,
+    },
 }
 
 /// An open TAP interface. Dropping it closes the fd, which removes the
@@ -93,6 +99,20 @@ impl Tap {
     /// The interface name the kernel assigned.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Another descriptor of the same queue: a session gets one to use
+    /// and close, while the first keeps the interface (and its address)
+    /// alive for the next session.
+    pub fn try_clone(&self) -> Result<Self, TapError> {
+        let file = self.file.try_clone().map_err(|err| TapError::Dup {
+            name: self.name.clone(),
+            err,
+        })?;
+        Ok(Tap {
+            file,
+            name: self.name.clone(),
+        })
     }
 
     /// Assigns an IPv4 address and netmask, so the host side of the test
