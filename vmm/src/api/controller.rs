@@ -250,20 +250,22 @@ impl Controller {
             debug!("{}: no VM runs", event.describe());
             return None;
         };
-        // A VM that could not come back (a vhost-user back-end serves one
-        // connection) stays created rather than blocking this thread.
-        let obstacle = super::vm_state::reboot_obstacle(&config);
-        if let (true, Some(why)) = (rebuild, &obstacle) {
-            warn!("reboot: {why}; the VM stays created");
-        }
-        if rebuild && obstacle.is_none() {
+        if rebuild {
             crate::event_monitor::emit("vm", "rebooting", &[]);
+            // A VM that cannot come back (a vhost-user back-end that ended
+            // with its connection, or refuses a new one) stays created:
+            // every step of a build fails or times out, none waits
+            // unbounded, and the failure is logged and reported.
             match self.build_and_run(config) {
                 Ok(()) => {
                     info!("VM rebooted in place");
                     crate::event_monitor::emit("vm", "rebooted", &[]);
                 }
-                Err(e) => warn!("reboot: {e}; the VM stays created"),
+                Err(e) => {
+                    let why = format!("rebuilding the VM failed: {e}");
+                    warn!("reboot: {why}; the VM stays created (vm.boot starts it again)");
+                    crate::event_monitor::emit("vm", "shutdown", &[("reason", &why)]);
+                }
             }
         } else {
             self.settle(config);
@@ -640,8 +642,12 @@ mod tests {
         assert!(matches!(c.slot(), VmSlot::Created { booting: false, .. }));
     }
 
+    /// A VM with a vhost-user NIC is rebuilt like any other (its back-end
+    /// reconnected by the build); when the back-end is gone the rebuild
+    /// fails and the VM stays created, the VMM serving, with vm.boot
+    /// able to start it again once the back-end is back.
     #[test]
-    fn a_vhost_user_vm_is_not_rebuilt_on_a_guest_reboot() {
+    fn a_vhost_user_vm_is_rebuilt_on_a_guest_reboot() {
         let (c, probe, rx) = controller();
         c.set_serving_api(true);
         let vu = vm_config::parse(
@@ -649,11 +655,22 @@ mod tests {
                 "net": [{"vhost_user": true, "vhost_socket": "/tmp/vu.sock"}]}"#,
         )
         .expect("valid");
-        c.create_and_boot(vu).expect("boot");
+        c.create_and_boot(vu.clone()).expect("boot");
         assert_eq!(deliver(&c, &rx, ExitEvent::Reset), None);
         assert_eq!(probe.finished.load(Ordering::SeqCst), 1);
-        assert_eq!(probe.builds.load(Ordering::SeqCst), 1, "not rebuilt");
+        assert_eq!(probe.builds.load(Ordering::SeqCst), 2, "rebuilt");
+        assert!(matches!(c.slot(), VmSlot::Running(_)));
+        // The back-end ended with its connection: the rebuild fails.
+        probe.fail.store(true, Ordering::SeqCst);
+        assert_eq!(deliver(&c, &rx, ExitEvent::Reset), None, "the VMM goes on");
+        assert_eq!(probe.finished.load(Ordering::SeqCst), 2);
+        assert_eq!(probe.builds.load(Ordering::SeqCst), 3);
         assert!(matches!(c.slot(), VmSlot::Created { booting: false, .. }));
+        let kept = vm_config::parse(c.config_json().expect("created").as_bytes()).expect("valid");
+        assert_eq!(kept, vu, "the configuration is kept for vm.boot");
+        probe.fail.store(false, Ordering::SeqCst);
+        c.boot().expect("boot once the back-end is back");
+        assert_eq!(probe.builds.load(Ordering::SeqCst), 4);
     }
 
     #[test]

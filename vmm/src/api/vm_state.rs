@@ -73,8 +73,6 @@ pub struct VmState {
     lifecycle: Lifecycle,
     /// The guest's clock when it was paused.
     frozen_clock: Mutex<Option<kvm_clock_data>>,
-    /// Why `vm.reboot` cannot rebuild this VM, if it cannot.
-    no_reboot: Option<String>,
 }
 
 impl VmState {
@@ -92,7 +90,6 @@ impl VmState {
             exit,
             lifecycle,
             frozen_clock: Mutex::new(None),
-            no_reboot: reboot_obstacle(config),
         }
     }
 }
@@ -121,22 +118,6 @@ fn pci_device_info(id: &str, addr: crate::pci::PciAddress) -> Value {
         "id": id,
         "bdf": format!("0000:{addr}"),
     })
-}
-
-/// Why `vm.reboot` (a teardown and a rebuild in this process) cannot
-/// rebuild this VM: a vhost-user back-end serves one connection, so the
-/// rebuilt VM could not reconnect to it.
-pub fn reboot_obstacle(c: &VmConfig) -> Option<String> {
-    c.net
-        .iter()
-        .find_map(|n| n.vhost_user_socket.as_ref())
-        .map(|sock| {
-            format!(
-                "vm.reboot is not implemented for VMs with vhost-user devices ({}): \
-                 the back-end would have to accept a second connection; the VM is unchanged",
-                sock.display()
-            )
-        })
 }
 
 impl VmApi for VmState {
@@ -316,11 +297,12 @@ impl VmApi for VmState {
         h.request_removal(id).map_err(hotplug_error)
     }
 
+    /// Every VM can be rebuilt: one with vhost-user devices reconnects
+    /// to their back-ends, and a back-end that does not take the new
+    /// connection fails the rebuild, which leaves the VM created
+    /// (`super::controller`).
     fn can_reboot(&self) -> Result<(), ApiError> {
-        match &self.no_reboot {
-            Some(why) => Err(ApiError::Unsupported(why.clone())),
-            None => Ok(()),
-        }
+        Ok(())
     }
 
     fn shutdown(&self) {
@@ -462,14 +444,15 @@ mod tests {
     }
 
     #[test]
-    fn vhost_user_vms_refuse_reboot_with_a_reason() {
-        let s = state_of(
+    fn vhost_user_vms_can_be_rebooted() {
+        let (tx, rx) = mpsc::channel();
+        let vu = config(
             r#", "net": [{"vhost_user": true, "vhost_socket": "/tmp/vu.sock"}],
                 "memory": {"size": 1073741824, "shared": true}"#,
-            lifecycle(0),
         );
-        let err = s.can_reboot().unwrap_err();
-        assert_eq!(err.status(), 501);
-        assert!(err.to_string().contains("/tmp/vu.sock"), "{err}");
+        let s = VmState::new(&vu, CounterSources::default(), tx, lifecycle(0));
+        assert_eq!(s.can_reboot(), Ok(()));
+        s.reboot();
+        assert_eq!(rx.try_recv(), Ok(ExitEvent::ApiReboot));
     }
 }

@@ -28,11 +28,11 @@ use crate::virtio::{
 };
 
 /// Every request the back-end got: (code, body).
-type Log = Arc<Mutex<Vec<(u32, Vec<u8>)>>>;
+pub(super) type Log = Arc<Mutex<Vec<(u32, Vec<u8>)>>>;
 
 /// A back-end that answers everything: its features, an acknowledgement
 /// where one is asked for, and GET_VRING_BASE with index + 7.
-fn scripted_back_end(mut sock: UnixStream, log: Log) {
+pub(super) fn scripted_back_end(mut sock: UnixStream, log: Log) {
     loop {
         let mut hdr = [0u8; 12];
         if sock.read_exact(&mut hdr).is_err() {
@@ -80,7 +80,7 @@ fn scripted_back_end(mut sock: UnixStream, log: Log) {
 }
 
 #[derive(Default)]
-struct Irq;
+pub(super) struct Irq;
 
 impl VirtioInterrupt for Irq {
     fn notify_queue(&self, _queue: u16) {}
@@ -90,7 +90,7 @@ impl VirtioInterrupt for Irq {
 
 /// The requests logged since `from`, as (code, ring index) for ring
 /// messages.
-fn ring_requests(log: &Log, from: usize) -> Vec<(FrontendReq, u32, u32)> {
+pub(super) fn ring_requests(log: &Log, from: usize) -> Vec<(FrontendReq, u32, u32)> {
     log.lock()
         .unwrap()
         .iter()

@@ -19,6 +19,8 @@ pub mod ctrl;
 pub mod iotlb;
 pub mod net;
 pub mod order;
+#[cfg(test)]
+mod reconnect_tests;
 pub mod stop;
 pub mod writer;
 
