@@ -101,6 +101,19 @@ else
     echo "GUEST-PING received=0"
     exit 2
 fi
+# net_reboot=1 (a vhost-user NIC across a reboot in place): the first
+# boot asks for a reboot once its NIC answered; the host then gives its
+# TAP a second address, 192.168.249.3, which tells the second boot apart
+# (nothing else survives the rebuild), and the second boot goes on.
+if grep -q 'net_reboot=1' /proc/cmdline; then
+    if ping -c 1 -W 2 192.168.249.3 >/dev/null 2>&1; then
+        echo "GUEST-REBOOTED boot=2"
+    else
+        echo "GUEST-REBOOTING boot=1"
+        reboot -f
+        sleep 60
+    fi
+fi
 # With two transmit queues, pings sent from CPU 1 leave on the second
 # queue (the driver maps queue i to CPU i): the second pair carries traffic.
 ntx=$(ls -d /sys/class/net/$iface/queues/tx-* | wc -l)

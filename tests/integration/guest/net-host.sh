@@ -30,6 +30,10 @@
 #       test back-end dies after 300 frames from the guest; the VMM must
 #       stay up and answer its API, the guest keep running, and the VMM end
 #       with 0 on vmm.shutdown; prints DISCONNECT-RESULT)
+#   net-host.sh dmavisor-vhost-user-reboot BIN KERNEL INITRD   (the test
+#       back-end with --reconnect; the guest pings, reboots from inside,
+#       the VM is rebuilt in place and reconnects, and the second boot
+#       pings and moves the data; then vmm.shutdown; prints REBOOT-RESULT)
 #   net-host.sh qemu-testpmd[-lazy|-strict] - KERNEL INITRD   (QEMU's
 #       vhost-user-net on the same testpmd, behind virtio-iommu-pci)
 #       Behind a vIOMMU (-lazy, -strict), either VMM talks to testpmd
@@ -302,6 +306,59 @@ dmavisor-vhost-user-disconnect)
     cat "$vmm_log"
     echo "DISCONNECT-RESULT backend_rc=$be_rc vmm_alive=$alive api_ping=$ping shutdown=$down vmm_rc=$rc heartbeats_before=$before heartbeats_after=$after"
     rm -f "$vmm_log" "$sock" "$api"
+    ;;
+dmavisor-vhost-user-reboot)
+    sock=/tmp/dmv-vhost-user.sock
+    api=/tmp/dmv-api.sock
+    vmm_log=$(mktemp)
+    be_log=$(mktemp)
+    rm -f "$sock" "$api"
+    "$(dirname "$bin")/vhost-user-test-net" --socket "$sock" --tap dmvtap0 \
+        --ip 192.168.249.1 --mask 255.255.255.0 --reconnect > "$be_log" 2>&1 &
+    be=$!
+    i=0
+    while [ ! -S "$sock" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    "$bin" --kernel "$kernel" --initramfs "$initrd" \
+        --cmdline "$cmdline net_reboot=1 ${NET_SIZE:+net_size=$NET_SIZE}" \
+        --cpus boot=2 --memory size=256M,shared=on --serial tty --api-socket "path=$api" \
+        --net "vhost_user=on,socket=$sock,mac=52:54:00:12:34:56" -v > "$vmm_log" 2>&1 &
+    vm=$!
+    # wait_log PATTERN N SECONDS: until PATTERN is on N lines of the
+    # VMM's output (serial and log), or the VMM ended.
+    wait_log() {
+        t0=$(date +%s)
+        while [ "$(grep -c "$1" "$vmm_log")" -lt "$2" ] && [ $(($(date +%s) - t0)) -lt "$3" ]; do
+            kill -0 "$vm" 2>/dev/null || break
+            sleep 1
+        done
+    }
+    # The first boot asks for the reboot: the address that tells the
+    # second boot apart goes on the TAP (kept by the back-end between its
+    # sessions).
+    wait_log GUEST-REBOOTING 1 300
+    ip addr add 192.168.249.3/24 dev dmvtap0
+    # The second boot moves the data and powers off: the VM is torn down
+    # (the second teardown), the VMM serves on with it created.
+    wait_log GUEST-NET-DONE 1 420
+    wait_log "guest RAM released" 2 60
+    state=$(curl -s --unix-socket "$api" http://localhost/api/v1/vm.info |
+        sed -n 's/.*"state": *"\([A-Za-z]*\)".*/\1/p')
+    down=$(curl -s -o /dev/null -w '%{http_code}' -X PUT --unix-socket "$api" \
+        http://localhost/api/v1/vmm.shutdown)
+    i=0
+    while kill -0 "$vm" 2>/dev/null && [ $i -lt 60 ]; do sleep 1; i=$((i + 1)); done
+    kill "$vm" 2>/dev/null
+    wait "$vm"
+    rc=$?
+    be_alive=0
+    kill -0 "$be" 2>/dev/null && be_alive=1
+    kill "$be" 2>/dev/null
+    wait "$be" 2>/dev/null
+    cat "$vmm_log"
+    sed 's/^/BACKEND: /' "$be_log"
+    echo "VMM-EXIT rc=$rc"
+    echo "REBOOT-RESULT vmm_rc=$rc state_after_poweroff=${state:-none} shutdown=$down backend_alive=$be_alive sessions=$(grep -c 'front-end connected' "$be_log")"
+    rm -f "$vmm_log" "$be_log" "$sock" "$api"
     ;;
 qemu)
     ip tuntap add dev qtap0 mode tap

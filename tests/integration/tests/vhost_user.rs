@@ -21,7 +21,10 @@
 //!   messages alike, and dmavisor's own counters must agree with it;
 //! - multiqueue (num_queues=4) with dmavisor listening (vhost_mode=server);
 //! - a slow back-end: the relay holds every invalidation's acknowledgement;
-//! - the test back-end dying mid-transfer (fault injection).
+//! - the test back-end dying mid-transfer (fault injection);
+//! - a guest reboot of a VM with a vhost-user NIC: the VM is rebuilt in
+//!   place and reconnects to the test back-end (`--reconnect`), and the
+//!   second boot's NIC carries the transfers.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -49,6 +52,9 @@ const SESSION_TIMEOUT: Duration = Duration::from_secs(3000);
 /// holds each acknowledgement: a few hundred invalidations of 20 ms.
 const SLOW_ACK_SIZE: u64 = 128 << 10;
 const SLOW_ACK_MS: u64 = 20;
+
+/// Two boots of the guest in one case, the second moving `SIZE` each way.
+const REBOOT_CASE_TIMEOUT_SECS: u32 = 1200;
 
 fn net_case(name: &str, mode: &str, bin: &str, kernel: &str, initrd: &str) -> Case {
     net_case_with(name, mode, bin, kernel, initrd, SIZE, &[])
@@ -119,6 +125,20 @@ fn session() -> &'static SharedSession {
                     &bin,
                     &bk,
                     &binit,
+                ),
+                Case::new(
+                    "vu_guest_reboot",
+                    vec![
+                        "env".into(),
+                        format!("NET_SIZE={SIZE}"),
+                        "sh".into(),
+                        path_arg(&guest_script("net-host.sh")),
+                        "dmavisor-vhost-user-reboot".into(),
+                        bin.clone(),
+                        bk.clone(),
+                        binit.clone(),
+                    ],
+                    REBOOT_CASE_TIMEOUT_SECS,
                 ),
                 net_case("vu_testpmd", "dmavisor-testpmd", &bin, &bk, &binit),
                 net_case("vu_testpmd_mq", "dmavisor-testpmd-mq", &bin, &bk, &binit),
@@ -539,4 +559,57 @@ fn vhost_user_backend_disconnect() {
         after >= before + 5,
         "the guest stopped after the back-end died: {line}"
     );
+}
+
+/// Issue 29: the guest of a VM with a vhost-user NIC reboots from inside
+/// (`reboot -f` once its NIC answered a ping). The VM is torn down (the
+/// back-end's rings stopped, its connection closed) and rebuilt in place,
+/// in the same process: the rebuilt VM connects to the same socket, where
+/// the test back-end (`--reconnect`) serves it from a fresh state. The
+/// second boot's NIC then answers pings, moves `SIZE` bytes each way with
+/// matching MD5s and survives a driver rebind; the guest powers off, the
+/// VMM serves on with the VM created, and `vmm.shutdown` ends it with 0.
+#[test]
+fn vhost_user_guest_reboot_rebuilds() {
+    let name = "vu_guest_reboot";
+    let r = case(name);
+    let out = &r.output;
+    let context = r.tail(80);
+    let boots = |key: &str| out.lines().filter(|l| l.contains(key)).count();
+    assert_eq!(boots("GUEST-REBOOTING boot=1"), 1, "{context}");
+    assert_eq!(
+        boots("GUEST-REBOOTED boot=2"),
+        1,
+        "no second boot:\n{context}"
+    );
+    assert!(out.contains("guest requested a reboot"), "{context}");
+    assert_eq!(boots("VM rebooted in place"), 1, "{context}");
+    // Both boots' NIC answered: the first before the reboot, the second
+    // on the rebuilt VM's new connection.
+    let pings: Vec<u32> = out
+        .lines()
+        .filter_map(|l| marker_line(l, "GUEST-PING "))
+        .map(|l| {
+            token_value(l, "received")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        })
+        .collect();
+    assert_eq!(pings.len(), 2, "{pings:?}\n{context}");
+    assert!(pings.iter().all(|&n| n >= 1), "{pings:?}\n{context}");
+    let line =
+        marker_line(out, "REBOOT-RESULT").unwrap_or_else(|| panic!("no REBOOT-RESULT:\n{context}"));
+    let field = |k: &str| token_value(line, k).unwrap_or_else(|| panic!("no {k}= in {line}"));
+    assert_eq!(
+        field("sessions"),
+        "2",
+        "the back-end saw no second front-end: {line}"
+    );
+    assert_eq!(field("backend_alive"), "1", "{line}");
+    assert_eq!(field("state_after_poweroff"), "Created", "{line}");
+    assert_eq!(field("shutdown"), "204", "{line}");
+    // Each teardown released guest RAM (the reboot's and the power-off's).
+    assert!(boots("guest RAM released") >= 2, "{context}");
+    // The data went over the rebuilt VM's NIC, checksummed on both ends.
+    transfers(name);
 }
