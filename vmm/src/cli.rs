@@ -72,10 +72,13 @@ pub struct Cli {
     pub memory: String,
 
     /// COM1 (ttyS0): tty (stdout/stdin), pty (a new pseudo-terminal whose
-    /// path is logged and shown by vm.info), file=PATH (output only) or off.
+    /// path is logged and shown by vm.info), file=PATH (output only),
+    /// socket=PATH (a UNIX socket the VMM creates and listens on, one
+    /// client at a time, output dropped while none is connected; the path
+    /// must not exist, and is removed with the VM) or off.
     #[arg(
         long,
-        value_name = "tty|pty|file=PATH|off",
+        value_name = "tty|pty|file=PATH|socket=PATH|off",
         default_value = "tty",
         requires = "kernel"
     )]
@@ -83,10 +86,11 @@ pub struct Cli {
 
     /// virtio-console (hvc0): off (no device), null, tty (stdout/stdin; not
     /// with --serial tty), pty (a new pseudo-terminal, its path logged and
-    /// shown by vm.info) or file=PATH (output only).
+    /// shown by vm.info), file=PATH (output only) or socket=PATH (as
+    /// --serial's).
     #[arg(
         long,
-        value_name = "off|null|tty|pty|file=PATH",
+        value_name = "off|null|tty|pty|file=PATH|socket=PATH",
         default_value = "off",
         requires = "kernel"
     )]
@@ -390,6 +394,29 @@ mod tests {
             (c.console, c.serial),
             (ConsoleConfig::Tty, SerialConfig::Pty(None))
         );
+        let c = parse(&[
+            "--console",
+            "socket=build/c.sock",
+            "--serial",
+            "socket=build/s.sock",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (c.console, c.serial),
+            (
+                ConsoleConfig::Socket("build/c.sock".into()),
+                SerialConfig::Socket("build/s.sock".into())
+            )
+        );
+        for bad in [
+            &["--serial", "socket="][..],
+            &["--console", "socket="],
+            &["--serial", "unix=/s"],
+            &["--console", "socket=/s", "--serial", "socket=/s"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

@@ -243,7 +243,7 @@ impl CpusConfig {
     }
 }
 
-/// `--serial tty|pty|file=PATH|off`
+/// `--serial tty|pty|file=PATH|socket=PATH|off`
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SerialConfig {
     /// Output to stdout, input from stdin.
@@ -253,6 +253,9 @@ pub enum SerialConfig {
     Pty(Option<PathBuf>),
     /// Output appended to a file; no input.
     File(PathBuf),
+    /// A UNIX socket the VMM listens on; one client at a time
+    /// (`devices::socket_console`).
+    Socket(PathBuf),
     /// No serial port.
     Off,
 }
@@ -269,7 +272,7 @@ pub enum ConsoleMode {
     Tty,
     /// Output to a file.
     File,
-    /// A Unix socket (not supported here).
+    /// A UNIX socket the VMM listens on.
     Socket,
     /// A device whose output goes nowhere (dmavisor: none at all).
     Null,
@@ -284,6 +287,30 @@ pub struct ConsoleSpec {
     /// The file of [`ConsoleMode::File`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<PathBuf>,
+    /// The socket of [`ConsoleMode::Socket`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<PathBuf>,
+}
+
+impl ConsoleSpec {
+    /// A description with no file nor socket.
+    pub fn mode(mode: ConsoleMode) -> Self {
+        Self {
+            mode,
+            file: None,
+            socket: None,
+        }
+    }
+}
+
+/// The socket path of `spec`, which must be mode Socket's alone.
+fn socket_of(spec: &ConsoleSpec) -> Result<Option<PathBuf>, ConsoleSpecError> {
+    match (spec.mode, &spec.socket) {
+        (ConsoleMode::Socket, Some(p)) if !p.as_os_str().is_empty() => Ok(Some(p.clone())),
+        (ConsoleMode::Socket, _) => Err(ConsoleSpecError::NoSocket),
+        (_, Some(_)) => Err(ConsoleSpecError::SocketWithoutSocketMode { mode: spec.mode }),
+        (_, None) => Ok(None),
+    }
 }
 
 /// Why a [`ConsoleSpec`] is refused.
@@ -292,9 +319,12 @@ pub enum ConsoleSpecError {
     /// [`ConsoleMode::File`] without a path.
     #[error("mode File needs a file path")]
     NoFile,
-    /// A mode dmavisor does not implement.
-    #[error("mode {mode:?} is not supported (Tty, Pty, File, Off or Null)")]
-    Unsupported {
+    /// [`ConsoleMode::Socket`] without a path.
+    #[error("mode Socket needs a socket path")]
+    NoSocket,
+    /// A socket with another mode than [`ConsoleMode::Socket`].
+    #[error("a socket goes with mode Socket, not {mode:?}")]
+    SocketWithoutSocketMode {
         /// The mode given.
         mode: ConsoleMode,
     },
@@ -315,31 +345,23 @@ impl SerialConfig {
             reason,
         };
         let spec = match value {
-            "tty" => ConsoleSpec {
-                mode: ConsoleMode::Tty,
-                file: None,
-            },
-            "pty" => ConsoleSpec {
-                mode: ConsoleMode::Pty,
-                file: None,
-            },
-            "off" | "null" => ConsoleSpec {
-                mode: ConsoleMode::Off,
-                file: None,
-            },
-            _ => match value.strip_prefix("file=") {
-                Some(path) => ConsoleSpec {
-                    mode: ConsoleMode::File,
-                    file: Some(PathBuf::from(path)),
-                },
-                None => return Err(bad("expected tty, pty, file=PATH or off".into())),
-            },
+            "tty" => ConsoleSpec::mode(ConsoleMode::Tty),
+            "pty" => ConsoleSpec::mode(ConsoleMode::Pty),
+            "off" | "null" => ConsoleSpec::mode(ConsoleMode::Off),
+            _ => spec_with_path(value)
+                .ok_or_else(|| bad("expected tty, pty, file=PATH, socket=PATH or off".into()))?,
         };
         Self::from_spec(&spec).map_err(|e| bad(e.into()))
     }
 
     /// Checks a serial port description from the command line or the API.
     pub fn from_spec(spec: &ConsoleSpec) -> Result<Self, ConsoleSpecError> {
+        if let Some(socket) = socket_of(spec)? {
+            return match &spec.file {
+                None => Ok(Self::Socket(socket)),
+                Some(_) => Err(ConsoleSpecError::FileWithoutFileMode { mode: spec.mode }),
+            };
+        }
         match (spec.mode, &spec.file) {
             (ConsoleMode::Tty, None) => Ok(Self::Tty),
             // A file with Pty is the path `vm.info` reported: what the
@@ -349,7 +371,8 @@ impl SerialConfig {
             (ConsoleMode::Off | ConsoleMode::Null, None) => Ok(Self::Off),
             (ConsoleMode::File, Some(p)) if !p.as_os_str().is_empty() => Ok(Self::File(p.clone())),
             (ConsoleMode::File, _) => Err(ConsoleSpecError::NoFile),
-            (mode @ ConsoleMode::Socket, _) => Err(ConsoleSpecError::Unsupported { mode }),
+            // socket_of refused it already.
+            (ConsoleMode::Socket, None) => Err(ConsoleSpecError::NoSocket),
             (mode, Some(_)) => Err(ConsoleSpecError::FileWithoutFileMode { mode }),
         }
     }
@@ -360,13 +383,36 @@ impl SerialConfig {
             Self::Tty => (ConsoleMode::Tty, None),
             Self::Pty(path) => (ConsoleMode::Pty, path.clone()),
             Self::File(p) => (ConsoleMode::File, Some(p.clone())),
+            Self::Socket(p) => return socket_spec(p),
             Self::Off => (ConsoleMode::Off, None),
         };
-        ConsoleSpec { mode, file }
+        ConsoleSpec {
+            mode,
+            file,
+            socket: None,
+        }
     }
 }
 
-/// `--console off|null|tty|pty|file=PATH`: the virtio-console.
+/// `file=PATH` or `socket=PATH` of `--serial` and `--console`.
+fn spec_with_path(value: &str) -> Option<ConsoleSpec> {
+    if let Some(path) = value.strip_prefix("file=") {
+        return Some(ConsoleSpec {
+            file: Some(PathBuf::from(path)),
+            ..ConsoleSpec::mode(ConsoleMode::File)
+        });
+    }
+    value.strip_prefix("socket=").map(socket_spec)
+}
+
+fn socket_spec(path: impl Into<PathBuf>) -> ConsoleSpec {
+    ConsoleSpec {
+        socket: Some(path.into()),
+        ..ConsoleSpec::mode(ConsoleMode::Socket)
+    }
+}
+
+/// `--console off|null|tty|pty|file=PATH|socket=PATH`: the virtio-console.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ConsoleConfig {
     /// No device (the default: a device at boot would move PCI slots).
@@ -379,6 +425,8 @@ pub enum ConsoleConfig {
     Pty(Option<PathBuf>),
     /// Output appended to a file; no input.
     File(PathBuf),
+    /// A UNIX socket the VMM listens on; one client at a time.
+    Socket(PathBuf),
 }
 
 impl ConsoleConfig {
@@ -389,21 +437,26 @@ impl ConsoleConfig {
             value: value.to_string(),
             reason,
         };
-        let (mode, file) = match value {
-            "off" => (ConsoleMode::Off, None),
-            "null" => (ConsoleMode::Null, None),
-            "tty" => (ConsoleMode::Tty, None),
-            "pty" => (ConsoleMode::Pty, None),
-            _ => match value.strip_prefix("file=") {
-                Some(path) => (ConsoleMode::File, Some(PathBuf::from(path))),
-                None => return Err(bad("expected off, null, tty, pty or file=PATH".into())),
-            },
+        let spec = match value {
+            "off" => ConsoleSpec::mode(ConsoleMode::Off),
+            "null" => ConsoleSpec::mode(ConsoleMode::Null),
+            "tty" => ConsoleSpec::mode(ConsoleMode::Tty),
+            "pty" => ConsoleSpec::mode(ConsoleMode::Pty),
+            _ => spec_with_path(value).ok_or_else(|| {
+                bad("expected off, null, tty, pty, file=PATH or socket=PATH".into())
+            })?,
         };
-        Self::from_spec(&ConsoleSpec { mode, file }).map_err(|e| bad(e.into()))
+        Self::from_spec(&spec).map_err(|e| bad(e.into()))
     }
 
     /// Checks a console description from the command line or the API.
     pub fn from_spec(spec: &ConsoleSpec) -> Result<Self, ConsoleSpecError> {
+        if let Some(socket) = socket_of(spec)? {
+            return match &spec.file {
+                None => Ok(Self::Socket(socket)),
+                Some(_) => Err(ConsoleSpecError::FileWithoutFileMode { mode: spec.mode }),
+            };
+        }
         match (spec.mode, &spec.file) {
             (ConsoleMode::Off, None) => Ok(Self::Off),
             (ConsoleMode::Null, None) => Ok(Self::Null),
@@ -411,7 +464,8 @@ impl ConsoleConfig {
             (ConsoleMode::Pty, file) => Ok(Self::Pty(file.clone())),
             (ConsoleMode::File, Some(p)) if !p.as_os_str().is_empty() => Ok(Self::File(p.clone())),
             (ConsoleMode::File, _) => Err(ConsoleSpecError::NoFile),
-            (mode @ ConsoleMode::Socket, _) => Err(ConsoleSpecError::Unsupported { mode }),
+            // socket_of refused it already.
+            (ConsoleMode::Socket, None) => Err(ConsoleSpecError::NoSocket),
             (mode, Some(_)) => Err(ConsoleSpecError::FileWithoutFileMode { mode }),
         }
     }
@@ -424,8 +478,13 @@ impl ConsoleConfig {
             Self::Tty => (ConsoleMode::Tty, None),
             Self::Pty(p) => (ConsoleMode::Pty, p.clone()),
             Self::File(p) => (ConsoleMode::File, Some(p.clone())),
+            Self::Socket(p) => return socket_spec(p),
         };
-        ConsoleSpec { mode, file }
+        ConsoleSpec {
+            mode,
+            file,
+            socket: None,
+        }
     }
 
     /// Refuses a console and a serial port both on the terminal: WHY only
@@ -435,6 +494,9 @@ impl ConsoleConfig {
             (Self::Tty, SerialConfig::Tty) => Err(
                 "console and serial both on tty: only one can read stdin (put the serial off, on a file or a pty)",
             ),
+            (Self::Socket(a), SerialConfig::Socket(b)) if a == b => {
+                Err("console and serial on the same socket path: each listens on its own")
+            }
             _ => Ok(()),
         }
     }

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::api_socket::ApiSocket;
-use crate::config::{SerialConfig, VmConfig};
+use crate::config::{ConsoleConfig, SerialConfig, VmConfig};
 use crate::sandbox::{LandlockAccess, LandlockRule};
 
 use LandlockAccess::{Read, ReadWrite};
@@ -20,6 +20,13 @@ pub fn config_rules(config: &VmConfig) -> Vec<LandlockRule> {
     rules.extend(config.initramfs.iter().map(|i| LandlockRule::new(i, Read)));
     if let SerialConfig::File(path) = &config.serial {
         rules.push(creatable(path));
+    }
+    // Socket modes create their socket in its directory, and remove it.
+    if let SerialConfig::Socket(path) = &config.serial {
+        rules.push(LandlockRule::new(parent(path), ReadWrite));
+    }
+    if let ConsoleConfig::Socket(path) = &config.console {
+        rules.push(LandlockRule::new(parent(path), ReadWrite));
     }
     for d in &config.disks {
         let access = if d.readonly { Read } else { ReadWrite };
@@ -120,6 +127,8 @@ mod tests {
             "file=/nonexistent-dir/serial.log",
             "--device",
             "path=/sys/bus/pci/devices/0000:00:01.0",
+            "--console",
+            "socket=/run/c/console.sock",
         ])
         .unwrap()
         .to_config()
@@ -131,7 +140,8 @@ mod tests {
         assert!(has("/ro.img", Read) && has("/rw.img", ReadWrite));
         assert!(has("/nonexistent-dir", ReadWrite));
         assert!(has("/sys/bus/pci/devices/0000:00:01.0", ReadWrite));
-        assert_eq!(rules.len(), 6);
+        assert!(has("/run/c", ReadWrite), "the console socket's directory");
+        assert_eq!(rules.len(), 7);
         assert_eq!(
             api_socket_rules(Some(&ApiSocket::Path("/run/x/api.sock".into()))),
             vec![LandlockRule::new("/run/x", ReadWrite)]

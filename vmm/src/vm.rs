@@ -42,7 +42,8 @@ use crate::devices::power::{
 };
 use crate::devices::pty;
 use crate::devices::pty::Pty;
-use crate::devices::serial::{spawn_pty_reader, spawn_stdin_reader, SerialDevice};
+use crate::devices::serial::{spawn_pty_reader, spawn_stdin_reader, uart_sink, SerialDevice};
+use crate::devices::socket_console::SocketConsole;
 use crate::error::{kvm_err, AcpiError, Error, StartError};
 use crate::exit::{ExitEvent, ExitSender};
 use crate::kvm_check::open_kvm;
@@ -102,11 +103,21 @@ fn add_power_button(vm: &VmFd, pio: &Bus) -> Result<GedTrigger, Error> {
     Ok(trigger)
 }
 
-/// Where COM1's output goes, and the pty when it is one (its reader
-/// starts with the vCPUs; its path goes to `vm.info`).
-type SerialOutput = (Option<Box<dyn Write + Send>>, Option<Pty>);
+/// Where COM1's output goes, the pty when it is one (its reader starts
+/// with the vCPUs; its path goes to `vm.info`), and the socket when it is
+/// one (its thread starts with the vCPUs).
+type SerialOutput = (
+    Option<Box<dyn Write + Send>>,
+    Option<Pty>,
+    Option<SocketConsole>,
+);
 
 fn serial_output(cfg: &SerialConfig) -> Result<SerialOutput, Error> {
+    if let SerialConfig::Socket(path) = cfg {
+        let socket = SocketConsole::bind(path, "serial").map_err(|e| Error::Device(Box::new(e)))?;
+        let out: Box<dyn Write + Send> = Box::new(socket.writer());
+        return Ok((Some(out), None, Some(socket)));
+    }
     if let SerialConfig::Pty(_) = cfg {
         let os = |source| Error::Os {
             what: "serial pty",
@@ -115,10 +126,10 @@ fn serial_output(cfg: &SerialConfig) -> Result<SerialOutput, Error> {
         let pty = pty::open().map_err(os)?;
         info!("serial: pty {}", pty.path().display());
         let out: Box<dyn Write + Send> = Box::new(pty.writer().map_err(os)?);
-        return Ok((Some(out), Some(pty)));
+        return Ok((Some(out), Some(pty), None));
     }
     let out: Option<Box<dyn Write + Send>> = match cfg {
-        SerialConfig::Off | SerialConfig::Pty(_) => None,
+        SerialConfig::Off | SerialConfig::Pty(_) | SerialConfig::Socket(_) => None,
         SerialConfig::Tty => Some(Box::new(std::io::stdout())),
         SerialConfig::File(path) => Some(Box::new(
             OpenOptions::new()
@@ -131,7 +142,7 @@ fn serial_output(cfg: &SerialConfig) -> Result<SerialOutput, Error> {
                 })?,
         )),
     };
-    Ok((out, None))
+    Ok((out, None, None))
 }
 
 /// Guest RAM with the kernel, its command line, initramfs and boot data
@@ -249,6 +260,7 @@ struct LegacyDevices {
     pci: Arc<PciRoot>,
     serial: Option<Arc<Mutex<SerialDevice>>>,
     serial_pty: Option<Pty>,
+    serial_socket: Option<SocketConsole>,
     power_button: GedTrigger,
     hotplug_events: Arc<HotplugEvents>,
     eject_rx: Receiver<u8>,
@@ -266,7 +278,7 @@ fn add_legacy_devices(
     let pio = Arc::new(Bus::new());
     let mmio = Arc::new(Bus::new());
     let device_err = Error::from;
-    let (serial_out, serial_pty) = serial_output(&config.serial)?;
+    let (serial_out, serial_pty, serial_socket) = serial_output(&config.serial)?;
     let serial = match serial_out {
         Some(out) => {
             let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|source| Error::Os {
@@ -325,6 +337,7 @@ fn add_legacy_devices(
         pci,
         serial,
         serial_pty,
+        serial_socket,
         power_button,
         hotplug_events,
         eject_rx,
@@ -502,6 +515,7 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
         pci,
         serial,
         serial_pty,
+        mut serial_socket,
         power_button,
         hotplug_events,
         eject_rx,
@@ -592,6 +606,11 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
             })?;
         owner.own_stdin(reader);
     }
+    if let (Some(dev), Some(socket)) = (&serial, &mut serial_socket) {
+        socket
+            .start("serial-socket", uart_sink(dev.clone()))
+            .map_err(|e| StartError::Threads(Box::new(Error::Device(Box::new(e)))))?;
+    }
     for vcpu in vcpus {
         let name = format!("vcpu{}", vcpu.index());
         let handle =
@@ -626,6 +645,8 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
         // RAM was released.
         drop(figures);
         drop(serial);
+        // Its thread stopped and its file removed with the VM.
+        drop(serial_socket);
         owner.teardown();
     };
     Ok(Booted {

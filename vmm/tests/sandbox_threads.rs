@@ -17,6 +17,7 @@ use std::os::unix::net::UnixStream;
 use vmm::block::DiskImage;
 use vmm::devices::pty;
 use vmm::devices::serial::{spawn_pty_reader, SerialDevice};
+use vmm::devices::socket_console::SocketConsole;
 use vmm::sandbox::{self, SeccompMode, ThreadKind};
 use vmm::virtio::wake::Wake;
 use vmm_sys_util::eventfd::EventFd;
@@ -53,6 +54,44 @@ fn runtime_work(name: &str) {
     map.insert(name.to_string(), 1);
     std::thread::sleep(Duration::from_millis(1));
     eprintln!("{name}: runtime ok");
+}
+
+/// A serial port or console in Socket mode, built by this (API) thread:
+/// the socket bound, its thread (the serial filter stacked on this one)
+/// accepting a client, reading its input and writing it output, the
+/// client leaving and a next one served; then dropped (thread joined,
+/// file removed).
+fn socket_work() {
+    use std::io::{Read, Write};
+    let path = std::env::temp_dir().join(format!("dmavisor-sandbox-sock-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let mut sock = SocketConsole::bind(&path, "serial").unwrap();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let into = got.clone();
+    sock.start("t-serial-socket", move |b: &[u8]| {
+        into.lock().unwrap().extend_from_slice(b);
+        b.len()
+    })
+    .unwrap();
+    let mut out = sock.writer();
+    for round in 0..2u8 {
+        let mut c = UnixStream::connect(&path).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.write_all(&[b'a' + round]).unwrap();
+        let t0 = std::time::Instant::now();
+        while got.lock().unwrap().len() <= usize::from(round) {
+            assert!(t0.elapsed() < Duration::from_secs(5), "no input");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // Accepted (its input came): output reaches it.
+        out.write_all(b"o").unwrap();
+        let mut b = [0u8; 1];
+        c.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"o");
+    }
+    drop(sock);
+    assert!(!path.exists(), "socket file left");
+    eprintln!("t-serial-socket: ok");
 }
 
 fn block_work(image: &DiskImage) {
@@ -101,6 +140,7 @@ fn child() {
                             .unwrap();
                     std::thread::sleep(Duration::from_millis(250));
                     reader.stop();
+                    socket_work();
                 }
                 ThreadKind::Hotplug => {
                     // VFIO finds a function's group through its sysfs link.
@@ -166,4 +206,5 @@ fn every_thread_kind_lives_under_its_filter() {
         assert!(stderr.contains(&line), "{line}: {stderr}");
     }
     assert!(stderr.contains("t-vcpu-net: runtime ok"), "{stderr}");
+    assert!(stderr.contains("t-serial-socket: ok"), "{stderr}");
 }

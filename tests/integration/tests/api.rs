@@ -99,6 +99,17 @@ fn session() -> &'static SharedSession {
                                 ],
                                 CONSOLE_TIMEOUT_SECS,
                             ),
+                            Case::new(
+                                "serial_and_console_socket",
+                                vec![
+                                    "python3".into(),
+                                    path_arg(&guest_script("socket-host.py")),
+                                    path_arg(&bin),
+                                    path_arg(&bookworm.vmlinuz),
+                                    path_arg(&console_initrd),
+                                ],
+                                CONSOLE_TIMEOUT_SECS,
+                            ),
                         ],
                         None,
                     )
@@ -625,6 +636,79 @@ fn virtio_console_pty() {
     // vm.info's own configuration (the pty's path included) parses back
     // when the VM is torn down.
     assert!(!out.contains("does not parse"), "{out}");
+    assert!(!out.contains("API-EXIT-TIMEOUT"), "{out}");
+    assert!(out.contains("VMM-EXIT rc=0"), "{out}");
+}
+
+/// cloud-hypervisor's `--serial socket=PATH` and `--console socket=PATH`
+/// (libvirt's `<serial type='unix'>` through the API): a path that exists
+/// is refused at startup and left alone; the runner connects to both
+/// sockets; the guest's marker written on hvc0 comes out of the
+/// console's socket, and the line written into it reaches the guest,
+/// which says it on the serial port, read from the serial's socket;
+/// `vm.info` shows both; `vm.shutdown` removes both socket files.
+#[test]
+fn serial_and_console_socket() {
+    let r = case("serial_and_console_socket");
+    let out = &r.output;
+    for l in out.lines().filter(|l| {
+        l.starts_with("API-")
+            || l.starts_with("SOCKET-OBS")
+            || l.starts_with("SERIAL: ")
+            || l.starts_with("VMM-EXIT")
+            || (l.starts_with("VMM: ")
+                && ["socket", "SIGSYS", "torn down"]
+                    .iter()
+                    .any(|m| l.contains(m)))
+    }) {
+        println!("{l}");
+    }
+    let exists = out
+        .lines()
+        .find(|l| l.starts_with("SOCKET-OBS exists_rc="))
+        .and_then(|l| token_value(l.split(" exists_said").next().unwrap_or(l), "exists_rc"))
+        .unwrap_or_default();
+    assert!(
+        !exists.is_empty() && exists != "0",
+        "started on a taken path:\n{out}"
+    );
+    assert!(
+        out.contains("the path exists"),
+        "no clear error for a taken path:\n{out}"
+    );
+    assert!(out.contains("SOCKET-OBS exists_kept=1"), "{out}");
+    assert!(
+        out.contains("SOCKET-OBS serial_connected=1 console_connected=1"),
+        "{out}"
+    );
+    assert!(
+        out.contains("SERIAL: GUEST-HVC0 present"),
+        "no hvc0, or the serial socket showed nothing:\n{out}"
+    );
+    assert!(
+        out.contains("SOCKET-OBS marker_seen=1"),
+        "the guest's hvc0 output did not come out of the socket:\n{out}"
+    );
+    assert!(
+        out.contains("SERIAL: GUEST-ECHO PING-4417"),
+        "the socket's input did not reach the guest's hvc0:\n{out}"
+    );
+    let (code, info) = reply(out, "info");
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(info["config"]["serial"]["mode"], "Socket", "{info}");
+    assert_eq!(info["config"]["console"]["mode"], "Socket", "{info}");
+    let socket = info["config"]["console"]["socket"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(socket.ends_with("console.sock"), "{info}");
+    assert_eq!(reply(out, "shutdown").0, 204, "{out}");
+    assert!(
+        out.contains("SOCKET-OBS removed_after_shutdown=1"),
+        "a socket file outlived its VM:\n{out}"
+    );
+    assert_eq!(reply(out, "vmm_shutdown").0, 204, "{out}");
+    assert!(out.contains("SOCKET-OBS left_after_exit=0"), "{out}");
+    assert!(!out.contains("SIGSYS"), "{out}");
     assert!(!out.contains("API-EXIT-TIMEOUT"), "{out}");
     assert!(out.contains("VMM-EXIT rc=0"), "{out}");
 }

@@ -159,11 +159,9 @@ pub const DEVICE: &[(&str, Unused)] = &[
     ("x_exclude_mmap_bars", Unused::Empty),
 ];
 
-/// `serial` and `console`: a socket path, and the PCI placement of the
-/// virtio-console.
+/// `serial` and `console`: the PCI placement of the virtio-console.
+/// (`socket` is dmavisor's too: `ConsoleSpec::socket`.)
 const CONSOLE: &[(&str, Unused)] = &[
-    // Mode Socket's path: dmavisor has no socket mode yet.
-    ("socket", Unused::Empty),
     ("iommu", Unused::Bool(false)),
     PCI_COMMON[0],
     PCI_COMMON[1],
@@ -324,8 +322,8 @@ mod tests {
             ),
             (json!({"platform": {"tdx": true}}), "platform.tdx=true"),
             (
-                json!({"serial": {"mode": "Socket", "socket": "/s"}}),
-                "serial.socket=\"/s\"",
+                json!({"console": {"mode": "Pty", "iommu": true}}),
+                "console.iommu=true",
             ),
             (
                 json!({"memory": {"size": 1, "hugepages": true}}),

@@ -261,6 +261,20 @@ mod tests {
         assert_eq!(c.serial, SerialConfig::Pty(Some("/dev/pts/4".into())));
         let c = parse(br#"{"payload": {"kernel": "/k"}, "console": {"mode": "Null"}}"#).unwrap();
         assert_eq!(c.console, ConsoleConfig::Off, "no device, as before");
+        // libvirt's `<serial type='unix'>`, and a console on a socket too;
+        // vm.info prints them back as they came.
+        let body = br#"{"payload": {"kernel": "/k"},
+                 "serial": {"mode": "Socket", "socket": "/run/s.sock"},
+                 "console": {"mode": "Socket", "socket": "/run/c.sock", "iommu": false}}"#;
+        let c = parse(body).unwrap();
+        assert_eq!(c.serial, SerialConfig::Socket("/run/s.sock".into()));
+        assert_eq!(c.console, ConsoleConfig::Socket("/run/c.sock".into()));
+        let shown = serde_json::to_value(VmConfigSpec::from_config(&c)).unwrap();
+        assert_eq!(
+            shown["serial"],
+            serde_json::json!({"mode": "Socket", "socket": "/run/s.sock"})
+        );
+        assert_eq!(shown["console"]["socket"], "/run/c.sock");
     }
 
     #[test]
@@ -283,7 +297,10 @@ mod tests {
             (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "File"}}"#, "file"),
             (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Loud"}}"#, "unknown variant"),
             (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Tty"}, "console": {"mode": "Tty"}}"#, "both on tty"),
-            (br#"{"payload": {"kernel": "/k"}, "console": {"mode": "Socket"}}"#, "console"),
+            (br#"{"payload": {"kernel": "/k"}, "console": {"mode": "Socket"}}"#, "needs a socket path"),
+            (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Pty", "socket": "/s"}}"#, "a socket goes with mode Socket"),
+            (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Socket", "socket": "/s", "file": "/f"}}"#, "a file goes with mode File"),
+            (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Socket", "socket": "/s"}, "console": {"mode": "Socket", "socket": "/s"}}"#, "same socket path"),
             (br#"{"payload": {"kernel": "/k"}, "net": [{"tap": "t0"}, {"mac": "01:00:00:00:00:00"}]}"#, "net[1]"),
             (br#"{"payload": {"kernel": "/k"}, "net": [{"num_queues": 3}]}"#, "num_queues"),
             (br#"{"payload": {"kernel": "/k"}, "net": [{"vhost_user": true}]}"#, "socket"),

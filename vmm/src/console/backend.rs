@@ -1,9 +1,10 @@
 //! Where the console's bytes go and come from: stdout/stdin, a pty, a
-//! file (output only), or nowhere.
+//! UNIX socket, a file (output only), or nowhere.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -11,6 +12,7 @@ use log::info;
 
 use crate::config::ConsoleConfig;
 use crate::devices::pty;
+use crate::devices::socket_console::{stream_sink, SocketConsole};
 
 /// An opened back-end. WHY shared handles: it outlives activations (the
 /// driver may reset and restart the device; the pty a client holds stays
@@ -25,6 +27,9 @@ pub struct Backend {
     pub input_is_pty: bool,
     /// The slave path of a pty back-end.
     pub pty_path: Option<PathBuf>,
+    /// A socket back-end: dropped with the device, which stops its thread
+    /// and removes its file.
+    pub socket: Option<SocketConsole>,
 }
 
 /// Opens the back-end of `config`; `None` for `Off` (no device at all).
@@ -34,6 +39,7 @@ pub fn open_backend(config: &ConsoleConfig) -> io::Result<Option<Backend>> {
         input: input.map(Arc::new),
         input_is_pty: false,
         pty_path: None,
+        socket: None,
     };
     Ok(Some(match config {
         ConsoleConfig::Off => return Ok(None),
@@ -54,7 +60,30 @@ pub fn open_backend(config: &ConsoleConfig) -> io::Result<Option<Backend>> {
                 input: Some(Arc::new(p.reader()?)),
                 input_is_pty: true,
                 pty_path: Some(p.path().to_path_buf()),
+                socket: None,
             }
         }
+        ConsoleConfig::Socket(path) => socket_backend(path)?,
     }))
+}
+
+/// A socket back-end. WHY a socket pair between its thread and the
+/// worker: the worker polls one input descriptor whatever the back-end,
+/// and the socket's clients come and go; the pair stays. Its thread's end
+/// is non-blocking, so input the guest does not take waits in the
+/// thread (bounded by the pair's buffer) rather than blocking it.
+fn socket_backend(path: &std::path::Path) -> io::Result<Backend> {
+    let mut socket = SocketConsole::bind(path, "console").map_err(io::Error::other)?;
+    let (to_worker, worker_end) = UnixStream::pair()?;
+    to_worker.set_nonblocking(true)?;
+    socket
+        .start("console-socket", stream_sink(to_worker))
+        .map_err(io::Error::other)?;
+    Ok(Backend {
+        output: Arc::new(Mutex::new(Box::new(socket.writer()))),
+        input: Some(Arc::new(File::from(OwnedFd::from(worker_end)))),
+        input_is_pty: false,
+        pty_path: None,
+        socket: Some(socket),
+    })
 }

@@ -234,3 +234,85 @@ fn behind_the_viommu_an_unmap_completes_and_the_buffer_is_not_written() {
     assert_eq!(page, [0, 0], "the unmapped buffer was written");
     dev.reset();
 }
+
+/// A console on a socket: a client sees what the guest transmits and its
+/// bytes fill receive buffers; the device dropped, the file is gone.
+#[test]
+fn a_socket_client_sees_output_and_fills_receive_buffers() {
+    use std::os::unix::net::UnixStream;
+    let dir = std::env::temp_dir().join(format!("dmavisor-console-sock-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("c.sock");
+    let mem = leaked_ram(0x10000);
+    let backend = open_backend(&ConsoleConfig::Socket(path.clone()))
+        .unwrap()
+        .unwrap();
+    let mut dev = Console::new(backend);
+    let mut rx = DriverRing::new(
+        mem,
+        RingAddrs {
+            desc: 0x1000,
+            avail: 0x1400,
+            used: 0x1600,
+        },
+        64,
+    );
+    let mut tx = DriverRing::new(
+        mem,
+        RingAddrs {
+            desc: 0x2000,
+            avail: 0x2400,
+            used: 0x2600,
+        },
+        64,
+    );
+    let rx_kick = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    let tx_kick = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    let irq = Arc::new(IrqCount::default());
+    dev.activate(ActivateContext {
+        mem: DmaSpace::identity(mem.clone()),
+        interrupt: irq.clone(),
+        queues: vec![
+            ActiveQueue {
+                index: 0,
+                queue: rx.queue(),
+                kick: rx_kick.try_clone().unwrap(),
+            },
+            ActiveQueue {
+                index: 1,
+                queue: tx.queue(),
+                kick: tx_kick.try_clone().unwrap(),
+            },
+        ],
+        features: 0,
+    })
+    .unwrap();
+    let mut client = UnixStream::connect(&path).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    // The client's bytes wait for a receive buffer, then fill it.
+    client.write_all(b"typed").unwrap();
+    rx.desc(0, 0x9000, 64, WRITE, 0);
+    rx.offer(0);
+    rx_kick.write(1).unwrap();
+    wait_for("rx used", || rx.used_idx() == 1);
+    assert_eq!(rx.used(0), (0, 5));
+    let mut got = [0u8; 5];
+    mem.read_slice(&mut got, GuestAddress(0x9000)).unwrap();
+    assert_eq!(&got, b"typed");
+    // Guest output reaches the client (it is accepted: its input came).
+    mem.write_slice(b"out\n", GuestAddress(0x8000)).unwrap();
+    tx.desc(0, 0x8000, 4, 0, 0);
+    tx.offer(0);
+    tx_kick.write(1).unwrap();
+    let mut seen = [0u8; 4];
+    client.read_exact(&mut seen).unwrap();
+    assert_eq!(&seen, b"out\n");
+    wait_for("tx used", || tx.used_idx() == 1);
+    drop(dev);
+    assert!(!path.exists(), "the socket file outlived the device");
+    let mut b = [0u8; 1];
+    assert_eq!(client.read(&mut b).unwrap(), 0, "the client was not closed");
+}

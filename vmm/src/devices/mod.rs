@@ -8,3 +8,4 @@ pub mod pci_hotplug;
 pub mod power;
 pub mod pty;
 pub mod serial;
+pub mod socket_console;

@@ -117,7 +117,7 @@ pub fn spawn_pty_reader(
 }
 
 /// Input to the UART's receive FIFO: how many bytes fitted.
-fn uart_sink(serial: Arc<Mutex<SerialDevice>>) -> impl FnMut(&[u8]) -> usize + Send + 'static {
+pub fn uart_sink(serial: Arc<Mutex<SerialDevice>>) -> impl FnMut(&[u8]) -> usize + Send + 'static {
     move |bytes| serial.lock().unpoisoned().enqueue_input(bytes)
 }
 

@@ -45,9 +45,11 @@ pub enum ThreadKind {
     /// PCI hot-unplug completion (VFIO functions torn down).
     Hotplug,
     /// stdin or a pty master to the serial port; the virtio-console's
-    /// worker (its rings, its back-end's descriptors). Pty modes need no
-    /// more: the pair is opened, and its ioctls made, by the thread that
-    /// builds the VM (main or `Api`, every ioctl allowed).
+    /// worker (its rings, its back-end's descriptors); the thread of a
+    /// `Socket` back-end, which accepts its clients (`accept4`; the
+    /// socket is bound by the thread that builds the VM). Pty modes need
+    /// no more: the pair is opened, and its ioctls made, by the thread
+    /// that builds the VM (main or `Api`, every ioctl allowed).
     Serial,
     /// The DMA test device's streaming thread.
     DmaStream,
@@ -191,6 +193,9 @@ const BUILD: &[i64] = &[
     libc::SYS_memfd_create,
     libc::SYS_ftruncate,
     libc::SYS_unlinkat,
+    // std's `remove_file` (glibc's `unlink`): a Socket back-end's file
+    // removed when an API-built VM is torn down; sandbox_threads found it.
+    libc::SYS_unlink,
     libc::SYS_readlinkat,
     libc::SYS_readlink,
     libc::SYS_getdents64,
@@ -238,7 +243,8 @@ pub fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, Backen
         BlockWorker => calls.push(FILE_IO),
         VhostUser => calls.push(SOCKET_IO),
         ApiServer => calls.extend([SOCKET_IO, &[libc::SYS_accept4]]),
-        NetWorker | IommuEvent | Serial | DmaStream => {}
+        Serial => calls.push(&[libc::SYS_accept4]),
+        NetWorker | IommuEvent | DmaStream => {}
     }
     let mut map: BTreeMap<i64, Vec<SeccompRule>> = calls
         .into_iter()
