@@ -275,7 +275,9 @@ pub(crate) fn map(
 /// One-entry MAP: a single compare-and-swap from empty to the mapping.
 /// A one-page entry goes into the worker's held leaf (`held.rs`), which
 /// needs no pin of its own; a larger one into a node pinned by the walk.
-#[inline]
+/// Always inlined: its one caller is `map`, and the call cost as much as
+/// the fast path's own work.
+#[inline(always)]
 fn map_one(t: &Arc<Table>, w: &mut Ctx, iova: u64, level: u32, value: u64) -> Fast {
     let hold = level == 0;
     let found = if hold {
@@ -398,8 +400,7 @@ fn unmap_one(t: &Arc<Table>, w: &mut Ctx, iova: u64, level: u32) -> Option<Resul
             }
             let sz = span(level);
             w.batch.record(t.domain, iova, iova + (sz - 1));
-            quota::remove(t, w, 1, sz);
-            quota::give(t, w, 1);
+            quota::removed(t, w, 1, sz);
             return Some(Ok(()));
         }
     }

@@ -120,6 +120,36 @@ pub(crate) fn remove(t: &Table, w: &Ctx, mappings: u64, bytes: u64) {
     apply(t, w, delta(mappings, bytes).wrapping_neg());
 }
 
+/// [`remove`] and [`give`] of `mappings` that an UNMAP removed, with one
+/// look-up of the worker's credits.
+#[inline]
+pub(crate) fn removed(t: &Arc<Table>, w: &mut Ctx, mappings: u64, bytes: u64) {
+    let d = delta(mappings, bytes).wrapping_neg();
+    if let Some(c) = w.state.table.credits.as_mut() {
+        if Arc::ptr_eq(&c.table, t) {
+            match c.shard.and_then(|i| t.shards.get(i)) {
+                // Sole writer (see `Shard` and `apply`).
+                Some(sh) => sh.packed.store(
+                    sh.packed.load(Ordering::Relaxed).wrapping_add(d),
+                    Ordering::Relaxed,
+                ),
+                None => {
+                    t.shards[0].packed.fetch_add(d, Ordering::Relaxed);
+                }
+            }
+            c.count += mappings;
+            if c.count > 2 * CHUNK {
+                let back = c.count - CHUNK;
+                c.count = CHUNK;
+                t.reserved.fetch_sub(back, Ordering::AcqRel);
+            }
+            return;
+        }
+    }
+    t.shards[0].packed.fetch_add(d, Ordering::Relaxed);
+    t.reserved.fetch_sub(mappings, Ordering::AcqRel);
+}
+
 /// Gives a worker's credits back to their domain.
 pub(crate) fn release(w: &mut Ctx) {
     if let Some(c) = w.state.table.credits.take() {
