@@ -715,8 +715,10 @@ fn ch_api_client_full_lifecycle() {
             "{body}"
         );
     }
+    // Listed by the ids the adds returned (the NIC's too), which the
+    // removals use.
     let listed = calls[11].2["config"].to_string();
-    for id in ["chnic", "chdisk"] {
+    for id in ["chnic", "chnet", "chdisk"] {
         assert!(listed.contains(id), "vm.info lists {id}: {listed}");
     }
     assert!(
@@ -724,7 +726,7 @@ fn ch_api_client_full_lifecycle() {
         "vm.info lists the NIC: {listed}"
     );
     let after = calls[15].2["config"].to_string();
-    for id in ["chnic", "chdisk", "dmvtap7"] {
+    for id in ["chnic", "chnet", "chdisk", "dmvtap7"] {
         assert!(!after.contains(id), "{id} gone from vm.info: {after}");
     }
     // Paused: no heartbeat in 3 s.
