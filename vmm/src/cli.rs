@@ -87,10 +87,10 @@ pub struct Cli {
     /// virtio-console (hvc0): off (no device), null, tty (stdout/stdin; not
     /// with --serial tty), pty (a new pseudo-terminal, its path logged and
     /// shown by vm.info), file=PATH (output only) or socket=PATH (as
-    /// --serial's).
+    /// --serial's); ,iommu=on puts it behind the vIOMMU (needs --iommu).
     #[arg(
         long,
-        value_name = "off|null|tty|pty|file=PATH|socket=PATH",
+        value_name = "off|null|tty|pty|file=PATH|socket=PATH[,iommu=on]",
         default_value = "off",
         requires = "kernel"
     )]
@@ -177,9 +177,9 @@ pub struct SandboxOptions {
 }
 
 impl Cli {
-    /// `--console`, checked against `--serial`.
-    fn console_config(&self) -> Result<ConsoleConfig, Error> {
-        let console = ConsoleConfig::parse(&self.console)?;
+    /// `--console` (and its `iommu=`), checked against `--serial`.
+    fn console_config(&self) -> Result<(ConsoleConfig, bool), Error> {
+        let (console, iommu) = ConsoleConfig::parse_with_iommu(&self.console)?;
         console
             .check_with(&SerialConfig::parse(&self.serial)?)
             .map_err(|reason| Error::InvalidOption {
@@ -187,7 +187,7 @@ impl Cli {
                 value: self.console.clone(),
                 reason: reason.into(),
             })?;
-        Ok(console)
+        Ok((console, iommu))
     }
 
     /// Turns the raw flags into a validated configuration: `None` when no
@@ -196,6 +196,7 @@ impl Cli {
         let Some(kernel) = &self.kernel else {
             return Ok(None);
         };
+        let (console, console_iommu) = self.console_config()?;
         Ok(Some(VmConfig {
             kernel: kernel.clone(),
             initramfs: self.initramfs.clone(),
@@ -203,7 +204,8 @@ impl Cli {
             cpus: CpusConfig::parse(&self.cpus)?,
             memory: MemoryConfig::parse(&self.memory)?,
             serial: SerialConfig::parse(&self.serial)?,
-            console: self.console_config()?,
+            console,
+            console_iommu,
             net: self
                 .net
                 .iter()
@@ -409,8 +411,25 @@ mod tests {
                 SerialConfig::Socket("build/s.sock".into())
             )
         );
+        let c = parse(&["--console", "pty,iommu=on", "--serial", "off"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (c.console, c.console_iommu),
+            (ConsoleConfig::Pty(None), true)
+        );
+        let c = parse(&["--console", "socket=/c,iommu=off"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (c.console, c.console_iommu),
+            (ConsoleConfig::Socket("/c".into()), false)
+        );
         for bad in [
-            &["--serial", "socket="][..],
+            &["--console", "pty,iommu=yes"][..],
+            &["--console", "off,iommu=on"],
+            &["--serial", "pty,iommu=on"],
+            &["--serial", "socket="],
             &["--console", "socket="],
             &["--serial", "unix=/s"],
             &["--console", "socket=/s", "--serial", "socket=/s"],

@@ -372,7 +372,12 @@ fn add_pci_devices(config: &VmConfig, resources: &VmResources) -> Result<PciDevi
     for d in &config.dma_test {
         crate::dma_test::add_dma_test(d, &resources.pci, &resources.mem, iommu.as_mut())?;
     }
-    let console_pty = crate::console::add_console(resources, &config.console)?;
+    let console_pty = crate::console::add_console(
+        resources,
+        &config.console,
+        config.console_iommu,
+        iommu.as_mut(),
+    )?;
     let mut assigned = Vec::new();
     for d in &config.devices {
         assigned.push((

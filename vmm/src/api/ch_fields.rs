@@ -160,13 +160,8 @@ pub const DEVICE: &[(&str, Unused)] = &[
 ];
 
 /// `serial` and `console`: the PCI placement of the virtio-console.
-/// (`socket` is dmavisor's too: `ConsoleSpec::socket`.)
-const CONSOLE: &[(&str, Unused)] = &[
-    ("iommu", Unused::Bool(false)),
-    PCI_COMMON[0],
-    PCI_COMMON[1],
-    PCI_COMMON[2],
-];
+/// (`socket` and `iommu` are dmavisor's too: `ConsoleSpec`.)
+const CONSOLE: &[(&str, Unused)] = &[PCI_COMMON[0], PCI_COMMON[1], PCI_COMMON[2]];
 
 /// A field set to something dmavisor cannot do.
 #[derive(Debug, thiserror::Error)]
@@ -322,8 +317,8 @@ mod tests {
             ),
             (json!({"platform": {"tdx": true}}), "platform.tdx=true"),
             (
-                json!({"console": {"mode": "Pty", "iommu": true}}),
-                "console.iommu=true",
+                json!({"console": {"mode": "Pty", "pci_segment": 1}}),
+                "console.pci_segment=1",
             ),
             (
                 json!({"memory": {"size": 1, "hugepages": true}}),

@@ -167,6 +167,7 @@ impl VmConfigSpec {
             None => ConsoleConfig::Off,
         };
         console.check_with(&serial).map_err(invalid("console"))?;
+        let console_iommu = self.console.as_ref().is_some_and(|c| c.iommu);
         let iommu = match (self.iommu, &self.iommu_config) {
             (false, _) => None,
             (true, None) => Some(IommuOptions::default()),
@@ -180,6 +181,7 @@ impl VmConfigSpec {
             memory: MemoryConfig::from_spec(&self.memory).map_err(invalid("memory"))?,
             serial,
             console,
+            console_iommu,
             net: each(&self.net, "net", crate::net::NetConfig::from_spec)?,
             disks: each(&self.disks, "disks", crate::block::DiskConfig::from_spec)?,
             iommu,
@@ -199,7 +201,10 @@ impl VmConfigSpec {
                 cmdline: Some(c.cmdline.clone()),
             },
             serial: Some(c.serial.to_spec()),
-            console: Some(c.console.to_spec()),
+            console: Some(ConsoleSpec {
+                iommu: c.console_iommu,
+                ..c.console.to_spec()
+            }),
             net: Some(c.net.iter().map(|n| n.to_spec()).collect()),
             disks: Some(c.disks.iter().map(|d| d.to_spec()).collect()),
             devices: Some(c.devices.iter().map(|d| d.to_spec()).collect()),
@@ -275,6 +280,16 @@ mod tests {
             serde_json::json!({"mode": "Socket", "socket": "/run/s.sock"})
         );
         assert_eq!(shown["console"]["socket"], "/run/c.sock");
+        assert!(!c.console_iommu);
+        // cloud-hypervisor's console.iommu: the device behind the vIOMMU,
+        // printed back by vm.info.
+        let body = br#"{"payload": {"kernel": "/k"}, "iommu": true,
+                 "console": {"mode": "Pty", "iommu": true}}"#;
+        let c = parse(body).unwrap();
+        assert!(c.console_iommu);
+        let shown = serde_json::to_value(VmConfigSpec::from_config(&c)).unwrap();
+        assert_eq!(shown["console"]["iommu"], true);
+        assert_eq!(parse(shown.to_string().as_bytes()).unwrap(), c);
     }
 
     #[test]
@@ -298,6 +313,8 @@ mod tests {
             (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Loud"}}"#, "unknown variant"),
             (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Tty"}, "console": {"mode": "Tty"}}"#, "both on tty"),
             (br#"{"payload": {"kernel": "/k"}, "console": {"mode": "Socket"}}"#, "needs a socket path"),
+            (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Tty", "iommu": true}}"#, "no PCI device"),
+            (br#"{"payload": {"kernel": "/k"}, "console": {"mode": "Null", "iommu": true}}"#, "needs a console device"),
             (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Pty", "socket": "/s"}}"#, "a socket goes with mode Socket"),
             (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Socket", "socket": "/s", "file": "/f"}}"#, "a file goes with mode File"),
             (br#"{"payload": {"kernel": "/k"}, "serial": {"mode": "Socket", "socket": "/s"}, "console": {"mode": "Socket", "socket": "/s"}}"#, "same socket path"),
