@@ -134,7 +134,7 @@ fn vm(vcpus: usize) -> Vm {
     let stops = Arc::new(Mutex::new(Vec::new()));
     let iommu = FakeDevice::new(
         "viommu",
-        VIRTIO_IOMMU_PCI_ID as u16,
+        u16::try_from(VIRTIO_IOMMU_PCI_ID).unwrap(),
         mem.clone(),
         token.clone(),
         stops.clone(),

@@ -41,7 +41,7 @@ fn seed() -> u64 {
             .unwrap_or_else(|_| panic!("DMAVISOR_STRESS_SEED={v:?} is not a number")),
         Err(_) => std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64),
+            .map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(1)),
     }
 }
 

@@ -179,7 +179,7 @@ mod tests {
 
     impl BusDevice for Recorder {
         fn read(&mut self, _base: u64, offset: u64, data: &mut [u8]) {
-            data.fill(self.fill.wrapping_add(offset as u8));
+            data.fill(self.fill.wrapping_add(offset.to_le_bytes()[0]));
         }
         fn write(&mut self, base: u64, offset: u64, data: &[u8]) {
             self.last_write = Some((base, offset, data.to_vec()));

@@ -26,6 +26,7 @@ use vhost::vhost_user::message::{FrontendReq, VhostUserU64, MAX_MSG_SIZE};
 use vm_memory::ByteValued;
 
 use super::writer::Writer;
+use crate::width::const_u32;
 use vhost::vhost_user::message::VhostUserVringState;
 
 /// How long a reply may take. Generous: a back-end in the nested runner
@@ -58,14 +59,25 @@ pub(super) const FLAG_REPLY: u32 = 0x4;
 pub(super) const FLAG_NEED_REPLY: u32 = 0x8;
 /// Bytes in a message header: request, flags, size (three `u32`).
 pub(super) const HEADER_LEN: usize = 12;
+/// `SO_PEERCRED`'s option length, as the `socklen_t` getsockopt takes.
+const UCRED_LEN: libc::socklen_t = const_u32(std::mem::size_of::<libc::ucred>() as i128);
 
 /// One message on either channel: the header (request code, `flags`, the
 /// body's size) followed by `body`, little-endian as the spec has it.
+/// The header's 32-bit size of `body`.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "bodies are at most MAX_MSG_SIZE (4 KiB): Client::request refuses longer, the rest are fixed structs"
+)]
+fn body_len(body: &[u8]) -> u32 {
+    body.len() as u32
+}
+
 pub(super) fn encode_message(code: u32, flags: u32, body: &[u8]) -> Vec<u8> {
     let mut msg = Vec::with_capacity(HEADER_LEN + body.len());
     msg.extend_from_slice(&code.to_le_bytes());
     msg.extend_from_slice(&flags.to_le_bytes());
-    msg.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    msg.extend_from_slice(&body_len(body).to_le_bytes());
     msg.extend_from_slice(body);
     msg
 }
@@ -235,7 +247,7 @@ impl Client {
             uid: 0,
             gid: 0,
         };
-        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        let mut len = UCRED_LEN;
         // SAFETY: `cred` and `len` are valid for writes of the sizes given;
         // the socket is owned by `self` and open.
         let r = unsafe {
@@ -502,7 +514,7 @@ mod tests {
         let mut m = Vec::new();
         m.extend_from_slice(&code.to_le_bytes());
         m.extend_from_slice(&(FLAG_VERSION_1 | FLAG_REPLY).to_le_bytes());
-        m.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        m.extend_from_slice(&u32::try_from(body.len()).unwrap().to_le_bytes());
         m.extend_from_slice(body);
         peer.write_all(&m).unwrap();
     }

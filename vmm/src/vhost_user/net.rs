@@ -335,11 +335,12 @@ impl VhostUserNet {
         };
         let mut calls = Vec::new();
         let mut started = Vec::new();
-        let ctrl_index = (self.pairs > 1).then_some(self.pairs as u16 * 2);
+        // With several pairs the control queue follows the data queues.
+        let ctrl_index = (self.pairs > 1).then_some(self.pairs * 2);
         let (ctrl_queue, data): (Vec<_>, Vec<_>) = ctx
             .queues
             .into_iter()
-            .partition(|q| Some(q.index) == ctrl_index);
+            .partition(|q| Some(usize::from(q.index)) == ctrl_index);
         for q in &data {
             let index = u32::from(q.index);
             let queue = &q.queue;
@@ -479,7 +480,8 @@ fn memory_table(mem: &GuestMemoryMmap) -> Result<(Vec<u8>, Vec<i32>), VhostUserN
     if count > MAX_MEM_REGIONS {
         return Err(VhostUserNetError::TooManyRegions(count));
     }
-    let mut body = VhostUserMemory::new(count as u32).as_slice().to_vec();
+    let count32 = u32::try_from(count).map_err(|_| VhostUserNetError::TooManyRegions(count))?;
+    let mut body = VhostUserMemory::new(count32).as_slice().to_vec();
     let mut fds = Vec::with_capacity(count);
     for region in mem.iter() {
         let fo = region
@@ -523,7 +525,9 @@ impl VirtioDevice for VhostUserNet {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        read_config_window(&config_space(self.mac, self.pairs as u16), offset, data);
+        // NetConfig bounds the pairs to MAX_QUEUE_PAIRS: never saturates.
+        let pairs = u16::try_from(self.pairs).unwrap_or(u16::MAX);
+        read_config_window(&config_space(self.mac, pairs), offset, data);
     }
 
     fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {

@@ -198,9 +198,9 @@ mod tests {
 
     #[test]
     fn our_own_process_is_not_gone_and_a_reaped_child_is() {
-        assert!(!process_gone(std::process::id() as i32));
+        assert!(!process_gone(i32::try_from(std::process::id()).unwrap()));
         let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id() as i32;
+        let pid = i32::try_from(child.id()).unwrap();
         child.wait().unwrap();
         assert!(process_gone(pid));
     }
@@ -208,7 +208,7 @@ mod tests {
     #[test]
     fn a_zombie_counts_as_gone() {
         let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id() as i32;
+        let pid = i32::try_from(child.id()).unwrap();
         // Not reaped: once it exited it is a zombie.
         assert!(gone_by(pid, Instant::now() + Duration::from_secs(5)));
         child.wait().unwrap();

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 
 use vm_memory::{GuestAddress, GuestMemory, Permissions};
 use vmm::dma::ThreadDma;
+use vmm::width::usize_from_u64;
 
 use super::rng::Rng;
 use super::{iova, Kind, Shared, REGION, SLOTS};
@@ -15,12 +16,12 @@ use super::{iova, Kind, Shared, REGION, SLOTS};
 /// (`spaces[guest]`, this thread's handle on it) until the run stops.
 pub fn run(shared: &Shared, mut spaces: Vec<ThreadDma>, mut rng: Rng) {
     let stats = shared.kind(Kind::Emulated);
-    let mut buf = vec![0u8; REGION as usize];
+    let mut buf = vec![0u8; usize_from_u64(REGION)];
     let guests = spaces.len() as u64;
     let mut n = 0u64;
     while !shared.stopped() {
         super::pace(&mut n);
-        let Some(dma) = spaces.get_mut(rng.below(guests) as usize) else {
+        let Some(dma) = spaces.get_mut(usize_from_u64(rng.below(guests))) else {
             continue;
         };
         let addr = iova(rng.below(SLOTS)) + Kind::Emulated.offset();
@@ -30,7 +31,11 @@ pub fn run(shared: &Shared, mut spaces: Vec<ThreadDma>, mut rng: Rng) {
         let window = rng.below(1000);
         let space = dma.access();
         let slices = space
-            .get_slices(GuestAddress(addr), REGION as usize, Permissions::Write)
+            .get_slices(
+                GuestAddress(addr),
+                usize_from_u64(REGION),
+                Permissions::Write,
+            )
             .and_then(|it| it.collect::<Result<Vec<_>, _>>());
         match slices {
             Ok(slices) => {

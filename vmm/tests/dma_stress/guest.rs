@@ -11,6 +11,7 @@ use std::sync::Arc;
 use virtio_iommu::device::IommuDevice;
 use virtio_iommu::mapping::QueueContext;
 use virtio_iommu::wire::{AttachReq, DetachReq, MapReq, Request, UnmapReq};
+use vmm::width::usize_from_u64;
 
 use super::rng::Rng;
 use super::vfio::RecordingHost;
@@ -47,7 +48,7 @@ impl<'a> Guest<'a> {
             container,
             worker: dev.new_worker(),
             rng,
-            mapped: vec![false; SLOTS as usize],
+            mapped: vec![false; usize_from_u64(SLOTS)],
             attached: [false; 3],
         }
     }
@@ -79,7 +80,7 @@ impl<'a> Guest<'a> {
 
     /// A random kind whose endpoint is (`attached`) or is not attached.
     fn pick_kind(&mut self, attached: bool) -> Kind {
-        let start = self.rng.below(3) as usize;
+        let start = usize_from_u64(self.rng.below(3));
         (0..3)
             .map(|i| KINDS[(start + i) % 3])
             .find(|k| self.attached[*k as usize] == attached)
@@ -207,7 +208,7 @@ impl<'a> Guest<'a> {
         let mut reqs = Vec::new();
         let mut unmapped = Vec::new();
         for &s in &slots {
-            let idx = s as usize;
+            let idx = usize_from_u64(s);
             let va = iova(s);
             if self.mapped.get(idx).copied().unwrap_or(false) {
                 reqs.push(Request::Unmap(UnmapReq {

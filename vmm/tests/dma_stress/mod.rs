@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm::memory::GuestMemoryMmap;
+use vmm::width::usize_from_u64;
 
 /// Guest page size.
 pub const PAGE: u64 = 4096;
@@ -73,7 +74,7 @@ impl Kind {
     /// The endpoint (requester id) of guest thread `guest`'s consumer of
     /// this kind.
     pub fn endpoint(self, guest: usize) -> u32 {
-        0x100 + 4 * guest as u32 + self as u32
+        0x100 + 4 * u32::try_from(guest).unwrap() + self as u32
     }
 }
 
@@ -89,7 +90,7 @@ pub fn gpa(guest: usize, slot: u64) -> u64 {
 
 /// The domain of guest thread `guest`.
 pub fn domain(guest: usize) -> u32 {
-    1 + guest as u32
+    1 + u32::try_from(guest).unwrap()
 }
 
 /// Device-side threads rest this long after every [`PACE_EVERY`]
@@ -118,9 +119,11 @@ pub fn pace(n: &mut u64) {
 /// every wake-up of another thread preempts it, so its translate-then-
 /// send gaps take every length.
 pub fn lowest_priority() {
-    // SAFETY: gettid has no preconditions; setpriority only changes the
-    // nice value of this thread (Linux: PRIO_PROCESS with a thread id).
-    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+    // SAFETY: gettid has no preconditions.
+    let tid = libc::id_t::try_from(unsafe { libc::gettid() }).expect("thread ids are positive");
+    // SAFETY: setpriority only changes the nice value of this thread
+    // (Linux: PRIO_PROCESS with a thread id).
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 19) };
     assert_eq!(rc, 0, "setpriority: {}", std::io::Error::last_os_error());
 }
 
@@ -224,7 +227,7 @@ impl Shared {
 
     /// The words of `kind`'s region of the page at `page_gpa`.
     pub fn region_words(&self, page_gpa: u64, kind: Kind) -> Vec<u64> {
-        let mut buf = vec![0u8; REGION as usize];
+        let mut buf = vec![0u8; usize_from_u64(REGION)];
         if let Err(e) = self
             .mem
             .read_slice(&mut buf, GuestAddress(page_gpa + kind.offset()))
@@ -238,7 +241,7 @@ impl Shared {
 
     /// Fills `kind`'s region of the page at `page_gpa` with [`POISON`].
     pub fn poison(&self, page_gpa: u64, kind: Kind) {
-        let buf = vec![0u8; REGION as usize];
+        let buf = vec![0u8; usize_from_u64(REGION)];
         if let Err(e) = self
             .mem
             .write_slice(&buf, GuestAddress(page_gpa + kind.offset()))

@@ -95,7 +95,7 @@ impl Rig {
         let mem = create_guest_memory(RAM, false, false).expect("guest RAM");
         let shared = Shared::new(mem, GUESTS);
         let dev = IommuDevice::new(IommuConfig {
-            num_request_queues: GUESTS as u16,
+            num_request_queues: u16::try_from(GUESTS).unwrap(),
             ..IommuConfig::default()
         })
         .expect("vIOMMU");
@@ -108,7 +108,7 @@ impl Rig {
         }
         // Unattached endpoints are blocked (no bypass).
         dev.ack_features(dev.device_features() & !(1 << feature::BYPASS_CONFIG));
-        assert_eq!(dev.num_request_queues(), GUESTS as u16);
+        assert_eq!(dev.num_request_queues(), u16::try_from(GUESTS).unwrap());
 
         // Consumers are invalidated in the order they registered. The
         // IOTLBs come first so that an INVALIDATE follows the table update

@@ -20,6 +20,7 @@ use vm_memory::{Bytes, GuestAddress};
 use vmm::vfio::host::HostFunction;
 
 use virtio_iommu::locks::Unpoison;
+use vmm::width::usize_from_u64;
 
 use super::rng::Rng;
 use super::{gpa_of, iova, Kind, Shared, REGION, SLOTS};
@@ -158,7 +159,7 @@ pub fn run(shared: &Shared, hosts: &[Arc<RecordingHost>], mut rng: Rng) {
     let mut n = 0u64;
     while !shared.stopped() {
         super::pace(&mut n);
-        let Some(h) = hosts.get(rng.below(guests) as usize) else {
+        let Some(h) = hosts.get(usize_from_u64(rng.below(guests))) else {
             continue;
         };
         let at = iova(rng.below(SLOTS)) + Kind::Vfio.offset();

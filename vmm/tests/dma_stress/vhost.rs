@@ -55,7 +55,7 @@ fn message(code: u32, flags: u32, body: &[u8]) -> Vec<u8> {
     let mut m = Vec::with_capacity(12 + body.len());
     m.extend_from_slice(&code.to_le_bytes());
     m.extend_from_slice(&flags.to_le_bytes());
-    m.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    m.extend_from_slice(&u32::try_from(body.len()).unwrap().to_le_bytes());
     m.extend_from_slice(body);
     m
 }
