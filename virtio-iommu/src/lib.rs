@@ -2,6 +2,7 @@
 
 #![deny(missing_docs)]
 
+pub mod barrier;
 pub mod baseline;
 pub mod counters;
 pub mod device;

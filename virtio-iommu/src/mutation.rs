@@ -20,6 +20,9 @@ pub enum Mutation {
     NoIotlbSerialisation,
     /// A completed UNMAP does not wait for its consumers' confirmation.
     NoConsumerWait,
+    /// The quiescer's sync skips its barrier (membarrier, or the fence it
+    /// falls back to), so a device thread's section can go unseen.
+    NoMembarrier,
 }
 
 impl Mutation {
@@ -29,6 +32,7 @@ impl Mutation {
             Mutation::NoSections => "no-sections",
             Mutation::NoIotlbSerialisation => "no-iotlb-serialisation",
             Mutation::NoConsumerWait => "no-consumer-wait",
+            Mutation::NoMembarrier => "no-membarrier",
         }
     }
 }

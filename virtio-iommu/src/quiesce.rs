@@ -18,31 +18,40 @@
 //! after the advance. That is one wait per kick, never one per UNMAP, and a
 //! parked or idle device thread (outside any section) costs nothing.
 //!
-//! Ordering: a reader publishes its slot and then (after a SeqCst fence)
-//! reads the table; the invalidator has already written the table and then
-//! (after advancing the epoch and a SeqCst fence) reads the slots. In this
-//! store-buffer pattern at least one side sees the other: either the
-//! reader's translation misses the removed mapping, or the invalidator
-//! sees the reader and waits for it. Each side pays one full barrier: the
-//! reader per section, the invalidator per kick. The slot store is a
-//! Release and the invalidator's slot loads are Acquires, so whatever slot
-//! value the invalidator reads (idle, an older or a newer section) orders
-//! the thread's earlier sections before the guest's reuse of the page.
-//! `loom_tests` model-check this (`make loom`); without the reader's fence,
-//! or with the relaxed slot store and weak slot references of an earlier
-//! version, they fail.
+//! Ordering: a reader publishes its slot and then reads the table; the
+//! invalidator has already written the table and then (after advancing the
+//! epoch) reads the slots. In this store-buffer pattern at least one side
+//! must see the other: either the reader's translation misses the removed
+//! mapping, or the invalidator sees the reader and waits for it. That takes
+//! a barrier between each side's store and its loads. The reader enters a
+//! section per DMA access and the invalidator syncs once per kick, so the
+//! barrier is asymmetric where the kernel allows it (`barrier.rs`): the
+//! invalidator calls `membarrier`, which runs a full barrier on every CPU
+//! running one of our threads, and the reader only keeps the compiler from
+//! reordering (no instruction). Without membarrier each side pays one full
+//! fence, as before. The slot store is a Release and the invalidator's slot
+//! loads are Acquires, so whatever slot value the invalidator reads (idle,
+//! an older or a newer section) orders the thread's earlier sections before
+//! the guest's reuse of the page. `loom_tests` model-check this (`make
+//! loom`, the kernel's barrier modelled as a SeqCst fence, see
+//! `barrier.rs`); without the reader's barrier, or with the relaxed slot
+//! store and weak slot references of an earlier version, they fail.
 
 use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-// The epoch and the slots are the whole protocol; under `--cfg loom` they
-// are loom's model-checked atomics (`make loom`), nothing else changes.
-#[cfg(loom)]
-use loom::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
-#[cfg(not(loom))]
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use arc_swap::ArcSwap;
 
+// The epoch and the slots are the whole protocol; under `--cfg loom` they
+// are loom's model-checked atomics (`make loom`), and the barrier pair is
+// loom's fence (`barrier.rs`); nothing else changes.
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crate::barrier::{self, BarrierKind};
 use crate::invalidation::Invalidator;
 use crate::locks::Unpoison;
 
@@ -63,9 +72,21 @@ const IDLE: u64 = 0;
 pub struct Quiescer {
     /// Starts at 1 so that [`IDLE`] never equals an epoch.
     epoch: AtomicU64,
-    /// Retired slots stay until the next `register` prunes them: reading a
-    /// retired slot costs one load and finds it idle.
+    /// The process's barrier pair, read by every section next to `epoch`.
+    barrier: BarrierKind,
+    /// The registry of slots, changed by `register` only. Retired slots
+    /// stay until the next `register` prunes them: reading a retired slot
+    /// costs one load and finds it idle.
     readers: Mutex<Vec<Arc<SlotState>>>,
+    /// What `synchronize` walks: the registry as `register` last left it.
+    /// WHY a copy: a sync reads it without taking the lock or copying the
+    /// list, once per kick. A registration happens before the slot's first
+    /// section, so a sync whose load (after its barrier) misses it would
+    /// also miss that section's slot store, and the barrier pair then puts
+    /// the section's table reads after the sync's table writes: the same
+    /// argument as for any slot, and as when the sync copied the list
+    /// under the lock.
+    snapshot: ArcSwap<Vec<Arc<SlotState>>>,
     /// Waits done so far, and how many of them found a reader to wait for.
     waits: AtomicU64,
     waited_for_reader: AtomicU64,
@@ -127,7 +148,9 @@ impl Quiescer {
     pub fn new() -> Arc<Quiescer> {
         Arc::new(Quiescer {
             epoch: AtomicU64::new(1),
+            barrier: barrier::choose(),
             readers: Mutex::new(Vec::new()),
+            snapshot: ArcSwap::from_pointee(Vec::new()),
             waits: AtomicU64::new(0),
             waited_for_reader: AtomicU64::new(0),
         })
@@ -145,6 +168,9 @@ impl Quiescer {
             retired: AtomicBool::new(false),
         });
         readers.push(Arc::clone(&state));
+        // Published before the slot is handed out, so before its first
+        // section.
+        self.snapshot.store(Arc::new(readers.clone()));
         Ok(Arc::new(ReaderSlot {
             state,
             quiescer: Arc::clone(self),
@@ -163,15 +189,19 @@ impl Quiescer {
     /// ended. Call it after the table update it must cover.
     pub fn synchronize(&self) {
         let target = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
-        // Pairs with the fence in `enter`: the caller's table writes are
+        // Pairs with the barrier in `enter`: the caller's table writes are
         // ordered before the slot reads below (store-buffer pattern).
-        fence(Ordering::SeqCst);
+        // Test mutation: no barrier, so a section whose slot store is still
+        // in its CPU's store buffer goes unseen.
+        if !crate::mutation::active(crate::mutation::Mutation::NoMembarrier) {
+            self.barrier.heavy();
+        }
         // A snapshot, so that no lock is held while waiting (a device
         // thread being set up registers its slot meanwhile).
-        let readers: Vec<Arc<SlotState>> = self.readers.lock().unpoisoned().clone();
+        let readers = self.snapshot.load();
         self.waits.fetch_add(1, Ordering::Relaxed);
         let mut waited = false;
-        for slot in &readers {
+        for slot in readers.iter() {
             let start = Instant::now();
             loop {
                 // Acquire: pairs with the Release at the end of a section,
@@ -227,15 +257,17 @@ impl Invalidator for Quiescer {
 impl ReaderSlot {
     /// Enters a section: translations taken inside it may be used until
     /// the guard is dropped. Sections do not nest.
+    #[inline]
     pub fn enter(&self) -> ReadSection<'_> {
         // Test mutation: a section that publishes nothing, so no sync ever
         // waits for it (the stress tests must then see DMA land late).
         if crate::mutation::active(crate::mutation::Mutation::NoSections) {
             return ReadSection { slot: self };
         }
+        let q = &*self.quiescer;
         // Acquire: a section that sees an epoch advanced by `synchronize`
         // also sees the table writes made before that advance.
-        let e = self.quiescer.epoch.load(Ordering::Acquire);
+        let e = q.epoch.load(Ordering::Acquire);
         // Release (a plain store on x86): a sync that reads this word and
         // finds a section newer than itself (so does not wait) must still
         // see everything the thread's earlier sections did. A relaxed
@@ -243,13 +275,15 @@ impl ReaderSlot {
         // guest's reuse of the page (found by loom).
         self.state.active.store(e, Ordering::Release);
         // Orders the slot store before the table reads that follow; pairs
-        // with the fence in `synchronize`. One full barrier per section.
-        fence(Ordering::SeqCst);
+        // with the barrier in `synchronize`. With membarrier no instruction
+        // at all, otherwise one full fence per section.
+        q.barrier.light();
         ReadSection { slot: self }
     }
 }
 
 impl Drop for ReadSection<'_> {
+    #[inline]
     fn drop(&mut self) {
         self.slot.state.active.store(IDLE, Ordering::Release);
     }

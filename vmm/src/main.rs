@@ -59,6 +59,10 @@ fn confine(
     config: Option<&VmConfig>,
     socket: Option<&ApiSocket>,
 ) -> Result<(), SandboxError> {
+    // The vIOMMU quiescer's barrier: membarrier's registration is a call
+    // no thread filter allows, so it is made here, before any filter and
+    // any VM exist; every quiescer of the process uses the choice.
+    let _ = virtio_iommu::barrier::choose();
     sandbox::set_no_new_privs()?;
     if options.landlock {
         let mut rules = options.landlock_rules.clone();

@@ -14,6 +14,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use std::os::unix::net::UnixStream;
+use virtio_iommu::quiesce::Quiescer;
 use vmm::block::DiskImage;
 use vmm::devices::pty;
 use vmm::devices::serial::{spawn_pty_reader, SerialDevice};
@@ -114,16 +115,37 @@ fn block_work(image: &DiskImage) {
     let _ = image.write_zeroes(8192, 4096);
 }
 
+/// What a thread that completes vIOMMU kicks adds: the quiescer's sync,
+/// whose barrier is membarrier when the kernel has it.
+fn sync_work(q: &Quiescer, name: &str) {
+    q.synchronize();
+    eprintln!("{name}: sync ok ({:?})", virtio_iommu::barrier::choose());
+}
+
+/// The kinds that complete vIOMMU kicks.
+const SYNCING: [ThreadKind; 4] = [
+    ThreadKind::Vcpu,
+    ThreadKind::IommuRequest,
+    ThreadKind::Api,
+    ThreadKind::Hotplug,
+];
+
 fn child() {
+    // Before any filter, as the VMM's main does: membarrier's registration.
+    let quiescer = Quiescer::new();
     sandbox::set_no_new_privs().unwrap();
     sandbox::seccomp::set_mode(SeccompMode::Enforce).unwrap();
     let file = tempfile_image();
     let image = Arc::new(DiskImage::from_file(file, "scratch", false, None).unwrap());
     for kind in ThreadKind::ALL {
         let image = image.clone();
+        let q = quiescer.clone();
         let name = format!("t-{}", kind.short_name());
         let t = sandbox::spawn(kind, name.clone(), move || {
             runtime_work(&name);
+            if SYNCING.contains(&kind) {
+                sync_work(&q, &name);
+            }
             match kind {
                 ThreadKind::BlockWorker => block_work(&image),
                 ThreadKind::Api => {
@@ -153,6 +175,13 @@ fn child() {
                     // DRIVER_OK on a vCPU starts the device's workers.
                     let w = sandbox::spawn(ThreadKind::NetWorker, "t-vcpu-net", || {
                         runtime_work("t-vcpu-net")
+                    })
+                    .unwrap();
+                    w.join().unwrap();
+                    // DRIVER_OK of the vIOMMU: its request queues.
+                    let q = q.clone();
+                    let w = sandbox::spawn(ThreadKind::IommuRequest, "t-vcpu-viommu", move || {
+                        sync_work(&q, "t-vcpu-viommu")
                     })
                     .unwrap();
                     w.join().unwrap();
@@ -206,5 +235,10 @@ fn every_thread_kind_lives_under_its_filter() {
         assert!(stderr.contains(&line), "{line}: {stderr}");
     }
     assert!(stderr.contains("t-vcpu-net: runtime ok"), "{stderr}");
+    for kind in SYNCING {
+        let line = format!("t-{}: sync ok", kind.short_name());
+        assert!(stderr.contains(&line), "{line}: {stderr}");
+    }
+    assert!(stderr.contains("t-vcpu-viommu: sync ok"), "{stderr}");
     assert!(stderr.contains("t-serial-socket: ok"), "{stderr}");
 }

@@ -227,6 +227,9 @@ const IOC_T: u64 = b'T' as u64;
 const IOC_KVM: u64 = 0xae;
 /// `isatty`'s terminal query.
 const TCGETS: u64 = libc::TCGETS;
+/// membarrier's command (`include/uapi/linux/membarrier.h`): a full
+/// barrier on every CPU running a thread of this process.
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: u64 = 1 << 3;
 
 /// The rules of one thread kind: each number maps to the rules of which
 /// one must match (none: any arguments).
@@ -285,6 +288,21 @@ pub fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, Backen
     }
     if matches!(kind, Vcpu | IommuRequest | VhostUser) {
         map.insert(libc::SYS_kill, vec![arg_masked_eq(1, u64::MAX, 0)?]);
+    }
+    // The kinds that complete vIOMMU kicks (request queues, inline
+    // requests and device resets on a vCPU, hot-unplug and VM changes on
+    // the API and hotplug threads): the quiescer's barrier
+    // (`virtio_iommu::barrier`), the private expedited command only. The
+    // main thread registered it before any filter existed.
+    if matches!(kind, Vcpu | IommuRequest | Api | Hotplug) {
+        map.insert(
+            libc::SYS_membarrier,
+            vec![arg_masked_eq(
+                0,
+                u64::from(u32::MAX),
+                MEMBARRIER_CMD_PRIVATE_EXPEDITED,
+            )?],
+        );
     }
     Ok(map)
 }

@@ -1,0 +1,163 @@
+//! The quiescer's barrier pair under the race it exists for: a device
+//! thread entering a section and reading the table while an invalidator
+//! clears the table and syncs, both at the same instant, round after round.
+//!
+//! WHY a test of its own: without the barrier pair the protocol fails only
+//! when the device thread's slot store still waits in its CPU's store buffer
+//! while the invalidator reads the slot, a window of a few hundred cycles.
+//! The whole-system stress test (`vmm/tests/dma_protection_stress.rs`)
+//! rarely lines a section up with a sync that closely; here every round
+//! starts both sides together, at a varying offset, so the window is hit
+//! when the barrier is missing (`DMAVISOR_MUTATION=no-membarrier` with the
+//! `test-mutations` feature must fail this test).
+//!
+//! The oracle is exact, not timing-based: a section that saw the mapping
+//! checks, before it ends, whether the guest already reused the page. A sync
+//! that waits for every section that may have seen the mapping makes that
+//! impossible.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use virtio_iommu::barrier;
+use virtio_iommu::quiesce::Quiescer;
+
+/// Upper bounds of one run: whichever comes first.
+const ROUNDS: u64 = 400_000;
+const RUN: Duration = Duration::from_secs(4);
+
+struct Shared {
+    /// The round both sides may start (the writer publishes it).
+    go: AtomicU64,
+    /// The last round the device thread finished.
+    done: AtomicU64,
+    /// The mapping: set before a round starts, cleared by the UNMAP.
+    mapped: AtomicBool,
+    /// The round whose page the guest has reused (after the sync).
+    reused: AtomicU64,
+    /// Sections that saw the mapping, and those that then saw the page
+    /// reused before they ended.
+    saw_mapping: AtomicU64,
+    violations: AtomicU64,
+    stop: AtomicBool,
+    /// The "guest memory" the device thread wrote last: one word per
+    /// cache line, written by the invalidator's CPU before each round.
+    copied: Vec<Line>,
+}
+
+/// One cache line.
+#[repr(align(64))]
+struct Line(AtomicU64);
+
+/// Lines of the device thread's previous copy.
+const COPY_LINES: usize = 64;
+
+fn spin(n: u64) {
+    for _ in 0..n {
+        std::hint::spin_loop();
+    }
+}
+
+/// A delay of about `n` cycles (finer than `spin`'s pause instruction).
+fn delay(n: u64) {
+    for i in 0..n {
+        std::hint::black_box(i);
+    }
+}
+
+#[test]
+fn a_sync_never_misses_a_section_that_saw_the_mapping() {
+    let q = Quiescer::new();
+    let slot = q.register().expect("slot");
+    let s = Arc::new(Shared {
+        go: AtomicU64::new(0),
+        done: AtomicU64::new(0),
+        mapped: AtomicBool::new(false),
+        reused: AtomicU64::new(0),
+        saw_mapping: AtomicU64::new(0),
+        violations: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+        copied: (0..COPY_LINES).map(|_| Line(AtomicU64::new(0))).collect(),
+    });
+    let device = {
+        let s = Arc::clone(&s);
+        std::thread::spawn(move || {
+            let mut round = 1;
+            loop {
+                while s.go.load(Ordering::Acquire) < round {
+                    if s.stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    std::hint::spin_loop();
+                }
+                // The end of the previous request's copy: stores to lines
+                // the other CPU holds, still draining (in order, x86
+                // commits stores in program order) when the section
+                // starts, as after any DMA write. The slot store waits
+                // behind them; the table read does not.
+                for l in &s.copied {
+                    l.0.store(round, Ordering::Relaxed);
+                }
+                {
+                    let _section = slot.enter();
+                    // "translate": relaxed, as a table entry is read with
+                    // no ordering of its own against the slot.
+                    if s.mapped.load(Ordering::Relaxed) {
+                        s.saw_mapping.fetch_add(1, Ordering::Relaxed);
+                        // "use": the copy takes a moment; the page must
+                        // not have been reused before it ends.
+                        spin(200);
+                        if s.reused.load(Ordering::Acquire) == round {
+                            s.violations.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                s.done.store(round, Ordering::Release);
+                round += 1;
+            }
+        })
+    };
+    let start = Instant::now();
+    let mut rounds = 0;
+    for round in 1..=ROUNDS {
+        if start.elapsed() > RUN {
+            break;
+        }
+        for l in &s.copied {
+            l.0.store(round, Ordering::Relaxed);
+        }
+        s.mapped.store(true, Ordering::Relaxed); // MAP
+        s.go.store(round, Ordering::Release);
+        // A varying offset, so that some rounds clear the mapping just
+        // after the device thread's read of it.
+        delay(round % 509);
+        s.mapped.store(false, Ordering::Relaxed); // UNMAP
+        q.synchronize(); // its completion
+        s.reused.store(round, Ordering::Release); // the guest reuses the page
+        while s.done.load(Ordering::Acquire) < round {
+            std::hint::spin_loop();
+        }
+        rounds = round;
+    }
+    s.stop.store(true, Ordering::Release);
+    device.join().expect("device thread");
+    let (saw, bad) = (
+        s.saw_mapping.load(Ordering::Relaxed),
+        s.violations.load(Ordering::Relaxed),
+    );
+    println!(
+        "{{\"test\":\"quiesce_race\",\"barrier\":\"{:?}\",\"rounds\":{rounds},\"saw_mapping\":{saw},\
+         \"waited_for_reader\":{},\"violations\":{bad}}}",
+        barrier::choose(),
+        q.stats().waited_for_reader
+    );
+    assert!(
+        saw > 0,
+        "no section saw the mapping in {rounds} rounds: the run proved nothing"
+    );
+    assert_eq!(
+        bad, 0,
+        "a page was reused while a section that saw its mapping was open"
+    );
+}
