@@ -66,15 +66,17 @@ use crate::vfio::hotplug::VfioHotplug;
 use crate::vhost_user::iotlb::BackendIotlb;
 use crate::virtio::iommu::IommuPlatform;
 use crate::vm_owner::VmOwner;
+use crate::width::usize_from_u64;
 use std::sync::mpsc::Receiver;
 
 fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), Error> {
-    for (slot, region) in mem.iter().enumerate() {
+    // RAM slots count from 0 as KVM's u32 slot numbers.
+    for (slot, region) in (0..=u32::MAX).zip(mem.iter()) {
         let host = region
             .get_host_address(vm_memory::MemoryRegionAddress(0))
             .map_err(|e| Error::GuestMemory(Box::new(e)))?;
         let desc = kvm_userspace_memory_region {
-            slot: slot as u32,
+            slot,
             flags: 0,
             guest_phys_addr: region.start_addr().0,
             memory_size: region.len(),
@@ -236,7 +238,7 @@ fn create_kvm_vm(config: &VmConfig, mem: &GuestMemoryMmap) -> Result<(Kvm, Arc<V
         );
     }
     let vm = Arc::new(kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?);
-    vm.set_tss_address(KVM_TSS_ADDRESS as usize)
+    vm.set_tss_address(usize_from_u64(KVM_TSS_ADDRESS))
         .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
     if let Err(e) = vm.set_identity_map_address(KVM_IDENTITY_MAP_ADDRESS) {
         debug!("KVM_SET_IDENTITY_MAP_ADDR: {e} (only needed on old Intel)");

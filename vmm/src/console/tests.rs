@@ -14,8 +14,9 @@ use crate::config::ConsoleConfig;
 use crate::dma::DmaSpace;
 use crate::virtio::test_ring::{leaked_ram, DriverRing, IrqCount, RingAddrs};
 use crate::virtio::{ActivateContext, ActiveQueue, VirtioDevice};
+use crate::width::const_u16;
 
-const WRITE: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_WRITE as u16;
+const WRITE: u16 = const_u16(virtio_bindings::virtio_ring::VRING_DESC_F_WRITE as i128);
 
 fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     let t0 = Instant::now();
@@ -87,7 +88,7 @@ fn output_reaches_the_pty_and_pty_input_fills_receive_buffers() {
         0,
         0x8000,
         3,
-        virtio_bindings::virtio_ring::VRING_DESC_F_NEXT as u16,
+        u16::try_from(virtio_bindings::virtio_ring::VRING_DESC_F_NEXT).unwrap(),
         1,
     );
     tx.desc(1, 0x8100, 3, 0, 0);
