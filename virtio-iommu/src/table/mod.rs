@@ -23,6 +23,7 @@
 mod audit;
 pub mod entry;
 mod held;
+mod leaf_hint;
 mod ops;
 mod quota;
 mod range;
@@ -273,6 +274,8 @@ impl Table {
 #[derive(Debug)]
 pub struct ScalableSpace {
     table: Arc<Table>,
+    /// Translation's shortcut to leaf nodes (`leaf_hint.rs`).
+    hints: leaf_hint::LeafHints,
 }
 
 /// Builds a scalable space.
@@ -289,6 +292,7 @@ impl ScalableSpace {
     pub fn new(domain: u32, limits: &Limits, depot: &Arc<Depot>) -> ScalableSpace {
         ScalableSpace {
             table: Arc::new(Table::new(domain, limits, depot)),
+            hints: leaf_hint::LeafHints::new(),
         }
     }
 
@@ -328,7 +332,7 @@ impl DomainSpace for ScalableSpace {
     }
 
     fn translate(&self, iova: u64, access: Perm) -> Result<Translation, Fault> {
-        ops::translate(&self.table, iova, access)
+        leaf_hint::translate(&self.table, &self.hints, iova, access)
     }
 
     fn stats(&self) -> SpaceStats {
