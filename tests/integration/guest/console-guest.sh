@@ -15,6 +15,18 @@ if [ ! -e /dev/hvc0 ]; then
     exit 1
 fi
 echo "GUEST-HVC0 present"
+# The console's function (virtio 1.0 id 0x1043) and its IOMMU group, if
+# it sits behind the vIOMMU (console_socket_behind_viommu).
+for d in /sys/bus/pci/devices/*; do
+    if [ "$(cat "$d/device" 2>/dev/null)" = "0x1043" ]; then
+        g=$(readlink -f "$d/iommu_group" 2>/dev/null)
+        if [ -n "$g" ]; then
+            echo "GUEST-CONSOLE-IOMMU-GROUP ${g##*/}"
+        else
+            echo "GUEST-CONSOLE-IOMMU-GROUP none"
+        fi
+    fi
+done
 # One open for both ways: input that arrives while nobody holds the tty
 # open may be dropped.
 exec 3<>/dev/hvc0

@@ -4,7 +4,7 @@ port and the virtio-console in Socket mode, as cloud-hypervisor spells it
 on its command line and as libvirt's ch driver asks for
 `<serial type='unix'>`.
 
-    socket-host.py BIN KERNEL INITRD
+    socket-host.py BIN KERNEL INITRD [iommu]
 
 First, dmavisor with --serial socket=PATH on a path that exists must
 refuse to start, naming it, and leave the file alone. Then dmavisor
@@ -18,6 +18,8 @@ on (looked for up to 30 s: the teardown follows the answer);
 vmm.shutdown. Prints "API-REP name HTTP=code body" per request,
 "SOCKET-OBS key=value" for what it saw, the guest's serial output
 ("SERIAL:" lines), the VMM's log ("VMM:" lines) and "VMM-EXIT rc=N".
+With "iommu" (console_socket_behind_viommu): --iommu, and the console
+with iommu=on.
 """
 
 import json
@@ -128,6 +130,7 @@ def refuses_an_existing_path(binary, kernel, initrd, work):
 
 def main():
     binary, kernel, initrd = sys.argv[1:4]
+    behind = sys.argv[4:5] == ["iommu"]
     work = tempfile.mkdtemp()
     refuses_an_existing_path(binary, kernel, initrd, work)
     api = os.path.join(work, "api.sock")
@@ -150,9 +153,10 @@ def main():
             "--serial",
             f"socket={serial_path}",
             "--console",
-            f"socket={console_path}",
+            f"socket={console_path}" + (",iommu=on" if behind else ""),
             "-v",
-        ],
+        ]
+        + (["--iommu"] if behind else []),
         stdin=subprocess.DEVNULL,
         stderr=log,
     )

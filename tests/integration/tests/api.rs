@@ -54,6 +54,13 @@ fn session() -> &'static SharedSession {
             console_spec.modules = vec!["virtio_console".into()];
             console_spec.optional_modules = vec!["virtio_pci".into()];
             let console_initrd = build_initramfs(&console_spec).map_err(|e| e.to_string())?;
+            // console_socket_behind_viommu's: trixie's kernel has the
+            // virtio-iommu driver (bookworm's has none).
+            let trixie = ensure_images("trixie").map_err(|e| e.to_string())?;
+            let mut viommu_spec = InitramfsSpec::new("trixie", guest_script("console-guest.sh"));
+            viommu_spec.modules = vec!["virtio_iommu".into(), "virtio_console".into()];
+            viommu_spec.optional_modules = vec!["virtio_pci".into()];
+            let viommu_initrd = build_initramfs(&viommu_spec).map_err(|e| e.to_string())?;
             let (cases, vmm_error) = match dmavisor_binary() {
                 Ok(bin) => {
                     let case = |mode: &str, timeout| {
@@ -107,6 +114,18 @@ fn session() -> &'static SharedSession {
                                     path_arg(&bin),
                                     path_arg(&bookworm.vmlinuz),
                                     path_arg(&console_initrd),
+                                ],
+                                CONSOLE_TIMEOUT_SECS,
+                            ),
+                            Case::new(
+                                "console_socket_behind_viommu",
+                                vec![
+                                    "python3".into(),
+                                    path_arg(&guest_script("socket-host.py")),
+                                    path_arg(&bin),
+                                    path_arg(&trixie.vmlinuz),
+                                    path_arg(&viommu_initrd),
+                                    "iommu".into(),
                                 ],
                                 CONSOLE_TIMEOUT_SECS,
                             ),
@@ -710,5 +729,44 @@ fn serial_and_console_socket() {
     assert!(out.contains("SOCKET-OBS left_after_exit=0"), "{out}");
     assert!(!out.contains("SIGSYS"), "{out}");
     assert!(!out.contains("API-EXIT-TIMEOUT"), "{out}");
+    assert!(out.contains("VMM-EXIT rc=0"), "{out}");
+}
+
+/// `--console socket=PATH,iommu=on` with `--iommu`: the virtio-console is
+/// an endpoint of the vIOMMU (the VMM says so; the guest finds its
+/// function in an IOMMU group), and hvc0 still carries the marker out
+/// and the typed line in, through the guest's DMA mappings.
+#[test]
+fn console_socket_behind_viommu() {
+    let r = case("console_socket_behind_viommu");
+    let out = &r.output;
+    for l in out.lines().filter(|l| {
+        l.starts_with("SOCKET-OBS")
+            || l.starts_with("SERIAL: GUEST")
+            || l.starts_with("VMM-EXIT")
+            || (l.starts_with("VMM: ")
+                && ["socket", "virtio-console", "SIGSYS", "torn down"]
+                    .iter()
+                    .any(|m| l.contains(m)))
+    }) {
+        println!("{l}");
+    }
+    assert!(
+        out.lines()
+            .any(|l| l.contains("virtio-console at PCI") && l.contains("behind the vIOMMU")),
+        "the console was not plugged behind the vIOMMU:\n{out}"
+    );
+    let group = out
+        .lines()
+        .find_map(|l| l.strip_prefix("SERIAL: GUEST-CONSOLE-IOMMU-GROUP "))
+        .unwrap_or("missing")
+        .trim();
+    assert!(
+        group.parse::<u32>().is_ok(),
+        "the guest sees the console in no IOMMU group ({group}):\n{out}"
+    );
+    assert!(out.contains("SOCKET-OBS marker_seen=1"), "{out}");
+    assert!(out.contains("SERIAL: GUEST-ECHO PING-4417"), "{out}");
+    assert!(!out.contains("SIGSYS"), "{out}");
     assert!(out.contains("VMM-EXIT rc=0"), "{out}");
 }
