@@ -7,8 +7,10 @@
 //! ends) costs the DMA path no lock word and no shared reference count, so
 //! readers of one endpoint never write a cache line another reader reads.
 //! The swap is a SeqCst read-modify-write, so the quiescence argument
-//! (`quiesce.rs`: reader fences, then reads; the flush fences, then reads
-//! the slots) covers the attachment exactly as it covered the old lock.
+//! (`quiesce.rs`: the reader publishes its slot, then reads; the flush
+//! writes, then reads the slots; the barrier pair of `barrier.rs` between
+//! each side's write and reads) covers the attachment exactly as it
+//! covered the old lock.
 //! A module of its own because the request side (`device`) and the DMA
 //! side (`translate`) both use it.
 
