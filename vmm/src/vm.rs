@@ -512,8 +512,11 @@ pub fn start(config: &VmConfig, exit_tx: ExitSender) -> Result<Booted, StartErro
     for d in &config.devices {
         crate::vfio::check_assignable(d).map_err(step(StartError::CheckDevices))?;
     }
-    let image = load_memory_and_boot(config).map_err(step(StartError::MemoryAndBoot))?;
-    let mut owner = VmOwner::new(image.mem.clone());
+    let loaded = load_memory_and_boot(config).map_err(step(StartError::MemoryAndBoot))?;
+    let mut owner = VmOwner::new(loaded.mem.clone());
+    // Bound after the owner, so that a failed step drops the image (and its
+    // hold on guest RAM) before the owner checks that RAM is gone.
+    let image = loaded;
     let (kvm, vm) = create_kvm_vm(config, &image.mem).map_err(step(StartError::KvmVm))?;
     owner.own_vm(vm.clone());
     let LegacyDevices {

@@ -696,6 +696,17 @@ fn serial_and_console_socket() {
         "no clear error for a taken path:\n{out}"
     );
     assert!(out.contains("SOCKET-OBS exists_kept=1"), "{out}");
+    // The refused start failed after guest RAM was mapped: it must have
+    // been released with the half-built VM (issue 29: a failed boot
+    // releases guest RAM), which the VMM's owner reports when it is not.
+    let refused = out
+        .lines()
+        .find(|l| l.starts_with("SOCKET-OBS exists_rc="))
+        .unwrap_or_default();
+    assert!(
+        !refused.contains("still referenced"),
+        "the refused start left guest RAM mapped:\n{out}"
+    );
     assert!(
         out.contains("SOCKET-OBS serial_connected=1 console_connected=1"),
         "{out}"
