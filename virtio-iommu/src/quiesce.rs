@@ -202,7 +202,9 @@ impl Quiescer {
         self.waits.fetch_add(1, Ordering::Relaxed);
         let mut waited = false;
         for slot in readers.iter() {
-            let start = Instant::now();
+            // Read the clock only for a slot that makes us wait: most are
+            // idle, and a clock read costs more than the slot's load.
+            let mut start: Option<Instant> = None;
             loop {
                 // Acquire: pairs with the Release at the end of a section,
                 // so what the section did happens before we complete.
@@ -211,7 +213,7 @@ impl Quiescer {
                     break;
                 }
                 waited = true;
-                backoff(start.elapsed());
+                backoff(start.get_or_insert_with(Instant::now).elapsed());
             }
         }
         if waited {
