@@ -33,7 +33,9 @@
 #   net-host.sh dmavisor-vhost-user-reboot BIN KERNEL INITRD   (the test
 #       back-end with --reconnect; the guest pings, reboots from inside,
 #       the VM is rebuilt in place and reconnects, and the second boot
-#       pings and moves the data; then vmm.shutdown; prints REBOOT-RESULT)
+#       pings and moves the data; then vmm.shutdown; prints REBOOT-RESULT;
+#       VU_RECONNECT=0: the back-end ends with its first connection, so
+#       the rebuild fails and the VM stays created)
 #   net-host.sh qemu-testpmd[-lazy|-strict] - KERNEL INITRD   (QEMU's
 #       vhost-user-net on the same testpmd, behind virtio-iommu-pci)
 #       Behind a vIOMMU (-lazy, -strict), either VMM talks to testpmd
@@ -313,8 +315,10 @@ dmavisor-vhost-user-reboot)
     vmm_log=$(mktemp)
     be_log=$(mktemp)
     rm -f "$sock" "$api"
+    reconnect=""
+    [ "${VU_RECONNECT:-1}" = 1 ] && reconnect=1
     "$(dirname "$bin")/vhost-user-test-net" --socket "$sock" --tap dmvtap0 \
-        --ip 192.168.249.1 --mask 255.255.255.0 --reconnect > "$be_log" 2>&1 &
+        --ip 192.168.249.1 --mask 255.255.255.0 ${reconnect:+--reconnect} > "$be_log" 2>&1 &
     be=$!
     i=0
     while [ ! -S "$sock" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
@@ -336,11 +340,16 @@ dmavisor-vhost-user-reboot)
     # second boot apart goes on the TAP (kept by the back-end between its
     # sessions).
     wait_log GUEST-REBOOTING 1 300
-    ip addr add 192.168.249.3/24 dev dmvtap0
-    # The second boot moves the data and powers off: the VM is torn down
-    # (the second teardown), the VMM serves on with it created.
-    wait_log GUEST-NET-DONE 1 420
-    wait_log "guest RAM released" 2 60
+    if [ "${VU_RECONNECT:-1}" = 1 ]; then
+        ip addr add 192.168.249.3/24 dev dmvtap0
+        # The second boot moves the data and powers off: the VM is torn
+        # down (the second teardown), the VMM serves on with it created.
+        wait_log GUEST-NET-DONE 1 420
+        wait_log "guest RAM released" 2 60
+    else
+        # The back-end is gone: the rebuild fails, the VM stays created.
+        wait_log "rebuilding the VM failed" 1 120
+    fi
     state=$(curl -s --unix-socket "$api" http://localhost/api/v1/vm.info |
         sed -n 's/.*"state": *"\([A-Za-z]*\)".*/\1/p')
     down=$(curl -s -o /dev/null -w '%{http_code}' -X PUT --unix-socket "$api" \
