@@ -30,9 +30,9 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Acquire, Release};
 
-use super::entry::{self, HEAD, TAIL};
+use super::entry::{self, HEAD, TAIL, VALID};
 use super::ops::{self, node_tag};
-use super::{index, Table, ROOT_LEVEL};
+use super::{index, ScalableSpace, Table, ROOT_LEVEL};
 use crate::node::{Node, ENTRIES};
 use crate::space::{Fault, Perm, Translation};
 
@@ -63,11 +63,12 @@ impl LeafHints {
     }
 
     /// The hint slot of `iova`'s 2 MiB region: the region number folded
-    /// so that regions 1 GiB apart (per-queue IOVA ranges) do not collide.
+    /// once, so that regions 1 GiB apart (per-queue IOVA ranges) do not
+    /// collide.
     #[inline(always)]
     fn slot(&self, iova: u64) -> &AtomicU64 {
         let r = iova >> 21;
-        &self.slots[((r ^ (r >> 9) ^ (r >> 18)) & 0x3f) as usize]
+        &self.slots[((r ^ (r >> 9)) & 0x3f) as usize]
     }
 
     /// Records the level-0 node the table now has for `iova`'s region,
@@ -94,17 +95,13 @@ impl LeafHints {
 }
 
 /// Lock-free translation: the hint of `iova`'s region if it holds, the
-/// walk (`ops::translate`) otherwise.
+/// walk (`ops::translate`) otherwise. `slow` takes the same arguments, so
+/// the miss is a tail call and the hit keeps no register of its caller.
 #[inline]
-pub(crate) fn translate(
-    t: &Table,
-    hints: &LeafHints,
-    iova: u64,
-    access: Perm,
-) -> Result<Translation, Fault> {
-    match hinted::<false>(t, hints, iova, access) {
+pub(crate) fn translate(s: &ScalableSpace, iova: u64, access: Perm) -> Result<Translation, Fault> {
+    match hinted::<false>(&s.table, &s.hints, iova, access) {
         Some(r) => r,
-        None => slow(t, hints, iova, access),
+        None => slow(s, iova, access),
     }
 }
 
@@ -113,7 +110,8 @@ pub(crate) fn translate(
 /// a multi-page mapping, then the full walk, which leaves the hint for the
 /// next access.
 #[inline(never)]
-fn slow(t: &Table, hints: &LeafHints, iova: u64, access: Perm) -> Result<Translation, Fault> {
+fn slow(s: &ScalableSpace, iova: u64, access: Perm) -> Result<Translation, Fault> {
+    let (t, hints) = (&*s.table, &s.hints);
     if let Some(r) = hinted::<true>(t, hints, iova, access) {
         return r;
     }
@@ -144,6 +142,10 @@ fn hinted<const FOLD: bool>(
     let gen = n.gen.load(Acquire);
     let i = index(iova, 0);
     let e = n.entries[i].load(Acquire);
+    // One test for the common case: a valid entry that ends its mapping.
+    if !FOLD && e & (VALID | TAIL) != VALID | TAIL {
+        return None;
+    }
     if !entry::is_valid(e) {
         return None;
     }
@@ -151,9 +153,6 @@ fn hinted<const FOLD: bool>(
     let off = iova & (PAGE - 1);
     let mut len = PAGE - off;
     if e & TAIL == 0 {
-        if !FOLD {
-            return None;
-        }
         len += fold(n, i, e, perm);
     }
     // After the entries: see the module doc.

@@ -332,7 +332,7 @@ impl DomainSpace for ScalableSpace {
     }
 
     fn translate(&self, iova: u64, access: Perm) -> Result<Translation, Fault> {
-        leaf_hint::translate(&self.table, &self.hints, iova, access)
+        leaf_hint::translate(self, iova, access)
     }
 
     fn stats(&self) -> SpaceStats {
