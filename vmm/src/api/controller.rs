@@ -456,45 +456,8 @@ mod tests {
     use serde_json::{json, Value};
 
     use super::*;
-    use crate::api::routes::RunState;
+    use crate::api::test_fakes::FakeVm;
     use crate::net::passed_taps;
-
-    /// A VM that reports its reboot on the exit channel, as `VmState` does,
-    /// and its configuration as built.
-    struct FakeVm(ExitSender, Value);
-
-    impl VmApi for FakeVm {
-        fn config(&self) -> Value {
-            self.1.clone()
-        }
-        fn memory_actual_size(&self) -> u64 {
-            0
-        }
-        fn counters(&self) -> Value {
-            json!({})
-        }
-        fn state(&self) -> RunState {
-            RunState::Running
-        }
-        fn pause(&self) -> Result<(), ApiError> {
-            Ok(())
-        }
-        fn resume(&self) -> Result<(), ApiError> {
-            Ok(())
-        }
-        fn power_button(&self) -> Result<(), ApiError> {
-            Ok(())
-        }
-        fn can_reboot(&self) -> Result<(), ApiError> {
-            Ok(())
-        }
-        fn shutdown(&self) {
-            let _ = self.0.send(ExitEvent::VmShutdown);
-        }
-        fn reboot(&self) {
-            let _ = self.0.send(ExitEvent::ApiReboot);
-        }
-    }
 
     struct Probe {
         builds: AtomicU32,
@@ -521,7 +484,11 @@ mod tests {
             }
             let done = p.clone();
             Ok(Booted {
-                api: Arc::new(FakeVm(exit, vm_config::to_json(config))),
+                api: Arc::new(
+                    FakeVm::default()
+                        .with_config(vm_config::to_json(config))
+                        .reporting_exits(exit),
+                ),
                 finish: Box::new(move |_| {
                     done.finished.fetch_add(1, Ordering::SeqCst);
                 }),
@@ -856,7 +823,11 @@ mod tests {
             let _ = entered_tx.lock().map(|t| t.send(()));
             let _ = released.lock().map(|r| r.recv());
             Ok(Booted {
-                api: Arc::new(FakeVm(exit, vm_config::to_json(config))),
+                api: Arc::new(
+                    FakeVm::default()
+                        .with_config(vm_config::to_json(config))
+                        .reporting_exits(exit),
+                ),
                 finish: Box::new(|_| {}),
             })
         });

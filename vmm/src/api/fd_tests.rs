@@ -7,7 +7,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -15,71 +15,14 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use super::fd_stream::MAX_REQUEST_FDS;
-use super::routes::{ApiError, RunState, VmApi, VmSlot, VmmApi};
+use super::routes::{ApiError, VmSlot, VmmApi};
 use super::server::{Limits, Server};
-use crate::block::DiskConfig;
+use super::test_fakes::FakeVm;
 use crate::config::VmConfig;
-use crate::net::NetConfig;
 
-/// What `vm.add-net` handed the VM.
-struct AddedNet {
-    id: Option<String>,
-    cfg: NetConfig,
-    fds: Vec<File>,
-}
-
-/// A running VM that keeps what `vm.add-net` and `vm.add-disk` give it.
-#[derive(Default)]
-struct RecordingVm {
-    nets: Mutex<Vec<AddedNet>>,
-    disks: Mutex<Vec<DiskConfig>>,
-}
-
-impl VmApi for RecordingVm {
-    fn config(&self) -> Value {
-        json!({})
-    }
-    fn memory_actual_size(&self) -> u64 {
-        0
-    }
-    fn counters(&self) -> Value {
-        json!({})
-    }
-    fn state(&self) -> RunState {
-        RunState::Running
-    }
-    fn pause(&self) -> Result<(), ApiError> {
-        Ok(())
-    }
-    fn resume(&self) -> Result<(), ApiError> {
-        Ok(())
-    }
-    fn power_button(&self) -> Result<(), ApiError> {
-        Ok(())
-    }
-    fn can_reboot(&self) -> Result<(), ApiError> {
-        Ok(())
-    }
-    fn shutdown(&self) {}
-    fn reboot(&self) {}
-    fn add_net(
-        &self,
-        id: Option<String>,
-        cfg: NetConfig,
-        fds: Vec<File>,
-    ) -> Result<Value, ApiError> {
-        let mut nets = self.nets.lock().unwrap();
-        let name = id.clone().unwrap_or_else(|| format!("_net{}", nets.len()));
-        nets.push(AddedNet { id, cfg, fds });
-        Ok(json!({ "id": name, "bdf": "0000:00:05.0" }))
-    }
-    fn add_disk(&self, disk: DiskConfig) -> Result<Value, ApiError> {
-        self.disks.lock().unwrap().push(disk);
-        Ok(json!({ "id": "_disk0", "bdf": "0000:00:06.0" }))
-    }
-}
-
-struct OneVm(Arc<RecordingVm>);
+/// A VMM whose one VM runs and keeps what `vm.add-net` and `vm.add-disk`
+/// give it.
+struct OneVm(Arc<FakeVm>);
 
 impl VmmApi for OneVm {
     fn slot(&self) -> VmSlot {
@@ -161,7 +104,7 @@ fn add_net_with_passed_tap_fd() {
     let listener = crate::api_socket::ApiSocket::Path(path.clone())
         .listen()
         .unwrap();
-    let vm = Arc::new(RecordingVm::default());
+    let vm = Arc::new(FakeVm::default().keeping_plugs());
     let server = Server::new(listener, Arc::new(OneVm(vm.clone())), Limits::default()).unwrap();
     std::thread::spawn(move || server.run());
     let mut s = UnixStream::connect(&path).unwrap();
@@ -242,7 +185,7 @@ fn add_net_with_passed_tap_fd() {
 #[test]
 fn add_net_and_add_disk_bodies_are_checked() {
     use super::routes::handle;
-    let vm = Arc::new(RecordingVm::default());
+    let vm = Arc::new(FakeVm::default().keeping_plugs());
     let vmm = OneVm(vm.clone());
     let put =
         |name: &str, body: &str| handle("PUT", &format!("/api/v1/{name}"), body.as_bytes(), &vmm);

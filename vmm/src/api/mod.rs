@@ -35,6 +35,8 @@ pub mod worker;
 mod fd_tests;
 #[cfg(test)]
 mod server_tests;
+#[cfg(test)]
+mod test_fakes;
 
 use std::sync::Arc;
 use std::thread;

@@ -16,44 +16,10 @@ use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use virtio_iommu::locks::Unpoison;
 
-use super::routes::{ApiError, RunState, VmApi, VmSlot, VmmApi};
+use super::routes::{ApiError, VmApi, VmSlot, VmmApi};
 use super::server::{Limits, Server, MAX_BODY};
+use super::test_fakes::FakeVm;
 use crate::config::VmConfig;
-
-/// A running VM whose counters are `counters_len` bytes of JSON.
-struct BigVm {
-    counters_len: usize,
-}
-
-impl VmApi for BigVm {
-    fn config(&self) -> Value {
-        json!({})
-    }
-    fn memory_actual_size(&self) -> u64 {
-        0
-    }
-    fn counters(&self) -> Value {
-        // `{"d":{"x":"aaa..."}}`: 14 bytes around the string.
-        json!({ "d": { "x": "a".repeat(self.counters_len.saturating_sub(14)) } })
-    }
-    fn state(&self) -> RunState {
-        RunState::Running
-    }
-    fn pause(&self) -> Result<(), ApiError> {
-        Ok(())
-    }
-    fn resume(&self) -> Result<(), ApiError> {
-        Ok(())
-    }
-    fn power_button(&self) -> Result<(), ApiError> {
-        Ok(())
-    }
-    fn can_reboot(&self) -> Result<(), ApiError> {
-        Ok(())
-    }
-    fn shutdown(&self) {}
-    fn reboot(&self) {}
-}
 
 /// A VMM whose `vm.boot` waits until the test opens `gate`, as a boot
 /// waiting for a vhost-user back-end does.
@@ -349,9 +315,10 @@ fn api_oversized_body_is_413() {
 
 #[test]
 fn http_responses_match_cloud_hypervisor_framing() {
-    let big: Arc<dyn VmApi> = Arc::new(BigVm {
-        counters_len: 40 << 10,
-    });
+    // Counters of 40 KiB of JSON: `{"d":{"x":"aaa..."}}` is 14 bytes
+    // around the string.
+    let counters = json!({ "d": { "x": "a".repeat((40 << 10) - 14) } });
+    let big: Arc<dyn VmApi> = Arc::new(FakeVm::default().with_counters(counters));
     let (path, _vmm, _open) = serve("framing", Some(big), short_limits());
     let mut s = connect(&path);
 
