@@ -5,23 +5,18 @@
 //! kernel is no kernel), is deleted, and the VMM is shut down.
 
 use std::fs::File;
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::io::Read;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const DMAVISOR: &str = env!("CARGO_BIN_EXE_dmavisor");
+mod common;
+use common::{scratch, wait_for};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("dmavisor-events-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+const DMAVISOR: &str = env!("CARGO_BIN_EXE_dmavisor");
 
 fn mkfifo(path: &Path) {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
@@ -29,27 +24,11 @@ fn mkfifo(path: &Path) {
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
 }
 
-/// One HTTP request; the status code.
+/// One HTTP request (a GET for `vmm.ping`, a PUT otherwise); the status
+/// code.
 fn api(socket: &Path, path: &str, body: &str) -> u16 {
     let method = if path == "vmm.ping" { "GET" } else { "PUT" };
-    let mut s = UnixStream::connect(socket).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "{method} /api/v1/{path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n") && s.read(&mut byte).unwrap_or(0) == 1 {
-        head.push(byte[0]);
-    }
-    let line = String::from_utf8_lossy(&head).to_string();
-    line.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("{path}: no status line: {line:?}"))
+    common::api(socket, method, path, body).0
 }
 
 /// Ends the VMM if the test fails before it does.
@@ -59,15 +38,6 @@ impl Drop for Reaper {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-    }
-}
-
-fn wait_for(socket: &Path, child: &mut Child) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !socket.exists() {
-        assert!(child.try_wait().unwrap().is_none(), "dmavisor ended early");
-        assert!(Instant::now() < deadline, "no API socket");
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -137,7 +107,7 @@ fn events(rx: &Receiver<Value>, wait: Duration) -> Vec<(String, String)> {
 
 #[test]
 fn event_monitor_reports_lifecycle() {
-    let dir = scratch("lifecycle");
+    let dir = scratch("events-lifecycle");
     let fifo = dir.join("events.fifo");
     mkfifo(&fifo);
     let socket = dir.join("api.sock");
@@ -186,7 +156,7 @@ fn event_monitor_reports_lifecycle() {
 fn event_monitor_on_an_inherited_pipe() {
     use std::os::fd::{AsRawFd, FromRawFd};
     use std::os::unix::process::CommandExt;
-    let dir = scratch("fd");
+    let dir = scratch("events-fd");
     let socket = dir.join("api.sock");
     let mut fds = [0i32; 2];
     // SAFETY: `fds` has room for the two descriptors pipe2 returns.

@@ -2,22 +2,15 @@
 //! arguments that fail once the sandbox is in place (no guest can run
 //! here), so each check ends in a few milliseconds.
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 
 use vmm::sandbox::ThreadKind;
 
-const DMAVISOR: &str = env!("CARGO_BIN_EXE_dmavisor");
+mod common;
+use common::{api, scratch, wait_for};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("dmavisor-sandbox-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+const DMAVISOR: &str = env!("CARGO_BIN_EXE_dmavisor");
 
 /// Runs dmavisor on a file that is no kernel (it fails after the sandbox
 /// is up and the probe threads have run) with the seccomp probe `probe`.
@@ -38,7 +31,7 @@ fn run_probe(dir: &Path, seccomp: &str, probe: &str) -> Output {
 /// error; threads that stay inside their lists start and end cleanly.
 #[test]
 fn seccomp_kills_a_thread_that_leaves_its_filter() {
-    let dir = scratch("seccomp");
+    let dir = scratch("sandbox-seccomp");
     for kind in ThreadKind::ALL {
         let thread = format!("p-{}", kind.short_name());
         let out = run_probe(&dir, "true", &thread);
@@ -57,44 +50,6 @@ fn seccomp_kills_a_thread_that_leaves_its_filter() {
         assert!(stderr.contains("not a Linux kernel"), "{mode}: {stderr}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// One HTTP request on the API socket; the whole answer.
-fn api(socket: &Path, path: &str, body: &str) -> String {
-    let mut s = UnixStream::connect(socket).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "PUT /api/v1/{path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    // The answer ends after Content-Length bytes of body (the server may
-    // keep the connection open).
-    let mut answer = Vec::new();
-    let mut byte = [0u8; 1];
-    while !answer.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap_or(0) == 1 {
-        answer.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&answer).to_string();
-    let length = head
-        .lines()
-        .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-        .and_then(|(_, v)| v.trim().parse::<usize>().ok())
-        .unwrap_or(0);
-    let mut body = vec![0u8; length];
-    s.read_exact(&mut body).unwrap();
-    head + &String::from_utf8_lossy(&body)
-}
-
-fn wait_for(socket: &Path, child: &mut Child) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !socket.exists() {
-        assert!(child.try_wait().unwrap().is_none(), "dmavisor ended early");
-        assert!(Instant::now() < deadline, "no API socket");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// What booting `kernel` through the API answers under `--landlock` with
@@ -118,8 +73,8 @@ fn boot_through_api(dir: &Path, allowed: &Path, kernel: &Path) -> String {
         r#"{{"payload": {{"kernel": "{}"}}, "serial": {{"mode": "Off"}}}}"#,
         kernel.display()
     );
-    let created = api(&socket, "vm.create", &create);
-    let booted = api(&socket, "vm.boot", "");
+    let (_, created) = api(&socket, "PUT", "vm.create", &create);
+    let (_, booted) = api(&socket, "PUT", "vm.boot", "");
     let _ = child.kill();
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -133,7 +88,7 @@ fn boot_through_api(dir: &Path, allowed: &Path, kernel: &Path) -> String {
 /// same file inside them opens (and fails only for not being a kernel).
 #[test]
 fn landlock_denies_a_path_outside_the_rules() {
-    let dir = scratch("landlock");
+    let dir = scratch("sandbox-landlock");
     let (inside, outside) = (dir.join("inside"), dir.join("outside"));
     std::fs::create_dir_all(&inside).unwrap();
     std::fs::create_dir_all(&outside).unwrap();
