@@ -18,6 +18,16 @@
 //! invalidator's table writes, which precede its `membarrier` call). This
 //! is the asymmetric fence of Linux's and liburcu's memb flavour.
 //!
+//! What it costs, and who pays: the kernel runs the barrier by sending an
+//! IPI to every CPU that is running a thread of this process, vCPU threads
+//! in guest mode included, and each of those takes an exit to handle it
+//! (about 130-770 ns for the call itself in this nested VM, more with many
+//! busy vCPUs). That is paid per sync, i.e. per kick that completes UNMAPs,
+//! not per DMA access: a good trade with batched invalidation, a worse one
+//! with strict invalidation of one page per kick on a host with many
+//! vCPUs, where the symmetric fence may be cheaper overall. No switch
+//! exists yet to choose it by hand.
+//!
 //! The choice is made once per process ([`choose`]): the command must be
 //! registered (`MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED`) before it is
 //! used, by a thread whose seccomp filter allows that, so the VMM calls
