@@ -4,7 +4,7 @@
 //! with too many is refused with all of them closed.
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
@@ -12,12 +12,12 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use vmm_sys_util::eventfd::EventFd;
-use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use super::fd_stream::MAX_REQUEST_FDS;
 use super::routes::{ApiError, VmSlot, VmmApi};
 use super::server::{Limits, Server};
 use super::test_fakes::FakeVm;
+use super::test_http::request;
 use crate::config::VmConfig;
 
 /// A VMM whose one VM runs and keeps what `vm.add-net` and `vm.add-disk`
@@ -67,31 +67,7 @@ fn writers_gone(read_end: &mut File) -> bool {
 /// the request line's bytes (as `ch-remote` sends them), and reads the
 /// reply: (status, body).
 fn put_with_fds(s: &mut UnixStream, name: &str, body: &str, fds: &[RawFd]) -> (u16, Value) {
-    let head = format!(
-        "PUT /api/v1/{name} HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    s.send_with_fds(&[head.as_bytes()], fds).unwrap();
-    s.write_all(body.as_bytes()).unwrap();
-    let mut buf = Vec::new();
-    let mut byte = [0u8; 1];
-    while !buf.ends_with(b"\r\n\r\n") {
-        assert_eq!(s.read(&mut byte).unwrap(), 1, "EOF in the head: {buf:?}");
-        buf.push(byte[0]);
-    }
-    let head = String::from_utf8(buf).unwrap();
-    let code = head
-        .strip_prefix("HTTP/1.1 ")
-        .and_then(|r| r.split(' ').next())
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let len = head
-        .lines()
-        .find_map(|l| l.strip_prefix("Content-Length: "))
-        .map_or(0, |n| n.trim().parse::<usize>().unwrap());
-    let mut body = vec![0; len];
-    s.read_exact(&mut body).unwrap();
+    let (code, _, body) = request(s, "PUT", name, body, fds);
     (code, serde_json::from_slice(&body).unwrap_or(Value::Null))
 }
 

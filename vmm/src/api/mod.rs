@@ -37,6 +37,8 @@ mod fd_tests;
 mod server_tests;
 #[cfg(test)]
 mod test_fakes;
+#[cfg(test)]
+mod test_http;
 
 use std::sync::Arc;
 use std::thread;

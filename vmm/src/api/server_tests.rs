@@ -19,6 +19,7 @@ use virtio_iommu::locks::Unpoison;
 use super::routes::{ApiError, VmApi, VmSlot, VmmApi};
 use super::server::{Limits, Server, MAX_BODY};
 use super::test_fakes::FakeVm;
+use super::test_http::{request, response, status};
 use crate::config::VmConfig;
 
 /// A VMM whose `vm.boot` waits until the test opens `gate`, as a boot
@@ -110,44 +111,6 @@ fn connect(path: &PathBuf) -> UnixStream {
     s
 }
 
-/// Reads one response as `ch-remote` does: headers to the blank line,
-/// then `Content-Length` bytes if there is one. Returns the head and body.
-fn response(s: &mut UnixStream) -> (String, Vec<u8>) {
-    let mut buf = Vec::new();
-    let mut byte = [0u8; 1];
-    while !buf.ends_with(b"\r\n\r\n") {
-        assert_eq!(s.read(&mut byte).unwrap(), 1, "EOF in the head: {buf:?}");
-        buf.push(byte[0]);
-    }
-    let head = String::from_utf8(buf).unwrap();
-    let len = head
-        .lines()
-        .find_map(|l| l.strip_prefix("Content-Length: "))
-        .map_or(0, |n| n.trim().parse::<usize>().unwrap());
-    let mut body = vec![0; len];
-    s.read_exact(&mut body).unwrap();
-    (head, body)
-}
-
-/// The status as `ch-remote` parses it: between `HTTP/1.1 ` and the CR.
-fn status(head: &str) -> u16 {
-    let start = head.find("HTTP/1.1 ").unwrap() + "HTTP/1.1 ".len();
-    let end = head[start..].find('\r').unwrap() + start;
-    head[start..end].trim().parse().unwrap()
-}
-
-fn request(s: &mut UnixStream, method: &str, name: &str, body: &str) -> (u16, String, Vec<u8>) {
-    let mut req = format!("{method} /api/v1/{name} HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n");
-    if !body.is_empty() {
-        req.push_str(&format!("Content-Length: {}\r\n", body.len()));
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).unwrap();
-    let (head, body) = response(s);
-    (status(&head), head, body)
-}
-
 fn closed_within(s: &mut UnixStream, limit: Duration) -> bool {
     let start = Instant::now();
     let mut buf = [0u8; 256];
@@ -188,17 +151,17 @@ fn api_slow_client_does_not_block_others() {
     let mut other = connect(&path);
     for _ in 0..3 {
         let t = Instant::now();
-        let (code, _, body) = request(&mut other, "GET", "vmm.ping", "");
+        let (code, _, body) = request(&mut other, "GET", "vmm.ping", "", &[]);
         assert_eq!(code, 200);
         assert!(String::from_utf8_lossy(&body).contains("\"pid\""));
         assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     }
-    let (code, _, body) = request(&mut other, "GET", "vm.info", "");
+    let (code, _, body) = request(&mut other, "GET", "vm.info", "", &[]);
     assert_eq!(code, 200);
     assert!(String::from_utf8_lossy(&body).contains("Created"));
     assert_eq!(vmm.boots.load(Ordering::SeqCst), 0, "the boot still waits");
     // vmm.shutdown is answered, and acted on, during the boot.
-    let (code, head, _) = request(&mut other, "PUT", "vmm.shutdown", "");
+    let (code, head, _) = request(&mut other, "PUT", "vmm.shutdown", "", &[]);
     assert_eq!(code, 204, "{head}");
     // Acted on right after the reply is written, on the server's thread.
     let t = Instant::now();
@@ -308,9 +271,9 @@ fn api_oversized_body_is_413() {
     // Exactly the limit is read and routed: an invalid VmConfig is a 400.
     let mut s = connect(&path);
     let body = format!("{}{}", " ".repeat(MAX_BODY - 2), "{}");
-    let (code, head, _) = request(&mut s, "PUT", "vm.create", &body);
+    let (code, head, _) = request(&mut s, "PUT", "vm.create", &body, &[]);
     assert_eq!(code, 400, "{head}");
-    assert_eq!(request(&mut s, "GET", "vmm.ping", "").0, 200);
+    assert_eq!(request(&mut s, "GET", "vmm.ping", "", &[]).0, 200);
 }
 
 #[test]
@@ -323,7 +286,7 @@ fn http_responses_match_cloud_hypervisor_framing() {
     let mut s = connect(&path);
 
     // A 200 with a body: code without reason phrase, Content-Length.
-    let (code, head, body) = request(&mut s, "GET", "vmm.ping", "");
+    let (code, head, body) = request(&mut s, "GET", "vmm.ping", "", &[]);
     assert_eq!(code, 200);
     assert_eq!(
         head,
@@ -334,7 +297,7 @@ fn http_responses_match_cloud_hypervisor_framing() {
         )
     );
     // A 204 on the same (kept-alive) connection: no body, no length.
-    let (code, head, body) = request(&mut s, "PUT", "vm.resume", "");
+    let (code, head, body) = request(&mut s, "PUT", "vm.resume", "", &[]);
     assert_eq!(code, 204);
     assert_eq!(
         head,
@@ -342,7 +305,7 @@ fn http_responses_match_cloud_hypervisor_framing() {
     );
     assert!(body.is_empty());
     // A body over 32 KiB is sent whole with its length, never chunked.
-    let (code, head, body) = request(&mut s, "GET", "vm.counters", "");
+    let (code, head, body) = request(&mut s, "GET", "vm.counters", "", &[]);
     assert_eq!(code, 200);
     assert!(!head.contains("Transfer-Encoding"), "{head}");
     assert_eq!(body.len(), 40 << 10);
@@ -398,5 +361,5 @@ fn http_responses_match_cloud_hypervisor_framing() {
     let mut buf = [0u8; 1];
     assert_eq!(r.read(&mut buf).unwrap(), 0);
     // And the connection still serves.
-    assert_eq!(request(&mut s, "GET", "vmm.ping", "").0, 200);
+    assert_eq!(request(&mut s, "GET", "vmm.ping", "", &[]).0, 200);
 }
