@@ -20,49 +20,15 @@ the guest's serial port, read from the serial's pty. Then vm.shutdown
 import json
 import os
 import select
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 
+from host_api import print_file, request, wait_vmm
+
 LINE = "PING-7731"
-
-
-def request(sock_path, name, method, path, body=None):
-    """One HTTP/1.1 request on the API socket; prints and returns the reply."""
-    data = b"" if body is None else json.dumps(body).encode()
-    head = (
-        f"{method} /api/v1/{path} HTTP/1.1\r\nHost: localhost\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
-    ).encode()
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(30)
-    s.connect(sock_path)
-    s.sendall(head + data)
-    reply = b""
-    while True:
-        chunk = s.recv(4096)
-        if not chunk:
-            break
-        reply += chunk
-        header, sep, rest = reply.partition(b"\r\n\r\n")
-        if sep:
-            length = 0
-            for line in header.decode(errors="replace").split("\r\n")[1:]:
-                key, _, value = line.partition(":")
-                if key.strip().lower() == "content-length":
-                    length = int(value.strip())
-            if len(rest) >= length:
-                break
-    s.close()
-    header, _, rest = reply.partition(b"\r\n\r\n")
-    status = header.decode(errors="replace").split("\r\n")[0].split(" ")
-    code = int(status[1]) if len(status) > 1 and status[1].isdigit() else 0
-    text = rest.decode(errors="replace").replace("\n", " ")
-    print(f"API-REP {name} HTTP={code} {text}", flush=True)
-    return code, text
 
 
 def read_until(fd, needle, seconds):
@@ -150,24 +116,14 @@ def main():
     request(sock, "shutdown", "PUT", "vm.shutdown")
     request(sock, "info_after_shutdown", "GET", "vm.info")
     request(sock, "vmm_shutdown", "PUT", "vmm.shutdown")
-    try:
-        rc = vmm.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        print("API-EXIT-TIMEOUT the VMM still runs 30 s after vmm.shutdown", flush=True)
-        vmm.kill()
-        rc = vmm.wait()
+    rc = wait_vmm(vmm, 30)
     log.close()
     if serial:
         serial.done = True
         serial.join()
         for line in serial.data.decode(errors="replace").split("\n"):
             print("SERIAL: " + line.rstrip("\r"))
-    try:
-        with open(os.path.join(work, "vmm.log"), errors="replace") as f:
-            for line in f:
-                print("VMM: " + line.rstrip("\n"))
-    except OSError:
-        pass
+    print_file(os.path.join(work, "vmm.log"), "VMM: ")
     print(f"VMM-EXIT rc={rc}", flush=True)
 
 

@@ -25,41 +25,7 @@ import tempfile
 import threading
 import time
 
-
-def request(sock_path, name, method, path, body=None):
-    data = b"" if body is None else json.dumps(body).encode()
-    head = (
-        f"{method} /api/v1/{path} HTTP/1.1\r\nHost: localhost\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
-    ).encode()
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(30)
-    s.connect(sock_path)
-    s.sendall(head + data)
-    reply = b""
-    while b"\r\n\r\n" not in reply:
-        chunk = s.recv(4096)
-        if not chunk:
-            break
-        reply += chunk
-    header, _, rest = reply.partition(b"\r\n\r\n")
-    lines = header.decode(errors="replace").split("\r\n")
-    parts = lines[0].split(" ")
-    code = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
-    length = 0
-    for line in lines[1:]:
-        key, _, value = line.partition(":")
-        if key.strip().lower() == "content-length":
-            length = int(value.strip())
-    while len(rest) < length:
-        chunk = s.recv(4096)
-        if not chunk:
-            break
-        rest += chunk
-    s.close()
-    text = rest.decode(errors="replace").replace("\n", " ")
-    print(f"API-REP {name} HTTP={code} {text}", flush=True)
-    return code, text
+from host_api import print_file, request, wait_vmm
 
 
 def read_events(fifo, out):
@@ -151,23 +117,13 @@ def main():
     request(sock_path, "resume", "PUT", "vm.resume")
     request(sock_path, "shutdown", "PUT", "vm.shutdown")
     request(sock_path, "vmm_shutdown", "PUT", "vmm.shutdown")
-    try:
-        rc = vm.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        print("API-EXIT-TIMEOUT the VMM still runs 60 s after vmm.shutdown", flush=True)
-        vm.kill()
-        rc = vm.wait()
+    rc = wait_vmm(vm, 60)
     print(f"VMM-EXIT rc={rc}", flush=True)
     reader.join(timeout=10)
     print(f"API-OBS events={len(events)} reader_done={int(not reader.is_alive())}", flush=True)
     log.close()
-    for name, prefix in ((serial, "SERIAL: "), (os.path.join(d, "vmm.log"), "VMM: ")):
-        try:
-            with open(name, errors="replace") as f:
-                for line in f:
-                    print(prefix + line.rstrip("\n"))
-        except FileNotFoundError:
-            pass
+    print_file(serial, "SERIAL: ")
+    print_file(os.path.join(d, "vmm.log"), "VMM: ")
 
 
 if __name__ == "__main__":

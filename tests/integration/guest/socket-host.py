@@ -22,7 +22,6 @@ With "iommu" (console_socket_behind_viommu): --iommu, and the console
 with iommu=on.
 """
 
-import json
 import os
 import select
 import socket
@@ -32,43 +31,10 @@ import tempfile
 import threading
 import time
 
+from host_api import print_file, request, wait_vmm
+
 LINE = "PING-4417"
 MARKER = b"HVC-MARKER-5213"
-
-
-def request(sock_path, name, method, path, body=None):
-    """One HTTP/1.1 request on the API socket; prints and returns the reply."""
-    data = b"" if body is None else json.dumps(body).encode()
-    head = (
-        f"{method} /api/v1/{path} HTTP/1.1\r\nHost: localhost\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
-    ).encode()
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(30)
-    s.connect(sock_path)
-    s.sendall(head + data)
-    reply = b""
-    while True:
-        chunk = s.recv(4096)
-        if not chunk:
-            break
-        reply += chunk
-        header, sep, rest = reply.partition(b"\r\n\r\n")
-        if sep:
-            length = 0
-            for line in header.decode(errors="replace").split("\r\n")[1:]:
-                key, _, value = line.partition(":")
-                if key.strip().lower() == "content-length":
-                    length = int(value.strip())
-            if len(rest) >= length:
-                break
-    s.close()
-    header, _, rest = reply.partition(b"\r\n\r\n")
-    status = header.decode(errors="replace").split("\r\n")[0].split(" ")
-    code = int(status[1]) if len(status) > 1 and status[1].isdigit() else 0
-    text = rest.decode(errors="replace").replace("\n", " ")
-    print(f"API-REP {name} HTTP={code} {text}", flush=True)
-    return code, text
 
 
 def connect(path, seconds):
@@ -193,12 +159,7 @@ def main():
     print(f"SOCKET-OBS removed_after_shutdown={gone} waited_s={time.time() - t0:.1f}", flush=True)
     request(api, "info_after_shutdown", "GET", "vm.info")
     request(api, "vmm_shutdown", "PUT", "vmm.shutdown")
-    try:
-        rc = vmm.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        print("API-EXIT-TIMEOUT the VMM still runs 30 s after vmm.shutdown", flush=True)
-        vmm.kill()
-        rc = vmm.wait()
+    rc = wait_vmm(vmm, 30)
     log.close()
     left = int(os.path.exists(serial_path) or os.path.exists(console_path))
     print(f"SOCKET-OBS left_after_exit={left}", flush=True)
@@ -207,12 +168,7 @@ def main():
         serial.join()
         for line in serial.data.decode(errors="replace").split("\n"):
             print("SERIAL: " + line.rstrip("\r"))
-    try:
-        with open(os.path.join(work, "vmm.log"), errors="replace") as f:
-            for line in f:
-                print("VMM: " + line.rstrip("\n"))
-    except OSError:
-        pass
+    print_file(os.path.join(work, "vmm.log"), "VMM: ")
     print(f"VMM-EXIT rc={rc}", flush=True)
 
 
