@@ -688,7 +688,7 @@ def group_ranges(lines):
         if not mine:
             continue
         g = {"vmm": key[0], "vcpus": key[1], "configs": len(mine)}
-        for w in ("dma", "tcp_rx", "tcp_tx"):
+        for w in ("dma", "tcp_rx", "tcp_tx", "rr"):
             g[w] = value_range([h[w]["min"] for h in mine if h[w]]
                                + [h[w]["max"] for h in mine if h[w]])
         out.append(g)
@@ -751,7 +751,8 @@ def headline_text(records):
     for g in group_ranges(hl):
         rng = ", ".join(f"{k} {pct(g[w][0])}-{pct(g[w][1])}"
                         for w, k in (("dma", "DMA"), ("tcp_rx", "TCP peer->guest"),
-                                     ("tcp_tx", "guest->peer")) if g[w])
+                                     ("tcp_tx", "guest->peer"),
+                                     ("rr", "request/response time")) if g[w])
         lines.append(f"{g['vmm']:<8} {g['vcpus']} vCPU  all {g['configs']} project "
                      f"configurations, every run: {rng}")
     return "\n".join(lines)
@@ -871,8 +872,11 @@ def report(outdir, records, meta):
                "a second run repeats it."]
     md.append("")
     md += [projection_section(records), ""]
-    md += ["## Plots", "", "![throughput](throughput.png)", "", "![latency](latency.png)", "",
-           "![DMA microbenchmark](dma.png)", "", "![requests per DMA](requests_per_dma.png)", ""]
+    md += ["## Plots", ""]
+    for name, alt in (("throughput", "throughput"), ("latency", "latency"),
+                      ("dma", "DMA microbenchmark"), ("requests_per_dma", "requests per DMA")):
+        if plotted(records, name):
+            md += [f"![{alt}]({name}.png)", ""]
     with open(os.path.join(outdir, "report.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(md))
 
@@ -908,6 +912,14 @@ def projection_section(records):
     except (OSError, ValueError) as e:
         return f"## PROJECTION\n\n(no projection: {e})\n"
     return projection.section([("this run", records)], costs, sources, alloc, src)[0]
+
+
+def plotted(records, name):
+    """Whether the run has figures for plot `name` (--workloads may leave
+    some out: no empty plot is drawn or linked)."""
+    need = {"throughput": ("tcp_tx", "tcp_rx"), "latency": ("rr",),
+            "dma": ("dma",), "requests_per_dma": ("dma",)}[name]
+    return any(w in r["expected_workloads"] for r in records for w in need)
 
 
 def plots(outdir, records):
@@ -959,8 +971,9 @@ def plots(outdir, records):
         fig.savefig(os.path.join(outdir, name), dpi=90)
         plt.close(fig)
 
-    figure("throughput.png", [("tcp_tx", "guest->peer"), ("tcp_rx", "peer->guest")],
-           "Kbit/s (median, min-max)", "iperf3 TCP throughput")
+    if plotted(records, "throughput"):
+        figure("throughput.png", [("tcp_tx", "guest->peer"), ("tcp_rx", "peer->guest")],
+               "Kbit/s (median, min-max)", "iperf3 TCP throughput")
     figure("latency.png", [("rr", "sockperf ping-pong")], "us (median, min-max)",
            "TCP request/response latency")
     figure("dma.png", [("dma", "map+unmap")], "ops/s (median, min-max)",

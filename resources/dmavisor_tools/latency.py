@@ -150,6 +150,12 @@ def comparisons(rws):
     return out
 
 
+def us(v):
+    if v is None:
+        return "–"
+    return f"{v:,.0f}" if v >= 1000 else f"{v:.3g}"
+
+
 def x(v):
     if v is None:
         return "–"
@@ -192,14 +198,17 @@ def section(records, base_of):
         rr, dma = row["rr"], row["dma"]
         md.append("| " + " | ".join([
             VMM_NAMES.get(row["vmm"], row["vmm"]), str(row["vcpus"]), row["iommu"],
-            f"{rr['abs']:.4g}" if rr else "–", sum_text(rr["sum"]) if rr else "–",
-            f"{dma['abs']:.4g}" if dma and dma["abs"] else "–",
+            us(rr["abs"]) if rr else "–", sum_text(rr["sum"]) if rr else "–",
+            us(dma["abs"]) if dma else "–",
             sum_text(dma["sum"]) if dma else "–", dma["base"] if dma else "–"]) + " |")
     md += ["", "Range over every configuration with a vIOMMU (every run of each):", ""]
-    for (vmm, cpus, w), (lo, hi, n) in sorted(ranges(rws).items()):
+    order = list(VMM_NAMES)
+    for (vmm, cpus, w), (lo, hi, n) in sorted(
+            ranges(rws).items(), key=lambda kv: (order.index(kv[0][0]) if kv[0][0] in order
+                                                 else len(order), kv[0][1], kv[0][2] != "rr")):
         label = dict(FIGURES)[w]
         md.append(f"- {VMM_NAMES.get(vmm, vmm)}, {cpus} vCPU, {label}: {x(lo)}-{x(hi)} "
-                  f"over {n} configurations")
+                  f"over {n} configuration{'s' if n != 1 else ''}")
     comps = comparisons(rws)
     md += ["", "dmavisor's multiplier against the other VMMs' (same configuration and "
            "figure; ratio of the median multipliers, then the Mann-Whitney U test of the "

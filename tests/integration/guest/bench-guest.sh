@@ -165,9 +165,13 @@ net() {
 		want tcp_tx && echo "BENCH tcp_tx iommu=$1 run=$i $(with_irqs iperf_kbps)"
 		want tcp_rx && echo "BENCH tcp_rx iommu=$1 run=$i $(with_irqs iperf_kbps -R)"
 		if want rr; then
-			lat=$(timeout $((secs + 60)) sockperf ping-pong -i "$host" -p 11111 --tcp -t "$secs" 2>&1 |
-				sed -n 's/.*Latency is \([0-9.]*\) usec.*/\1/p' | tail -n 1)
-			echo "BENCH rr iommu=$1 run=$i lat_us=$lat"
+			out=$(timeout $((secs + 60)) sockperf ping-pong -i "$host" -p 11111 --tcp -t "$secs" 2>&1)
+			lat=$(echo "$out" | sed -n 's/.*Latency is \([0-9.]*\) usec.*/\1/p' | tail -n 1)
+			# without a figure, sockperf's last line says why (the
+			# 2026-11-27 latency run lost 3 runs without a trace)
+			why=
+			[ -n "$lat" ] || why=" why=$(echo "$out" | tail -n 1 | tr ' =' '_:')"
+			echo "BENCH rr iommu=$1 run=$i lat_us=$lat$why"
 		fi
 		i=$((i + 1))
 	done
