@@ -23,7 +23,7 @@ import statistics
 
 from .bench_guest import WORKLOADS, base_runs, load_run, med, runs_of
 from .common import REPO
-from .stats import compare
+from .stats import MIN_BOOTS, compare
 
 RESULTS = os.path.join(REPO, "docs", "results")
 
@@ -81,6 +81,14 @@ def ratio_to_base(run, pattern, w):
     return meds, every
 
 
+def untestable(c):
+    """Why a comparison has no verdict: too few boots, else too few runs
+    (a run without a figure leaves 5 of 6)."""
+    if min(c["boots_a"], c["boots_b"]) < MIN_BOOTS:
+        return f"untestable ({c['boots_a']}/{c['boots_b']} boots)"
+    return f"untestable ({c['n_a']}/{c['n_b']} runs)"
+
+
 def c_ratio(folder, pattern, workloads, fmt=pct):
     run = Run.get(folder)
     meds, every, n = [], [], 0
@@ -109,8 +117,7 @@ def c_vs(folder, pattern, other, workloads):
             ratios.append(med(r, w) / med(o, w))
             c = compare(a, b, WORKLOADS[w][2])
             ps.append(c["p"])
-            verdicts.append(c["verdict"] if not c["why"] else
-                            f"untestable ({c['boots_a']}/{c['boots_b']} boots)")
+            verdicts.append(c["verdict"] if not c["why"] else untestable(c))
     kinds = ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(verdicts))
     return (f"x{rng(ratios, lambda v: f'{v:.2f}')} over {len(ratios)} cells; "
             f"Mann-Whitney p {rng(ps, lambda v: f'{v:.2g}')}; {kinds}")
@@ -128,8 +135,7 @@ def c_between(folder, pat_a, pat_b, w):
                 ratios.append(med(a, w) / med(b, w))
                 c = compare(runs_of(a, w), runs_of(b, w), WORKLOADS[w][2])
                 ps.append(c["p"])
-                verdicts.append(c["verdict"] if not c["why"] else
-                                f"untestable ({c['boots_a']}/{c['boots_b']} boots)")
+                verdicts.append(c["verdict"] if not c["why"] else untestable(c))
     kinds = ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(verdicts))
     return (f"x{rng(ratios, lambda v: f'{v:.3g}')} over {len(ratios)} pairs; "
             f"Mann-Whitney p {rng(ps, lambda v: f'{v:.2g}')}; {kinds}")
@@ -143,6 +149,50 @@ def c_values(folder, pattern, w, scale=1.0, unit=""):
     f = (lambda v: f"{v:,.0f}{unit}") if max(vals, default=0) >= 100 else (
         lambda v: f"{v:.3g}{unit}")
     return f"every run {rng(vals, f)}; medians {rng(meds, f)}"
+
+
+def lat_rows(run):
+    """latency.py's rows of a run: every run's multiplier over the same
+    VMM's no-vIOMMU baseline."""
+    from . import latency
+    return latency.rows(run.records, lambda r, w: base_runs(r, w, run.by_id))
+
+
+def c_lat(folder, pattern, w):
+    """Small-I/O latency multipliers (latency.py) of every configuration
+    the pattern matches: their medians and every run."""
+    run = Run.get(folder)
+    ids = {r["id"] for r in run.select(pattern)}
+    meds, every = [], []
+    for row in lat_rows(run):
+        if row["id"] in ids and row[w]:
+            meds.append(row[w]["sum"]["median"])
+            every += [m["value"] for m in row[w]["ms"]]
+    def f(v):
+        return f"{v:,.0f}" if v >= 1000 else f"{v:.3g}"
+    return (f"medians x{rng(meds, f)} over {len(meds)} configuration"
+            f"{'s' if len(meds) != 1 else ''}; "
+            f"every run x{rng(every, f)}")
+
+
+def c_lat_vs(folder, pattern, other, w):
+    """dmavisor's latency multipliers against `other`'s (qemu or ch),
+    same configuration: ratio of the median multipliers and the U test of
+    the per-run multipliers (latency.comparisons; "lower" is better)."""
+    from . import latency
+    run = Run.get(folder)
+    ids = {r["iommu"] for r in run.select(pattern) if r["vmm"] == "dmavisor"}
+    ratios, ps, verdicts = [], [], []
+    for c in latency.comparisons(lat_rows(run)):
+        if c["other"] == other and c["w"] == w and c["iommu"] in ids:
+            ratios.append(c["ratio"])
+            t = c["test"]
+            ps.append(t["p"])
+            verdicts.append({"faster": "lower", "slower": "higher"}.get(
+                t["verdict"], t["verdict"]) if not t["why"] else untestable(t))
+    kinds = ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(verdicts))
+    return (f"x{rng(ratios, lambda v: f'{v:.2f}')} over {len(ratios)} configurations; "
+            f"Mann-Whitney p {rng(ps, lambda v: f'{v:.2g}')}; {kinds}")
 
 
 def c_swing(folder):
@@ -404,6 +454,49 @@ CLAIMS += [
     ("quick.vvi-strict.rpd", Q, "requests per DMA, strict", c_rpd, (Q, "*/vvi-*-strict")),
     ("quick.swing", Q, "spread of single runs", c_swing, (Q,)),
 ]
+L = "2026-11-27-latency-peers"
+PROTECTED = "{v}/*/linux-*|{v}/*/vvi-*|{v}/*/pgt-*"
+for _v, _name in (("dmavisor", "dmavisor"), ("qemu", "QEMU"), ("ch", "cloud-hypervisor")):
+    CLAIMS.append((f"lat.rr.{_v}", L, f"request/response (sockperf) multiplier over {_name}'s "
+                   "no-vIOMMU boot, every vIOMMU configuration", c_lat,
+                   (L, PROTECTED.format(v=_v), "rr")))
+    if _v != "ch":
+        CLAIMS.append((f"lat.dma.{_v}", L, f"DMA map+unmap round-trip multiplier, {_name}, "
+                       "every vIOMMU configuration (over the same boot's dma-direct for "
+                       "vviommu, the no-IOMMU boot's for Linux's driver)", c_lat,
+                       (L, PROTECTED.format(v=_v), "dma")))
+CLAIMS += [
+    ("lat.rr.vs-qemu", L, "request/response multiplier, dmavisor's / QEMU's, every "
+     "configuration both ran", c_lat_vs, (L, "dmavisor/*", "qemu", "rr")),
+    ("lat.rr.vs-ch", L, "request/response multiplier, dmavisor's / cloud-hypervisor's",
+     c_lat_vs, (L, "dmavisor/*", "ch", "rr")),
+    ("lat.dma.vs-qemu", L, "DMA round-trip multiplier, dmavisor's / QEMU's", c_lat_vs,
+     (L, "dmavisor/*", "qemu", "dma")),
+    ("lat.linux.rr", L, "request/response multiplier, Linux's driver lazy and strict, every "
+     "VMM", c_lat, (L, "*/linux-*", "rr")),
+    ("lat.pgt.rr", L, "request/response multiplier, page-table lazy-percpu", c_lat,
+     (L, PGT_LAZY, "rr")),
+    ("lat.pgt.dma", L, "DMA round-trip multiplier, page-table lazy-percpu", c_lat,
+     (L, PGT_LAZY, "dma")),
+    ("lat.shared.rr", L, "request/response multiplier, vviommu shared strict, every VMM",
+     c_lat, (L, "*/vvi-shared-strict", "rr")),
+    ("lat.shared.dma", L, "DMA round-trip multiplier, vviommu shared strict (dmavisor, QEMU)",
+     c_lat, (L, "*/vvi-shared-strict", "dma")),
+    ("lat.shared.vs-magazine.dma", L, "DMA rate, shared strict / magazine strict, same VMM "
+     "(same boots)", c_between, (L, "*/vvi-shared-strict", "*/vvi-magazine-strict", "dma")),
+    ("lat.shared.vs-identity.dma", L, "DMA rate, shared strict / identity strict, same VMM",
+     c_between, (L, "*/vvi-shared-strict", "*/vvi-identity-strict", "dma")),
+    ("lat.shared.vs-magazine-lazy.dma", L, "DMA rate, shared strict / magazine lazy-percpu, "
+     "same VMM", c_between, (L, "*/vvi-shared-strict", "*/vvi-magazine-lazy-percpu", "dma")),
+    ("lat.shared.vs-magazine.rr", L, "request/response time, shared strict / magazine "
+     "strict, same VMM", c_between,
+     (L, "*/vvi-shared-strict", "*/vvi-magazine-strict", "rr")),
+    ("lat.shared.net-rpm", L, "the NIC's requests per map during the sockperf runs, "
+     "vviommu shared strict, every VMM", c_net_rpm, (L, "*/vvi-shared-strict")),
+    ("lat.magazine-strict.net-rpm", L, "the same, vviommu magazine strict", c_net_rpm,
+     (L, "*/vvi-magazine-strict")),
+    ("lat.swing", L, "spread of single runs", c_swing, (L,)),
+]
 COSTS = [("irq_save_restore_ns", "an interrupt-off section"),
          ("spin_lock_irqsave_ns", "a spin lock with interrupts off"),
          ("magazine_alloc_free_ns", "a magazine alloc + free"),
@@ -427,8 +520,8 @@ baseline's median, "every run" the range of every single run over it.
 Comparisons between VMMs give the ratio of medians and a two-sided
 Mann-Whitney U test per (configuration, workload) cell: a cell is
 testable only with at least 6 runs from at least 3 boots on each side.
-Only 2026-11-26-quick-rounds has that many boots; in the others every
-cell is "untestable", whatever its ratio.
+Only 2026-11-26-quick-rounds and 2026-11-27-latency-peers have that many
+boots; in the others every cell is "untestable", whatever its ratio.
 """
 
 

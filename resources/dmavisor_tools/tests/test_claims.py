@@ -52,7 +52,7 @@ class CitedKeys(unittest.TestCase):
     DOCS = ["README.md", "docs/page-table.md"] + [
         f"docs/results/{d}/README.md" for d in (
             "2026-11-26-matrix", "2026-11-26-peers", "2026-11-26-net-dma",
-            "2026-11-26-closing", "2026-11-26-quick-rounds")]
+            "2026-11-26-closing", "2026-11-26-quick-rounds", "2026-11-27-latency-peers")]
 
     def test_every_key_the_docs_cite_is_a_claim(self):
         import fnmatch
