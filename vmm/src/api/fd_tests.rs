@@ -3,9 +3,8 @@
 //! `vm.add-net` with their request, unused ones are closed, and a request
 //! with too many is refused with all of them closed.
 
-use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +16,7 @@ use super::fd_stream::MAX_REQUEST_FDS;
 use super::routes::{ApiError, VmSlot, VmmApi};
 use super::server::{Limits, Server};
 use super::test_fakes::FakeVm;
-use super::test_http::request;
+use super::test_http::{listen, pipe, request, writers_gone};
 use crate::config::VmConfig;
 
 /// A VMM whose one VM runs and keeps what `vm.add-net` and `vm.add-disk`
@@ -41,28 +40,6 @@ impl VmmApi for OneVm {
     fn reboot(&self) {}
 }
 
-/// A pipe: (read end, write end).
-fn pipe() -> (File, OwnedFd) {
-    let mut fds = [0; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe() returns.
-    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-    // SAFETY: pipe2() succeeded: both descriptors are new and ours.
-    unsafe { (File::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
-}
-
-/// Whether every write end of `read_end`'s pipe is closed (EOF within 5 s).
-fn writers_gone(read_end: &mut File) -> bool {
-    let mut p = libc::pollfd {
-        fd: read_end.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, for the duration of the call.
-    let ready = unsafe { libc::poll(&mut p, 1, 5000) };
-    let mut b = [0u8; 1];
-    ready == 1 && read_end.read(&mut b).ok() == Some(0)
-}
-
 /// Sends `PUT /api/v1/NAME` with `body`, the descriptors `fds` riding on
 /// the request line's bytes (as `ch-remote` sends them), and reads the
 /// reply: (status, body).
@@ -73,13 +50,7 @@ fn put_with_fds(s: &mut UnixStream, name: &str, body: &str, fds: &[RawFd]) -> (u
 
 #[test]
 fn add_net_with_passed_tap_fd() {
-    let dir = std::env::temp_dir().join(format!("dmavisor-api-fds-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("api.sock");
-    let listener = crate::api_socket::ApiSocket::Path(path.clone())
-        .listen()
-        .unwrap();
+    let (path, listener) = listen("fds");
     let vm = Arc::new(FakeVm::default().keeping_plugs());
     let server = Server::new(listener, Arc::new(OneVm(vm.clone())), Limits::default()).unwrap();
     std::thread::spawn(move || server.run());

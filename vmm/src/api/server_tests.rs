@@ -3,7 +3,7 @@
 //! clients expect.
 
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -19,7 +19,7 @@ use virtio_iommu::locks::Unpoison;
 use super::routes::{ApiError, VmApi, VmSlot, VmmApi};
 use super::server::{Limits, Server, MAX_BODY};
 use super::test_fakes::FakeVm;
-use super::test_http::{request, response, status};
+use super::test_http::{listen, pipe, request, response, status, writers_gone};
 use crate::config::VmConfig;
 
 /// A VMM whose `vm.boot` waits until the test opens `gate`, as a boot
@@ -76,13 +76,7 @@ fn server(
     vm: Option<Arc<dyn VmApi>>,
     limits: Limits,
 ) -> (PathBuf, Arc<SlowVmm>, Sender<()>, Server) {
-    let dir = std::env::temp_dir().join(format!("dmavisor-api-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("api.sock");
-    let listener = crate::api_socket::ApiSocket::Path(path.clone())
-        .listen()
-        .unwrap();
+    let (path, listener) = listen(name);
     let (open, gate) = channel();
     let vmm = Arc::new(SlowVmm {
         vm,
@@ -326,16 +320,7 @@ fn http_responses_match_cloud_hypervisor_framing() {
 
     // Descriptors sent with SCM_RIGHTS (as ch-remote sends tap fds with
     // the request line) reach the server, which closes them afterwards.
-    let mut pipes = [0; 2];
-    // SAFETY: `pipes` has room for the two descriptors pipe() returns.
-    assert_eq!(unsafe { libc::pipe(pipes.as_mut_ptr()) }, 0);
-    // SAFETY: pipe() succeeded: both descriptors are new and ours.
-    let (read_end, write_end) = unsafe {
-        (
-            OwnedFd::from_raw_fd(pipes[0]),
-            OwnedFd::from_raw_fd(pipes[1]),
-        )
-    };
+    let (mut read_end, write_end) = pipe();
     let line = b"PUT /api/v1/vm.add-net HTTP/1.1\r\nHost: localhost\r\n";
     s.send_with_fds(
         &[&line[..]],
@@ -349,17 +334,10 @@ fn http_responses_match_cloud_hypervisor_framing() {
     assert!(msg.contains("2 file descriptors received"), "{msg}");
     // With our own copy closed, EOF on the pipe shows the server closed its.
     drop(write_end);
-    let mut p = libc::pollfd {
-        fd: read_end.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, for the duration of the call.
-    let ready = unsafe { libc::poll(&mut p, 1, 5000) };
-    assert_eq!(ready, 1, "the server kept a descriptor open");
-    let mut r = std::fs::File::from(read_end);
-    let mut buf = [0u8; 1];
-    assert_eq!(r.read(&mut buf).unwrap(), 0);
+    assert!(
+        writers_gone(&mut read_end),
+        "the server kept a descriptor open"
+    );
     // And the connection still serves.
     assert_eq!(request(&mut s, "GET", "vmm.ping", "", &[]).0, 200);
 }

@@ -6,9 +6,11 @@
 //! no chunking) and send descriptors with `SCM_RIGHTS` on the request's
 //! first bytes, which a client library would hide.
 
+use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::RawFd;
-use std::os::unix::net::UnixStream;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
 
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
@@ -71,4 +73,41 @@ pub fn request(
     s.write_all(body.as_bytes()).unwrap();
     let (head, body) = response(s);
     (status(&head), head, body)
+}
+
+/// The API's listening socket at `api.sock` in a fresh
+/// `dmavisor-api-NAME-PID` directory: (its path, the listener).
+pub fn listen(name: &str) -> (PathBuf, UnixListener) {
+    let dir = std::env::temp_dir().join(format!("dmavisor-api-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("api.sock");
+    let listener = crate::api_socket::ApiSocket::Path(path.clone())
+        .listen()
+        .unwrap();
+    (path, listener)
+}
+
+/// A pipe: (read end, write end). Its write end is what the tests send
+/// as a descriptor, so that EOF on the read end shows the server closed
+/// its copies.
+pub fn pipe() -> (File, OwnedFd) {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe() returns.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: pipe2() succeeded: both descriptors are new and ours.
+    unsafe { (File::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+}
+
+/// Whether every write end of `read_end`'s pipe is closed (EOF within 5 s).
+pub fn writers_gone(read_end: &mut File) -> bool {
+    let mut p = libc::pollfd {
+        fd: read_end.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, for the duration of the call.
+    let ready = unsafe { libc::poll(&mut p, 1, 5000) };
+    let mut b = [0u8; 1];
+    ready == 1 && read_end.read(&mut b).ok() == Some(0)
 }
