@@ -25,10 +25,17 @@
 //! busy vCPUs). That is paid per sync, i.e. per kick that completes UNMAPs,
 //! not per DMA access: a good trade with batched invalidation, a worse one
 //! with strict invalidation of one page per kick on a host with many
-//! vCPUs, where the symmetric fence may be cheaper overall. No switch
-//! exists yet to choose it by hand.
+//! vCPUs, where the symmetric fence is cheaper overall. `make bench-host`
+//! shows both sides of the trade (consumers `quiesce` and `quiesce-mb`):
+//! on this 2-core nested machine one translation inside a section costs
+//! about 10% more than none with membarrier, but a MAP+UNMAP pair with
+//! two threads kicking costs about 18x more than with the fence, since
+//! every sync then interrupts the other CPU. So the fence is the default.
 //!
-//! The choice is made once per process ([`choose`]): the command must be
+//! The choice is made once per process ([`choose`]), from the VMM's
+//! `--quiescer-barrier` ([`prefer`]; the fence unless asked), and a
+//! quiescer may be given a kind of its own ([`usable`], for benchmarks
+//! and tests). The command must be
 //! registered (`MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED`) before it is
 //! used, by a thread whose seccomp filter allows that, so the VMM calls
 //! [`choose`] before it starts any filtered thread. A kernel or sandbox
@@ -50,7 +57,7 @@
 #[cfg(loom)]
 use loom::sync::atomic::{fence, Ordering};
 #[cfg(not(loom))]
-use std::sync::atomic::{compiler_fence, fence, Ordering};
+use std::sync::atomic::{compiler_fence, fence, AtomicBool, Ordering};
 
 /// Which barrier pair the process uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,14 +96,28 @@ fn membarrier(cmd: libc::c_int) -> std::io::Result<libc::c_long> {
     }
 }
 
-/// Decides the process's barrier (once; later calls return the same): the
-/// asymmetric one if the kernel supports and registers the expedited
-/// private command, the symmetric fence otherwise.
+/// Whether the process asked for the asymmetric barrier ([`prefer`]).
 #[cfg(not(loom))]
-pub fn choose() -> BarrierKind {
+static PREFER_MEMBARRIER: AtomicBool = AtomicBool::new(false);
+
+/// Sets the process's preference before its first [`choose`]: the VMM's
+/// `--quiescer-barrier`. The default is the symmetric fence, whose cost
+/// stays on the CPU that pays it; `membarrier` takes it off every DMA
+/// access but interrupts every CPU running a VMM thread at every sync.
+#[cfg(not(loom))]
+pub fn prefer(kind: BarrierKind) {
+    PREFER_MEMBARRIER.store(kind == BarrierKind::Membarrier, Ordering::Relaxed);
+}
+
+/// Registers the expedited private command (once per process) and says
+/// whether it can be used; a thread whose seccomp filter allows the
+/// registration must make the first call (the VMM's main thread, before
+/// any filter).
+#[cfg(not(loom))]
+pub fn membarrier_registered() -> bool {
     use std::sync::OnceLock;
-    static CHOSEN: OnceLock<BarrierKind> = OnceLock::new();
-    *CHOSEN.get_or_init(|| {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    *REGISTERED.get_or_init(|| {
         let registered = membarrier(MEMBARRIER_CMD_QUERY).and_then(|mask| {
             if mask & libc::c_long::from(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0 {
                 return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
@@ -104,24 +125,58 @@ pub fn choose() -> BarrierKind {
             membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED)
         });
         match registered {
-            Ok(_) => {
-                log::info!("vIOMMU quiescer: asymmetric barrier (membarrier, private expedited)");
-                BarrierKind::Membarrier
-            }
+            Ok(_) => true,
             Err(e) => {
-                log::info!(
-                    "vIOMMU quiescer: membarrier unavailable ({e}); a full fence on each side"
-                );
-                BarrierKind::Fence
+                log::info!("vIOMMU quiescer: membarrier unavailable ({e})");
+                false
             }
         }
     })
+}
+
+/// Decides the process's barrier (once; later calls return the same): the
+/// asymmetric one if it was preferred and the kernel registers the
+/// expedited private command, the symmetric fence otherwise.
+#[cfg(not(loom))]
+pub fn choose() -> BarrierKind {
+    use std::sync::OnceLock;
+    static CHOSEN: OnceLock<BarrierKind> = OnceLock::new();
+    *CHOSEN.get_or_init(|| {
+        let kind = usable(if PREFER_MEMBARRIER.load(Ordering::Relaxed) {
+            BarrierKind::Membarrier
+        } else {
+            BarrierKind::Fence
+        });
+        match kind {
+            BarrierKind::Membarrier => {
+                log::info!("vIOMMU quiescer: asymmetric barrier (membarrier, private expedited)")
+            }
+            BarrierKind::Fence => log::info!("vIOMMU quiescer: a full fence on each side"),
+        }
+        kind
+    })
+}
+
+/// `kind` if this process can use it, else the fence (an unregistered
+/// membarrier would fail at the first sync).
+#[cfg(not(loom))]
+pub fn usable(kind: BarrierKind) -> BarrierKind {
+    match kind {
+        BarrierKind::Membarrier if membarrier_registered() => BarrierKind::Membarrier,
+        _ => BarrierKind::Fence,
+    }
 }
 
 /// Under loom: no system call; see the module doc.
 #[cfg(loom)]
 pub fn choose() -> BarrierKind {
     BarrierKind::Membarrier
+}
+
+/// Under loom both kinds are the same pair of fences.
+#[cfg(loom)]
+pub fn usable(kind: BarrierKind) -> BarrierKind {
+    kind
 }
 
 impl BarrierKind {
@@ -191,5 +246,16 @@ mod tests {
         }
         k.heavy();
         k.light();
+    }
+
+    /// A quiescer asking for membarrier gets it only where the process
+    /// could register it; the fence is always usable; both halves run.
+    #[test]
+    fn a_kind_is_used_only_where_it_works() {
+        assert_eq!(usable(BarrierKind::Fence), BarrierKind::Fence);
+        let mb = usable(BarrierKind::Membarrier);
+        assert_eq!(mb == BarrierKind::Membarrier, membarrier_registered());
+        mb.heavy();
+        mb.light();
     }
 }

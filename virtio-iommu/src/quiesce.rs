@@ -144,11 +144,17 @@ pub struct QuiesceStats {
 }
 
 impl Quiescer {
-    /// A quiescer with no readers.
+    /// A quiescer with no readers, with the process's barrier.
     pub fn new() -> Arc<Quiescer> {
+        Self::with_barrier(barrier::choose())
+    }
+
+    /// A quiescer with no readers and the barrier `kind` where this
+    /// process can use it (the fence otherwise).
+    pub fn with_barrier(kind: BarrierKind) -> Arc<Quiescer> {
         Arc::new(Quiescer {
             epoch: AtomicU64::new(1),
-            barrier: barrier::choose(),
+            barrier: barrier::usable(kind),
             readers: Mutex::new(Vec::new()),
             snapshot: ArcSwap::from_pointee(Vec::new()),
             waits: AtomicU64::new(0),

@@ -76,7 +76,19 @@ fn delay(n: u64) {
 
 #[test]
 fn a_sync_never_misses_a_section_that_saw_the_mapping() {
-    let q = Quiescer::new();
+    race(barrier::BarrierKind::Fence);
+}
+
+/// The same with the asymmetric barrier (`--quiescer-barrier membarrier`),
+/// where the kernel has it (the fence again where it does not).
+#[test]
+fn a_sync_with_membarrier_never_misses_a_section_that_saw_the_mapping() {
+    race(barrier::BarrierKind::Membarrier);
+}
+
+fn race(kind: barrier::BarrierKind) {
+    let q = Quiescer::with_barrier(kind);
+    let kind = barrier::usable(kind);
     let slot = q.register().expect("slot");
     let s = Arc::new(Shared {
         go: AtomicU64::new(0),
@@ -157,7 +169,7 @@ fn a_sync_never_misses_a_section_that_saw_the_mapping() {
     println!(
         "{{\"test\":\"quiesce_race\",\"barrier\":\"{:?}\",\"rounds\":{rounds},\"saw_mapping\":{saw},\
          \"waited_for_reader\":{},\"violations\":{bad}}}",
-        barrier::choose(),
+        kind,
         q.stats().waited_for_reader
     );
     assert!(

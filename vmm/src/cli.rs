@@ -160,6 +160,19 @@ pub struct Cli {
     #[arg(long = "landlock-rules", value_name = "path=..,access=r|rw", num_args = 1.., requires = "landlock")]
     pub landlock_rules: Vec<String>,
 
+    /// The vIOMMU quiescer's barrier between device threads and UNMAPs:
+    /// fence (a full fence per DMA section, the cost stays on the device
+    /// thread) or membarrier (none per section; every sync interrupts
+    /// each CPU running a VMM thread, vCPUs included: worth it only when
+    /// syncs are rare, i.e. with batched invalidation). Falls back to
+    /// fence where the kernel lacks membarrier.
+    #[arg(
+        long = "quiescer-barrier",
+        value_name = "fence|membarrier",
+        default_value = "fence"
+    )]
+    pub quiescer_barrier: String,
+
     /// More logging on stderr (-v info, -vv debug, -vvv trace). RUST_LOG overrides.
     #[arg(short = 'v', action = ArgAction::Count)]
     pub verbose: u8,
@@ -241,6 +254,20 @@ impl Cli {
                 .map(|r| crate::sandbox::LandlockRule::parse(r))
                 .collect::<Result<_, _>>()?,
         })
+    }
+
+    /// The quiescer's barrier `--quiescer-barrier` asks for.
+    pub fn quiescer_barrier(&self) -> Result<virtio_iommu::barrier::BarrierKind, Error> {
+        use virtio_iommu::barrier::BarrierKind;
+        match self.quiescer_barrier.as_str() {
+            "fence" => Ok(BarrierKind::Fence),
+            "membarrier" => Ok(BarrierKind::Membarrier),
+            other => Err(Error::InvalidOption {
+                option: "quiescer-barrier",
+                value: other.to_string(),
+                reason: "expected fence or membarrier".into(),
+            }),
+        }
     }
 
     /// Where lifecycle events go (`--event-monitor`), if anywhere.
@@ -497,6 +524,26 @@ mod tests {
                 .to_config()
                 .is_err()
         );
+    }
+
+    #[test]
+    fn quiescer_barrier_flag() {
+        use virtio_iommu::barrier::BarrierKind;
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["dmavisor", "--kernel", "/k"];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args).unwrap().quiescer_barrier()
+        };
+        assert_eq!(parse(&[]).unwrap(), BarrierKind::Fence);
+        assert_eq!(
+            parse(&["--quiescer-barrier", "membarrier"]).unwrap(),
+            BarrierKind::Membarrier
+        );
+        assert_eq!(
+            parse(&["--quiescer-barrier", "fence"]).unwrap(),
+            BarrierKind::Fence
+        );
+        assert!(parse(&["--quiescer-barrier", "rcu"]).is_err());
     }
 
     #[test]

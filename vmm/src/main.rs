@@ -33,6 +33,7 @@ fn start(cli: &cli::Cli, vmm: &Arc<Controller>) -> Result<(), Error> {
     let config = cli.to_config()?;
     let socket = cli.api_socket()?;
     let options = cli.sandbox()?;
+    virtio_iommu::barrier::prefer(cli.quiescer_barrier()?);
     if let Err(e) = confine(&options, config.as_ref(), socket.as_ref()) {
         eprintln!("dmavisor: error: {e}");
         std::process::exit(1);

@@ -131,7 +131,10 @@ const SYNCING: [ThreadKind; 4] = [
 ];
 
 fn child() {
-    // Before any filter, as the VMM's main does: membarrier's registration.
+    // Before any filter, as the VMM's main does with --quiescer-barrier
+    // membarrier: its registration, so that the syncs below make the call
+    // the filters must allow (the fence, the default, makes none).
+    virtio_iommu::barrier::prefer(virtio_iommu::barrier::BarrierKind::Membarrier);
     let quiescer = Quiescer::new();
     sandbox::set_no_new_privs().unwrap();
     sandbox::seccomp::set_mode(SeccompMode::Enforce).unwrap();

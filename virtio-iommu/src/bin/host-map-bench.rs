@@ -26,8 +26,10 @@
 //! real consumer for emulated devices, a [`Quiescer`], with four idle
 //! device-thread slots registered (a NIC's workers) and, in
 //! `translate_under_churn`, the translating thread inside a read section
-//! per translation, as a device thread runs. The two side by side give the
-//! cost of quiescence.
+//! per translation, as a device thread runs; `quiesce` uses the VMM's
+//! default barrier (a fence per section), `quiesce-mb` membarrier (none
+//! per section, an interrupt of every CPU running one of our threads per
+//! sync). Side by side they give the cost of quiescence each way.
 //!
 //! Output: one JSON object per line, then a human-readable table. Every
 //! figure is the best of `--runs` runs (the host is shared, so the best run
@@ -38,6 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use virtio_iommu::barrier::BarrierKind;
 use virtio_iommu::mapping::{
     new_space, Depot, DomainSpace, Invalidator, Limits, Perm, QueueContext, SpaceImpl,
 };
@@ -70,7 +73,10 @@ impl Invalidator for SimConsumer {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ConsumerKind {
     Sim,
+    /// The quiescer with the VMM's default barrier, the fence.
     Quiesce,
+    /// The quiescer with membarrier (`--quiescer-barrier membarrier`).
+    QuiesceMembarrier,
 }
 
 impl std::fmt::Display for ConsumerKind {
@@ -78,6 +84,7 @@ impl std::fmt::Display for ConsumerKind {
         f.write_str(match self {
             ConsumerKind::Sim => "sim",
             ConsumerKind::Quiesce => "quiesce",
+            ConsumerKind::QuiesceMembarrier => "quiesce-mb",
         })
     }
 }
@@ -101,8 +108,12 @@ impl Consumer {
                 calls: AtomicU64::new(0),
                 cost_ns,
             })),
-            ConsumerKind::Quiesce => {
-                let quiescer = Quiescer::new();
+            ConsumerKind::Quiesce | ConsumerKind::QuiesceMembarrier => {
+                let quiescer = Quiescer::with_barrier(if kind == ConsumerKind::Quiesce {
+                    BarrierKind::Fence
+                } else {
+                    BarrierKind::Membarrier
+                });
                 let idle = (0..IDLE_READERS)
                     .filter_map(|_| quiescer.register().ok())
                     .collect();
@@ -575,7 +586,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: host-map-bench [--duration-ms N] [--runs N] [--kick N] [--threads 1,2,..] \
          [--impl baseline,scalable] [--workload map_unmap,producer_consumer,translate_under_churn,map_1g,invalidate_sparse] \
-         [--consumer-cost-ns N] [--consumer sim,quiesce]"
+         [--consumer-cost-ns N] [--consumer sim,quiesce,quiesce-mb]"
     );
     std::process::exit(2)
 }
@@ -602,7 +613,11 @@ fn parse() -> Opts {
             "invalidate_sparse".into(),
         ],
         cost_ns: 0,
-        consumers: vec![ConsumerKind::Sim, ConsumerKind::Quiesce],
+        consumers: vec![
+            ConsumerKind::Sim,
+            ConsumerKind::Quiesce,
+            ConsumerKind::QuiesceMembarrier,
+        ],
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -629,6 +644,7 @@ fn parse() -> Opts {
                     .map(|x| match x {
                         "sim" => ConsumerKind::Sim,
                         "quiesce" => ConsumerKind::Quiesce,
+                        "quiesce-mb" => ConsumerKind::QuiesceMembarrier,
                         _ => usage(),
                     })
                     .collect()
@@ -779,12 +795,13 @@ fn main() {
                 }
             }
             for k in &o.impls {
-                if let (Some(q), Some(sim)) = (
-                    find(*k, ConsumerKind::Quiesce, wl, t),
-                    find(*k, ConsumerKind::Sim, wl, t),
-                ) {
-                    if sim > 0.0 {
-                        println!("{wl} threads={t} {k}: quiesce/sim = {:.2}x", q / sim);
+                for c in [ConsumerKind::Quiesce, ConsumerKind::QuiesceMembarrier] {
+                    if let (Some(q), Some(sim)) =
+                        (find(*k, c, wl, t), find(*k, ConsumerKind::Sim, wl, t))
+                    {
+                        if sim > 0.0 {
+                            println!("{wl} threads={t} {k}: {c}/sim = {:.2}x", q / sim);
+                        }
                     }
                 }
             }
