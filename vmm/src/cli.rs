@@ -74,8 +74,9 @@ pub struct Cli {
     /// COM1 (ttyS0): tty (stdout/stdin), pty (a new pseudo-terminal whose
     /// path is logged and shown by vm.info), file=PATH (output only),
     /// socket=PATH (a UNIX socket the VMM creates and listens on, one
-    /// client at a time, output dropped while none is connected; the path
-    /// must not exist, and is removed with the VM) or off.
+    /// client at a time, the newest 64 KiB of output written while none is
+    /// connected kept for the next; the path must not exist, and is
+    /// removed with the VM) or off.
     #[arg(
         long,
         value_name = "tty|pty|file=PATH|socket=PATH|off",

@@ -59,9 +59,9 @@ fn runtime_work(name: &str) {
 
 /// A serial port or console in Socket mode, built by this (API) thread:
 /// the socket bound, its thread (the serial filter stacked on this one)
-/// accepting a client, reading its input and writing it output, the
-/// client leaving and a next one served; then dropped (thread joined,
-/// file removed).
+/// accepting a client, replaying it what was written before it came,
+/// reading its input and writing it output, the client leaving and a
+/// next one served; then dropped (thread joined, file removed).
 fn socket_work() {
     use std::io::{Read, Write};
     let path = std::env::temp_dir().join(format!("dmavisor-sandbox-sock-{}", std::process::id()));
@@ -75,6 +75,8 @@ fn socket_work() {
     })
     .unwrap();
     let mut out = sock.writer();
+    // Before anyone connects: kept, and written by the thread on accept.
+    out.write_all(b"k").unwrap();
     for round in 0..2u8 {
         let mut c = UnixStream::connect(&path).unwrap();
         c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -84,11 +86,13 @@ fn socket_work() {
             assert!(t0.elapsed() < Duration::from_secs(5), "no input");
             std::thread::sleep(Duration::from_millis(2));
         }
-        // Accepted (its input came): output reaches it.
+        // Accepted (its input came): output reaches it, after the replay
+        // for the first.
         out.write_all(b"o").unwrap();
-        let mut b = [0u8; 1];
+        let want: &[u8] = if round == 0 { b"ko" } else { b"o" };
+        let mut b = vec![0u8; want.len()];
         c.read_exact(&mut b).unwrap();
-        assert_eq!(&b, b"o");
+        assert_eq!(b, want);
     }
     drop(sock);
     assert!(!path.exists(), "socket file left");

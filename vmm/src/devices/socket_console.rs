@@ -10,12 +10,23 @@
 //! path is an error, never replaced: it may be another VM's) and removed
 //! when the VM is torn down.
 //!
-//! WHY output is dropped while nobody is connected, and beyond what the
-//! client's socket buffer holds: the guest writes on a vCPU (the UART's
-//! transmit register) or the console worker, and neither may wait for a
-//! client. Keeping what the client missed would need memory that grows
-//! with the guest's output; the kernel's socket buffer is the one bounded
-//! buffer, and the rest is lost as on a serial line with nobody on it.
+//! WHY output written while nobody is connected is kept (the newest
+//! [`BACKLOG_BYTES`], in a ring: `backlog.rs`) and replayed to the next
+//! client before anything new: libvirt's ch driver connects only after
+//! `vm.boot` returns, and the guest's first lines (boot messages, a login
+//! banner) would otherwise never reach `virsh console`. The ring keeps
+//! collecting after a client leaves, too, so one that reconnects sees
+//! what it missed (a panic while nobody watched is what matters most);
+//! only bytes no client was sent are kept, so none is replayed twice.
+//! (cloud-hypervisor also keeps output between clients.)
+//!
+//! WHY nothing ever waits for a client: the guest writes on a vCPU (the
+//! UART's transmit register) or the console worker. The replay is written
+//! by the socket thread, non-blocking; what the client's socket does not
+//! take stays in the ring (new output queues behind it) and goes when the
+//! socket has room. A connected client that does not keep up loses what
+//! its socket buffer does not hold, as on a serial line; the ring is for
+//! the time nobody is there, and its memory is fixed.
 
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -33,6 +44,14 @@ use vmm_sys_util::eventfd::EventFd;
 use virtio_iommu::locks::Unpoison;
 
 use crate::sandbox::{self, ThreadKind};
+
+use backlog::Backlog;
+
+/// How much output the back-end keeps while no client is connected.
+/// WHY 64 KiB: more than a guest kernel prints up to its login prompt at
+/// the usual log level, so a client connecting right after boot misses
+/// nothing; small enough to cost nothing per VM.
+pub const BACKLOG_BYTES: usize = 64 << 10;
 
 /// How long the thread waits for the guest to take input it could not
 /// take at once (a full UART FIFO or console queue) before offering again.
@@ -71,12 +90,56 @@ pub enum SocketError {
     },
 }
 
-/// The connected client, shared by the writer and the thread. WHY a
-/// `File` and not a `UnixStream`: std's stream reads with `recvfrom`,
-/// which the serial threads' filter does not allow; `read` and `write`
-/// are every thread's. (A write to a client that left raises SIGPIPE,
-/// which Rust's runtime ignores: the write fails with EPIPE.)
-type Client = Arc<Mutex<Option<File>>>;
+/// What the writer and the thread share: the connected client and the
+/// output it has not been sent yet. WHY one lock over both: a replay and
+/// new output must not interleave.
+struct Shared {
+    /// The connected client's writing handle. WHY a `File` and not a
+    /// `UnixStream`: std's stream reads with `recvfrom`, which the serial
+    /// threads' filter does not allow; `read` and `write` are every
+    /// thread's. (A write to a client that left raises SIGPIPE, which
+    /// Rust's runtime ignores: the write fails with EPIPE.)
+    client: Option<File>,
+    /// Output waiting for a client (or for room in the client's socket).
+    backlog: Backlog,
+}
+
+impl Shared {
+    /// Guest output: to the client, after anything still waiting for it;
+    /// kept when nobody is there.
+    fn send(&mut self, buf: &[u8]) {
+        let Some(stream) = self.client.as_mut() else {
+            self.backlog.push(buf);
+            return;
+        };
+        if !self.backlog.is_empty() {
+            // A replay is under way (the thread finishes it): queue behind.
+            self.backlog.push(buf);
+            // An error is a client gone: the thread sees it hang up.
+            let _ = self.backlog.drain_into(stream);
+            return;
+        }
+        let mut rest = buf;
+        while !rest.is_empty() {
+            match stream.write(rest) {
+                Ok(0) => break,
+                Ok(n) => rest = rest.get(n..).unwrap_or_default(),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // The client does not keep up: the rest is lost.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                // EPIPE: it left and the thread has not seen it yet; keep
+                // the rest for the next (the thread forgets this one).
+                Err(_) => {
+                    self.backlog.push(rest);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// The state the writer and the thread hold together.
+type Client = Arc<Mutex<Shared>>;
 
 /// A listening socket back-end. Dropping it stops its thread and removes
 /// the socket file.
@@ -92,6 +155,11 @@ impl SocketConsole {
     /// Creates the socket at `path` and listens on it; `what` (`serial`,
     /// `console`) names it in errors and logs.
     pub fn bind(path: &Path, what: &'static str) -> Result<Self, SocketError> {
+        Self::bind_keeping(path, what, BACKLOG_BYTES)
+    }
+
+    /// [`SocketConsole::bind`] keeping at most `backlog` bytes of output.
+    fn bind_keeping(path: &Path, what: &'static str, backlog: usize) -> Result<Self, SocketError> {
         if let Ok(meta) = fs::symlink_metadata(path) {
             return Err(SocketError::Exists {
                 what,
@@ -116,7 +184,10 @@ impl SocketConsole {
             path: path.to_path_buf(),
             what,
             listener: Some(listener),
-            client: Arc::new(Mutex::new(None)),
+            client: Arc::new(Mutex::new(Shared {
+                client: None,
+                backlog: Backlog::new(backlog),
+            })),
             thread: None,
         })
     }
@@ -126,7 +197,8 @@ impl SocketConsole {
         &self.path
     }
 
-    /// Where the guest's output goes: to the client, if one is connected.
+    /// Where the guest's output goes: to the client, or kept for the next
+    /// one.
     pub fn writer(&self) -> SocketWriter {
         SocketWriter(self.client.clone())
     }
@@ -165,7 +237,7 @@ impl Drop for SocketConsole {
                 warn!("{} socket: its thread panicked", self.what);
             }
         }
-        self.client.lock().unpoisoned().take();
+        self.client.lock().unpoisoned().client.take();
         let (what, path) = (self.what, self.path.display());
         match fs::remove_file(&self.path) {
             Ok(()) => info!("{what} socket: {path} removed"),
@@ -175,26 +247,13 @@ impl Drop for SocketConsole {
 }
 
 /// Guest output to the connected client. WHY it never fails nor blocks:
-/// see the module documentation; the client's descriptor is non-blocking
-/// and what does not fit is dropped.
+/// see the module documentation; the client's descriptor is non-blocking,
+/// and output with nobody there goes to the bounded ring.
 pub struct SocketWriter(Client);
 
 impl Write for SocketWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let mut client = self.0.lock().unpoisoned();
-        if let Some(stream) = client.as_mut() {
-            let mut rest = buf;
-            while !rest.is_empty() {
-                match stream.write(rest) {
-                    Ok(0) => break,
-                    Ok(n) => rest = rest.get(n..).unwrap_or_default(),
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    // EAGAIN: the client does not keep up; EPIPE: it left
-                    // (the thread sees the hang-up and forgets it).
-                    Err(_) => break,
-                }
-            }
-        }
+        self.0.lock().unpoisoned().send(buf);
         Ok(buf.len())
     }
 
@@ -209,6 +268,17 @@ fn pollfd(fd: i32) -> libc::pollfd {
         events: libc::POLLIN,
         revents: 0,
     }
+}
+
+/// Sends the client what waits for it, as much as its socket takes now;
+/// true while some is left (the thread then waits for room).
+fn replay(shared: &mut Shared) -> bool {
+    let Shared { client, backlog } = shared;
+    if let Some(stream) = client.as_mut() {
+        // An error is a client gone: its hang-up comes next.
+        let _ = backlog.drain_into(stream);
+    }
+    client.is_some() && !backlog.is_empty()
 }
 
 /// Waits for `fds`; false when the wait failed for good.
@@ -243,10 +313,16 @@ fn serve<S: FnMut(&[u8]) -> usize>(
     // The thread's own handle on the client, for reading.
     let mut reader: Option<File> = None;
     let mut buf = [0u8; 256];
+    // Output is waiting for room in the client's socket.
+    let mut replaying = false;
     loop {
         let mut fds = vec![pollfd(stop.as_raw_fd()), pollfd(listener.as_raw_fd())];
         if let Some(r) = &reader {
-            fds.push(pollfd(r.as_raw_fd()));
+            let mut fd = pollfd(r.as_raw_fd());
+            if replaying {
+                fd.events |= libc::POLLOUT;
+            }
+            fds.push(fd);
         }
         if !wait(&mut fds, -1) {
             warn!("{what} socket: poll: {}", io::Error::last_os_error());
@@ -259,17 +335,33 @@ fn serve<S: FnMut(&[u8]) -> usize>(
             match accept(listener) {
                 Ok((r, w)) => {
                     // The newcomer replaces the client before it, whose
-                    // descriptors close here.
-                    *client.lock().unpoisoned() = Some(w);
+                    // descriptors close here, and is sent what was kept
+                    // before anything new (the writer waits on the lock).
+                    let mut shared = client.lock().unpoisoned();
+                    shared.client = Some(w);
                     reader = Some(r);
-                    info!("{what} socket: a client connected");
+                    let (kept, dropped) = (shared.backlog.len(), shared.backlog.dropped());
+                    replaying = replay(&mut shared);
+                    drop(shared);
+                    if kept == 0 {
+                        info!("{what} socket: a client connected");
+                    } else {
+                        info!(
+                            "{what} socket: a client connected; replaying {kept} bytes \
+                             written while nobody was ({dropped} older dropped so far)"
+                        );
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => warn!("{what} socket: accept: {e}"),
             }
             continue;
         }
-        let readable = fds.get(2).is_some_and(|f| f.revents != 0);
+        let revents = fds.get(2).map_or(0, |f| f.revents);
+        if revents & libc::POLLOUT != 0 {
+            replaying = replay(&mut client.lock().unpoisoned());
+        }
+        let readable = revents & !libc::POLLOUT != 0;
         let Some(r) = reader.as_mut().filter(|_| readable) else {
             continue;
         };
@@ -284,9 +376,11 @@ fn serve<S: FnMut(&[u8]) -> usize>(
                 continue
             }
             // EOF or a reset: the client left; the next may connect.
+            // What it was not sent stays for the next.
             _ => {
                 reader = None;
-                client.lock().unpoisoned().take();
+                replaying = false;
+                client.lock().unpoisoned().client.take();
                 info!("{what} socket: the client left");
                 continue;
             }
@@ -323,5 +417,6 @@ pub fn stream_sink(to: UnixStream) -> impl FnMut(&[u8]) -> usize + Send + 'stati
     move |bytes| to.write(bytes).unwrap_or(0)
 }
 
+mod backlog;
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,7 @@
 //! The socket back-end natively: a client's bytes reach the sink, the
-//! guest's reach the client, nobody connected drops output, clients come,
-//! go and replace each other, and an existing path is refused.
+//! guest's reach the client, output with nobody connected is kept
+//! (bounded) for the next client and sent once, clients come, go and
+//! replace each other, and an existing path is refused.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -27,7 +28,12 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
 
 /// A started back-end whose sink collects what clients send.
 fn started(path: &Path) -> (SocketConsole, Arc<Mutex<Vec<u8>>>) {
-    let mut sock = SocketConsole::bind(path, "console").unwrap();
+    started_keeping(path, BACKLOG_BYTES)
+}
+
+/// [`started`] keeping at most `backlog` bytes for the next client.
+fn started_keeping(path: &Path, backlog: usize) -> (SocketConsole, Arc<Mutex<Vec<u8>>>) {
+    let mut sock = SocketConsole::bind_keeping(path, "console", backlog).unwrap();
     let got = Arc::new(Mutex::new(Vec::new()));
     let into = got.clone();
     sock.start("t-sock", move |b: &[u8]| {
@@ -41,7 +47,7 @@ fn started(path: &Path) -> (SocketConsole, Arc<Mutex<Vec<u8>>>) {
 fn connect(sock: &SocketConsole) -> UnixStream {
     let c = UnixStream::connect(sock.path()).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    wait_for("accepted", || sock.client.lock().unwrap().is_some());
+    wait_for("accepted", || sock.client.lock().unwrap().client.is_some());
     c
 }
 
@@ -61,12 +67,10 @@ fn a_client_sees_output_and_its_input_reaches_the_sink() {
     let path = scratch("io");
     let (sock, got) = started(&path);
     let mut out = sock.writer();
-    // Nobody connected: dropped at once, not kept for later.
-    out.write_all(b"before-anyone\n").unwrap();
     let mut c = connect(&sock);
     out.write_all(b"hello\n").unwrap();
     let seen = read_until(&mut c, b"hello\n");
-    assert_eq!(seen, b"hello\n", "output from before the client was kept");
+    assert_eq!(seen, b"hello\n");
     c.write_all(b"typed").unwrap();
     wait_for("input", || got.lock().unwrap().as_slice() == b"typed");
     drop(sock);
@@ -84,13 +88,13 @@ fn a_client_that_leaves_lets_the_next_connect() {
     let first = connect(&sock);
     drop(first);
     wait_for("the client forgotten", || {
-        sock.client.lock().unwrap().is_none()
+        sock.client.lock().unwrap().client.is_none()
     });
-    // Nobody there again: dropped.
-    out.write_all(b"lost\n").unwrap();
+    // Nobody there again: kept for the next, before what comes after.
+    out.write_all(b"away\n").unwrap();
     let mut second = connect(&sock);
     out.write_all(b"again\n").unwrap();
-    assert_eq!(read_until(&mut second, b"again\n"), b"again\n");
+    assert_eq!(read_until(&mut second, b"again\n"), b"away\nagain\n");
     second.write_all(b"2").unwrap();
     wait_for("input of the second", || {
         got.lock().unwrap().as_slice() == b"2"
@@ -199,4 +203,139 @@ fn a_stream_sink_hands_input_to_the_other_end() {
         total += n;
         assert!(total < 64 << 20, "never full");
     }
+}
+
+#[test]
+fn output_before_the_first_client_reaches_it_in_order() {
+    let path = scratch("early");
+    let (sock, _got) = started(&path);
+    let mut out = sock.writer();
+    for line in [&b"boot: one\n"[..], b"boot: two\n", b"login: "] {
+        out.write_all(line).unwrap();
+    }
+    let mut c = connect(&sock);
+    out.write_all(b"live\n").unwrap();
+    assert_eq!(
+        read_until(&mut c, b"live\n"),
+        b"boot: one\nboot: two\nlogin: live\n"
+    );
+    let shared = sock.client.lock().unwrap();
+    assert!(shared.backlog.is_empty(), "replayed bytes still kept");
+    assert_eq!(shared.backlog.dropped(), 0);
+}
+
+/// The byte at position `i` of a long output: not periodic within the
+/// ring, so a shifted or reordered replay cannot compare equal.
+fn nth(i: usize) -> u8 {
+    u8::try_from(i % 251).unwrap()
+}
+
+#[test]
+fn more_than_the_bound_keeps_only_the_newest_bytes() {
+    let path = scratch("bound");
+    let (sock, _got) = started(&path);
+    let mut out = sock.writer();
+    let extra = 5000;
+    let total = BACKLOG_BYTES + extra;
+    let all: Vec<u8> = (0..total).map(nth).collect();
+    // In uneven pieces, as a guest writes.
+    for piece in all.chunks(777) {
+        out.write_all(piece).unwrap();
+    }
+    assert_eq!(
+        sock.client.lock().unwrap().backlog.dropped(),
+        extra as u64,
+        "dropped bytes not counted"
+    );
+    let mut c = connect(&sock);
+    let mut seen = vec![0u8; BACKLOG_BYTES];
+    c.read_exact(&mut seen).unwrap();
+    assert!(
+        seen == all[extra..],
+        "not the newest {BACKLOG_BYTES} bytes in order"
+    );
+    // Nothing more was kept: the next bytes are new output.
+    out.write_all(b"end\n").unwrap();
+    assert_eq!(read_until(&mut c, b"end\n"), b"end\n");
+}
+
+#[test]
+fn a_replay_larger_than_the_socket_takes_finishes_before_new_output() {
+    let path = scratch("long-replay");
+    // Far more than a UNIX socket buffers: the thread must wait for room.
+    let keep = 4 << 20;
+    let (sock, _got) = started_keeping(&path, keep);
+    let mut out = sock.writer();
+    let all: Vec<u8> = (0..keep).map(nth).collect();
+    out.write_all(&all).unwrap();
+    let mut c = connect(&sock);
+    // The client has not read yet: new output queues behind the replay,
+    // and the writer does not wait.
+    let t0 = Instant::now();
+    out.write_all(b"after\n").unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(1), "the writer waited");
+    assert!(
+        !sock.client.lock().unwrap().backlog.is_empty(),
+        "the whole replay fitted in the socket: the test proves nothing"
+    );
+    let mut seen = vec![0u8; keep];
+    c.read_exact(&mut seen).unwrap();
+    assert!(seen == all, "the replay was cut or reordered");
+    assert_eq!(read_until(&mut c, b"after\n"), b"after\n");
+}
+
+#[test]
+fn kept_bytes_are_sent_once() {
+    let path = scratch("once");
+    let (sock, _got) = started(&path);
+    let mut out = sock.writer();
+    out.write_all(b"early\n").unwrap();
+    let mut first = connect(&sock);
+    assert_eq!(read_until(&mut first, b"early\n"), b"early\n");
+    drop(first);
+    wait_for("the first forgotten", || {
+        sock.client.lock().unwrap().client.is_none()
+    });
+    // Nothing written while nobody was there: the next gets only new output.
+    let mut second = connect(&sock);
+    out.write_all(b"new\n").unwrap();
+    assert_eq!(read_until(&mut second, b"new\n"), b"new\n");
+}
+
+#[test]
+fn output_as_a_client_leaves_waits_for_the_next() {
+    let path = scratch("leaving");
+    let (sock, _got) = started(&path);
+    let mut out = sock.writer();
+    let first = connect(&sock);
+    drop(first);
+    // At once, before the thread may have seen it leave: the write fails
+    // (EPIPE) or finds nobody; either way it is kept.
+    out.write_all(b"while-leaving\n").unwrap();
+    let mut second = UnixStream::connect(sock.path()).unwrap();
+    second
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    assert_eq!(
+        read_until(&mut second, b"while-leaving\n"),
+        b"while-leaving\n"
+    );
+}
+
+#[test]
+fn a_client_that_does_not_read_a_replay_never_blocks_the_writer() {
+    let path = scratch("slow-replay");
+    let (sock, _got) = started_keeping(&path, 1 << 20);
+    let mut out = sock.writer();
+    let t0 = Instant::now();
+    for _ in 0..2048 {
+        out.write_all(&[b'k'; 1024]).unwrap();
+    }
+    let _idle = connect(&sock);
+    for _ in 0..4096 {
+        out.write_all(&[b'z'; 1024]).unwrap();
+    }
+    assert!(t0.elapsed() < Duration::from_secs(5), "the writer waited");
+    // Bounded while it waits.
+    assert!(sock.client.lock().unwrap().backlog.len() <= 1 << 20);
 }
