@@ -154,6 +154,19 @@ with_irqs() {
 	echo "$out irq_in=$(($(irq_sum "$vn-input") - i0)) irq_out=$(($(irq_sum "$vn-output") - o0))"
 }
 
+# "RETRANS TIMEOUTS RX_DROPPED": the guest's TCP retransmitted segments
+# and retransmission timeouts (/proc/net/snmp, /proc/net/netstat) and
+# eth0's dropped receives, read before and after one sockperf run: a run
+# without a figure, or with a stall, then shows whether TCP lost segments
+# (a frame dropped on the way, either way) or sockperf failed otherwise
+tcp_losses() {
+	awk '$1 == "Tcp:" || $1 == "TcpExt:" {
+		if (!seen[$1]++) { for (i = 2; i <= NF; i++) name[$1 i] = $i; next }
+		for (i = 2; i <= NF; i++) v[name[$1 i]] = $i
+	} END { printf "%d %d", v["RetransSegs"], v["TCPTimeouts"] }' /proc/net/snmp /proc/net/netstat 2>/dev/null
+	echo " $(cat /sys/class/net/eth0/statistics/rx_dropped 2>/dev/null || echo 0)"
+}
+
 net() {
 	ip link set eth0 up || { echo "BENCH-ERROR iommu=$1 what=link"; return 0; }
 	ip addr add "$me/24" dev eth0 2>/dev/null
@@ -165,18 +178,25 @@ net() {
 		want tcp_tx && echo "BENCH tcp_tx iommu=$1 run=$i $(with_irqs iperf_kbps)"
 		want tcp_rx && echo "BENCH tcp_rx iommu=$1 run=$i $(with_irqs iperf_kbps -R)"
 		if want rr; then
+			l0=$(tcp_losses)
 			out=$(timeout $((secs + 60)) sockperf ping-pong -i "$host" -p 11111 --tcp -t "$secs" 2>&1)
+			losses=$(echo "$l0 $(tcp_losses)" | awk '{ printf " retrans=%d rto=%d rx_dropped=%d", $4 - $1, $5 - $2, $6 - $3 }')
 			lat=$(echo "$out" | sed -n 's/.*Latency is \([0-9.]*\) usec.*/\1/p' | tail -n 1)
 			# without a figure, sockperf's last line says why (the
 			# 2026-11-27 latency run lost 3 runs without a trace)
 			why=
 			[ -n "$lat" ] || why=" why=$(echo "$out" | tail -n 1 | tr ' =' '_:')"
-			echo "BENCH rr iommu=$1 run=$i lat_us=$lat$why"
+			echo "BENCH rr iommu=$1 run=$i lat_us=$lat$losses$why"
 		fi
 		i=$((i + 1))
 	done
 	if [ -n "$NET" ] && [ -f "$D/vviommu/$NET/stats" ]; then
-		echo "BENCH-NETSTATS iommu=$1 maps=$(kv "$D/vviommu/$NET/stats" maps) requests=$(kv "$D/vviommu/$NET/stats" requests)"
+		st="$D/vviommu/$NET/stats"
+		# errors: maps or unmaps/invalidations that failed; fallbacks:
+		# maps that left the policy's own path; faults: what the device
+		# reported (a lost sockperf run with none of these rules out the
+		# driver failing to map a buffer)
+		echo "BENCH-NETSTATS iommu=$1 maps=$(kv "$st" maps) requests=$(kv "$st" requests) errors=$(kv "$st" errors) fallbacks=$(kv "$st" fallbacks) faults=$(kv "$st" faults)"
 	fi
 	ip addr flush dev eth0
 	ip link set eth0 down

@@ -39,8 +39,11 @@ dmavisor)
         set -- --dma-test
     fi
     # -v: the exit report (vIOMMU request counts and the device's time
-    # on INVALIDATEs) lands in the session log
-    "$bin" -v --kernel "$kernel" --initramfs "$initrd" --cmdline "$cmdline" \
+    # on INVALIDATEs) lands in the session log; vmm::net at debug adds,
+    # at every reset of the NIC (one per configuration), the frames its
+    # worker dropped either way, so that a lost or stalled sockperf run
+    # shows whether the device dropped a frame
+    RUST_LOG=${RUST_LOG:-info,vmm::net=debug} "$bin" -v --kernel "$kernel" --initramfs "$initrd" --cmdline "$cmdline" \
         --cpus "boot=$cpus" --memory "size=${mem}M" --serial tty \
         --net "tap=$tap,mac=$mac,ip=$host_ip,mask=255.255.255.0,iommu=$iommu" "$@"
     rc=$?
