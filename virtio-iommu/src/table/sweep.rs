@@ -25,7 +25,7 @@
 use std::sync::atomic::Ordering::{AcqRel, Acquire, SeqCst};
 use std::sync::Arc;
 
-use super::entry::{self, HEAD, LOCKED, TAIL};
+use super::entry::{self, DIR, HEAD, LOCKED, PENDING, TAIL, VALID};
 use super::{index, quota, range, span, Ctx, Pin, Table, ROOT_LEVEL};
 use crate::node::{self, Node};
 
@@ -65,6 +65,9 @@ fn remove_marked(
     hi: u64,
     tally: &mut Tally,
 ) -> Result<(), GiveUp> {
+    if level == 0 {
+        return remove_leaf(t, w, n, base, lo, hi, tally);
+    }
     let sz = span(level);
     let (first, last) = (index(lo, level), index(hi, level));
     let mut removed = 0u64;
@@ -139,6 +142,102 @@ fn remove_marked(
         n.live.fetch_sub(removed, AcqRel);
     }
     result
+}
+
+/// `remove_marked` at the leaf level, where every marked entry of a
+/// sparse batch is: the same checks and the same one compare-and-swap per
+/// entry, in a loop of its own.
+///
+/// WHY apart: inside the generic loop the per-entry path shared its
+/// registers with the descent and the batch record, and reloaded six
+/// spilled values and stored four tally fields per removed entry
+/// (cachegrind on `invalidate_sparse`: 67 instructions per visited slot,
+/// 54 before the table work changed the inlining). Here the span's ends
+/// are checked once per node, the entry's state bits in one compare, the
+/// tally is counted in locals and the record, taken by the first 64
+/// removals only, is out of line: 37 per visited slot.
+fn remove_leaf(
+    t: &Table,
+    w: &mut Ctx,
+    n: &Node,
+    base: u64,
+    lo: u64,
+    hi: u64,
+    tally: &mut Tally,
+) -> Result<(), GiveUp> {
+    let sz = span(0);
+    // Checked once here instead of per entry: with page-aligned ends
+    // inside this node's range, every slot between `first` and `last` lies
+    // wholly inside `lo..=hi`, so a one-page mapping there is whole.
+    let node_last = base.checked_add(span(1) - 1).ok_or(GiveUp)?;
+    if lo < base || hi > node_last || lo > hi || lo & (sz - 1) != 0 || hi & (sz - 1) != sz - 1 {
+        return Err(GiveUp);
+    }
+    let (first, last) = (index(lo, 0), index(hi, 0));
+    let records_left = MAX_RECORDS.saturating_sub(tally.mappings);
+    let mut removed = 0u64;
+    let mut visited = 0u64;
+    let mut last_removed = None;
+    let mut result = Ok(());
+    'words: for wi in first / 64..=last / 64 {
+        let Some(word) = n.occupied.get(wi) else {
+            break;
+        };
+        let mut bits = word.load(SeqCst) & word_mask(wi, first, last);
+        while bits != 0 {
+            let i = wi * 64 + bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            visited += 1;
+            let Some(slot) = n.entries.get(i) else {
+                result = Err(GiveUp);
+                break 'words;
+            };
+            let e = slot.load(Acquire);
+            if e == 0 {
+                // As in `remove_marked`: a stale mark, dropped where found.
+                n.unmark(i);
+                continue;
+            }
+            // Visible, whole (head and tail: one page), held by no other
+            // operation, not a directory (corrupt at this level): else the
+            // range walk decides.
+            if e & (VALID | DIR | HEAD | TAIL | PENDING | LOCKED) != VALID | HEAD | TAIL {
+                result = Err(GiveUp);
+                break 'words;
+            }
+            if slot.compare_exchange(e, 0, AcqRel, Acquire).is_err() {
+                result = Err(GiveUp);
+                break 'words;
+            }
+            if removed < records_left {
+                let s_base = base + i as u64 * sz;
+                record_first(t, w, tally, removed, s_base, s_base + (sz - 1));
+            }
+            removed += 1;
+            last_removed = Some(i);
+        }
+    }
+    w.state.table.visited_slots += visited;
+    if let Some(i) = last_removed {
+        tally.mappings += removed;
+        tally.bytes += removed * sz;
+        tally.end = base + i as u64 * sz + (sz - 1);
+        // Never reaches zero here: the sweep's pin is still counted.
+        n.live.fetch_sub(removed, AcqRel);
+    }
+    result
+}
+
+/// Records a removal among the sweep's first `MAX_RECORDS` in the kick's
+/// batch (`in_node`: removals before it in this node); out of line so the
+/// leaf loop keeps its registers.
+#[cold]
+#[inline(never)]
+fn record_first(t: &Table, w: &mut Ctx, tally: &mut Tally, in_node: u64, s_base: u64, s_last: u64) {
+    w.batch.record(t.domain, s_base, s_last);
+    if tally.mappings + in_node == 0 {
+        tally.first = s_base;
+    }
 }
 
 /// Sweeps `lo..=hi` (page-aligned ends, within the IOVA space). False if

@@ -122,3 +122,55 @@ fn invalidate_falls_back_for_larger_mappings() {
     assert_eq!(space.stats().mappings, 2);
     space.audit().expect("audit");
 }
+
+/// Records what the flush sends to a consumer.
+#[derive(Default)]
+struct Log(std::sync::Mutex<Vec<std::ops::RangeInclusive<u64>>>);
+
+impl crate::mapping::Invalidator for Log {
+    fn invalidate(&self, _domain: u32, ranges: &[std::ops::RangeInclusive<u64>]) {
+        if let Ok(mut v) = self.0.lock() {
+            v.extend_from_slice(ranges);
+        }
+    }
+}
+
+#[test]
+fn invalidate_inside_a_leaf_removes_exactly_its_span() {
+    // The leaf loop checks the span's ends once per node, not per entry:
+    // the entries just outside both ends must stay, and the consumers must
+    // be told exactly the span (more than the 64 recorded removals, so the
+    // covering range is computed from the tally too).
+    let depot = Arc::new(Depot::new());
+    let space = ScalableSpace::new(1, &Limits::default(), &depot);
+    let mut w = QueueContext::new(&depot);
+    let gpa = 1u64 << 32;
+    for k in 0..100 {
+        let iova = BASE + k * PAGE;
+        space
+            .map(&mut w, iova, iova + PAGE - 1, gpa, Perm::RW)
+            .expect("map");
+    }
+    w.flush(&[]);
+    let (lo, hi) = (BASE + 3 * PAGE, BASE + 90 * PAGE - 1);
+    space.invalidate(&mut w, lo, hi).expect("invalidate");
+    for k in 0..100 {
+        let gone = space.translate(BASE + k * PAGE, Perm::READ) == Err(Fault::Unmapped);
+        assert_eq!(gone, (3..90).contains(&k), "page {k}");
+    }
+    let log = Arc::new(Log::default());
+    let consumers: Vec<Arc<dyn crate::mapping::Invalidator>> = vec![log.clone()];
+    w.flush(&consumers);
+    let sent = log.0.lock().expect("log").clone();
+    assert_eq!(sent, vec![lo..=hi]);
+    assert_eq!(space.stats().mappings, 13);
+    space.audit().expect("audit");
+
+    // Again over the same span: only stale marks, nothing removed.
+    space.invalidate(&mut w, lo, hi).expect("invalidate");
+    w.flush(&[]);
+    assert_eq!(space.stats().mappings, 13);
+    assert!(space.translate(BASE + 2 * PAGE, Perm::READ).is_ok());
+    assert!(space.translate(BASE + 90 * PAGE, Perm::READ).is_ok());
+    space.audit().expect("audit");
+}
