@@ -32,17 +32,15 @@ from .common import BUILD, REPO, parser, runner_is_direct
 
 LOGS = os.path.join(BUILD, "tests", "lanes")
 DURATIONS = os.path.join(LOGS, "durations.json")
-# First-run guesses (seconds), from the runs of 2026-11-25 and 26
-# (virtio_blk: about 170 s plus about 370 s for the three boots from the
-# root disk, measured on 2026-11-26 with the machine under load; vhost_user
-# 1153 s with QEMU's three reference cases, which only run with
-# DMAVISOR_REFERENCES=1 since: about 800 s without). A clean clone has no
-# recorded durations, so these decide its lanes.
-DEFAULT_DURATIONS = {"vhost_user": 800, "vfio": 450, "viommu": 450,
-                     "boot": 400, "api": 400, "virtio_net": 300, "virtio_blk": 550,
-                     "guest_driver_qemu_peer": 300,
-                     "guest_driver_own_vmm": 600, "tools": 120, "integration_tests": 5,
-                     "bench_guest": 600}
+# First-run guesses (seconds): the groups' times in the clean-clone
+# `make test` of 2026-11-27 (67be1a5, nested runner, two lanes), rounded
+# up. A clean clone has no recorded durations, so these decide its lanes
+# (longest first); a group missing here counts as 300 s.
+DEFAULT_DURATIONS = {"vhost_user": 850, "viommu": 310, "vfio": 310,
+                     "api": 290, "bench_guest": 220, "guest_driver_own_vmm": 210,
+                     "hotplug": 160, "virtio_net": 160, "virtio_blk": 150,
+                     "guest_driver_qemu_peer": 90, "boot": 80, "tools": 40,
+                     "integration_tests": 5}
 
 
 def default_lanes():
