@@ -6,7 +6,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::*;
@@ -26,16 +26,18 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-#[test]
-fn output_reaches_the_pty_and_pty_input_fills_receive_buffers() {
-    let mem = leaked_ram(0x10000);
-    let backend = open_backend(&ConsoleConfig::Pty(None)).unwrap().unwrap();
-    let path = backend.pty_path.clone().expect("a pty path");
-    let mut dev = Console::new(backend);
-    assert_eq!(dev.device_type(), 3);
-    assert_eq!(dev.features(), 0, "one port, no MULTIPORT");
-    assert_eq!(dev.queue_max_sizes().len(), 2);
-    let mut rx = DriverRing::new(
+/// A console's two queues as a guest sets them up: rings in `mem`
+/// (identity DMA), their kicks and the interrupt counter.
+struct Started {
+    rx: DriverRing<'static>,
+    tx: DriverRing<'static>,
+    rx_kick: EventFd,
+    tx_kick: EventFd,
+    irq: Arc<IrqCount>,
+}
+
+fn start(dev: &mut Console, mem: &'static GuestMemoryMmap) -> Started {
+    let rx = DriverRing::new(
         mem,
         RingAddrs {
             desc: 0x1000,
@@ -44,7 +46,7 @@ fn output_reaches_the_pty_and_pty_input_fills_receive_buffers() {
         },
         64,
     );
-    let mut tx = DriverRing::new(
+    let tx = DriverRing::new(
         mem,
         RingAddrs {
             desc: 0x2000,
@@ -74,6 +76,31 @@ fn output_reaches_the_pty_and_pty_input_fills_receive_buffers() {
         features: 0,
     })
     .unwrap();
+    Started {
+        rx,
+        tx,
+        rx_kick,
+        tx_kick,
+        irq,
+    }
+}
+
+#[test]
+fn output_reaches_the_pty_and_pty_input_fills_receive_buffers() {
+    let mem = leaked_ram(0x10000);
+    let backend = open_backend(&ConsoleConfig::Pty(None)).unwrap().unwrap();
+    let path = backend.pty_path.clone().expect("a pty path");
+    let mut dev = Console::new(backend);
+    assert_eq!(dev.device_type(), 3);
+    assert_eq!(dev.features(), 0, "one port, no MULTIPORT");
+    assert_eq!(dev.queue_max_sizes().len(), 2);
+    let Started {
+        mut rx,
+        mut tx,
+        rx_kick,
+        tx_kick,
+        irq,
+    } = start(&mut dev, mem);
     let mut slave = OpenOptions::new()
         .read(true)
         .write(true)
@@ -250,45 +277,13 @@ fn a_socket_client_sees_output_and_fills_receive_buffers() {
         .unwrap()
         .unwrap();
     let mut dev = Console::new(backend);
-    let mut rx = DriverRing::new(
-        mem,
-        RingAddrs {
-            desc: 0x1000,
-            avail: 0x1400,
-            used: 0x1600,
-        },
-        64,
-    );
-    let mut tx = DriverRing::new(
-        mem,
-        RingAddrs {
-            desc: 0x2000,
-            avail: 0x2400,
-            used: 0x2600,
-        },
-        64,
-    );
-    let rx_kick = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-    let tx_kick = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-    let irq = Arc::new(IrqCount::default());
-    dev.activate(ActivateContext {
-        mem: DmaSpace::identity(mem.clone()),
-        interrupt: irq.clone(),
-        queues: vec![
-            ActiveQueue {
-                index: 0,
-                queue: rx.queue(),
-                kick: rx_kick.try_clone().unwrap(),
-            },
-            ActiveQueue {
-                index: 1,
-                queue: tx.queue(),
-                kick: tx_kick.try_clone().unwrap(),
-            },
-        ],
-        features: 0,
-    })
-    .unwrap();
+    let Started {
+        mut rx,
+        mut tx,
+        rx_kick,
+        tx_kick,
+        irq: _,
+    } = start(&mut dev, mem);
     let mut client = UnixStream::connect(&path).unwrap();
     client
         .set_read_timeout(Some(Duration::from_secs(5)))
