@@ -738,6 +738,8 @@ def headline_text(records):
         if h["tcp_rx"] or h["tcp_tx"]:
             s += (f" TCP peer->guest {ratio_text(h['tcp_rx'])}, guest->peer "
                   f"{ratio_text(h['tcp_tx'])} of the no-IOMMU boot")
+            if h["rr"]:
+                s += ";"
         if h["rr"]:
             s += f" request/response time {ratio_text(h['rr'])} of the no-IOMMU boot's"
         if h.get("requests_per_dma") is not None:
