@@ -20,7 +20,7 @@ use super::iotlb::{MissError, ACCESS_RO};
 use super::VhostUserNet;
 use crate::dma::test_iommu::{TestIommu, RW};
 use crate::dma::DmaSpace;
-use crate::memory::create_guest_memory;
+use crate::memory::{create_guest_memory, GuestMemoryMmap};
 use crate::net::NetConfig;
 use crate::virtio::{
     feature, ActivateContext, ActiveQueue, VirtioDevice, VirtioInterrupt, VIRTIO_F_ACCESS_PLATFORM,
@@ -90,6 +90,44 @@ impl VirtioInterrupt for Irq {
 
 /// The requests logged since `from`, as (code, ring index) for ring
 /// messages.
+/// Activates `dev`'s two queues (16 entries, rings at 1 MiB and 1 MiB +
+/// 64 KiB) with identity DMA over `mem`, as the driver would; returns the
+/// DMA space (its bus-master gate) and the kicks, which must outlive the
+/// device's use of them.
+pub(super) fn activate_two_queues(
+    dev: &mut VhostUserNet,
+    mem: &GuestMemoryMmap,
+) -> (DmaSpace, Vec<EventFd>) {
+    let queue = |base: u64| {
+        let mut q = Queue::new(16).unwrap();
+        q.try_set_desc_table_address(GuestAddress(base)).unwrap();
+        q.try_set_avail_ring_address(GuestAddress(base + 0x1000))
+            .unwrap();
+        q.try_set_used_ring_address(GuestAddress(base + 0x2000))
+            .unwrap();
+        q.set_ready(true);
+        q
+    };
+    let kicks: Vec<EventFd> = (0..2)
+        .map(|_| EventFd::new(libc::EFD_NONBLOCK).unwrap())
+        .collect();
+    let space = DmaSpace::identity(mem.clone());
+    dev.activate(ActivateContext {
+        mem: space.clone(),
+        interrupt: Arc::new(Irq),
+        queues: (0..2u16)
+            .map(|i| ActiveQueue {
+                index: i,
+                queue: queue(0x100000 + u64::from(i) * 0x10000),
+                kick: kicks[usize::from(i)].try_clone().unwrap(),
+            })
+            .collect(),
+        features: feature(VIRTIO_F_VERSION_1) | feature(VIRTIO_F_ACCESS_PLATFORM),
+    })
+    .unwrap();
+    (space, kicks)
+}
+
 pub(super) fn ring_requests(log: &Log, from: usize) -> Vec<(FrontendReq, u32, u32)> {
     log.lock()
         .unwrap()
@@ -133,34 +171,7 @@ fn bus_master_off_stops_vhost_user_backend() {
     iommu.attach(1);
     iommu.map(1, 0x10000, 0x1000, 0x200000, RW);
 
-    let queue = |base: u64| {
-        let mut q = Queue::new(16).unwrap();
-        q.try_set_desc_table_address(GuestAddress(base)).unwrap();
-        q.try_set_avail_ring_address(GuestAddress(base + 0x1000))
-            .unwrap();
-        q.try_set_used_ring_address(GuestAddress(base + 0x2000))
-            .unwrap();
-        q.set_ready(true);
-        q
-    };
-    let kicks = [
-        EventFd::new(libc::EFD_NONBLOCK).unwrap(),
-        EventFd::new(libc::EFD_NONBLOCK).unwrap(),
-    ];
-    let space = DmaSpace::identity(mem.clone());
-    dev.activate(ActivateContext {
-        mem: space.clone(),
-        interrupt: Arc::new(Irq),
-        queues: (0..2u16)
-            .map(|i| ActiveQueue {
-                index: i,
-                queue: queue(0x100000 + u64::from(i) * 0x10000),
-                kick: kicks[usize::from(i)].try_clone().unwrap(),
-            })
-            .collect(),
-        features: feature(VIRTIO_F_VERSION_1) | feature(VIRTIO_F_ACCESS_PLATFORM),
-    })
-    .unwrap();
+    let (space, _kicks) = activate_two_queues(&mut dev, &mem);
     // Running: a miss is answered (wait for the UPDATE, which asks for no
     // reply, to be read).
     iotlb.answer_miss(0x10000, ACCESS_RO).unwrap();

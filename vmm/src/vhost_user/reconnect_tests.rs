@@ -13,21 +13,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vhost::vhost_user::message::FrontendReq;
-use virtio_queue::{Queue, QueueT};
-use vm_memory::{ByteValued, GuestAddress};
+use vm_memory::ByteValued;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::bus_master_tests::{ring_requests, scripted_back_end, Irq, Log};
+use super::bus_master_tests::{activate_two_queues, ring_requests, scripted_back_end, Log};
 use super::iotlb::{IotlbMsg, MissError, ACCESS_RO, INVALIDATE, UPDATE};
 use super::VhostUserNet;
 use crate::dma::test_iommu::{TestIommu, RW};
 use crate::dma::DmaSpace;
 use crate::memory::{create_guest_memory, GuestMemoryMmap};
 use crate::net::NetConfig;
-use crate::virtio::{
-    feature, ActivateContext, ActiveQueue, VirtioDevice, VIRTIO_F_ACCESS_PLATFORM,
-    VIRTIO_F_VERSION_1,
-};
+use crate::virtio::VirtioDevice;
 
 const IOVA: u64 = 0x10000;
 
@@ -67,33 +63,7 @@ fn build(path: &Path) -> Vm {
     iommu.dev.add_invalidator(iotlb.clone());
     iommu.dev.add_endpoint_listener(iotlb);
     iommu.attach(1);
-    let queue = |base: u64| {
-        let mut q = Queue::new(16).expect("queue");
-        q.try_set_desc_table_address(GuestAddress(base)).unwrap();
-        q.try_set_avail_ring_address(GuestAddress(base + 0x1000))
-            .unwrap();
-        q.try_set_used_ring_address(GuestAddress(base + 0x2000))
-            .unwrap();
-        q.set_ready(true);
-        q
-    };
-    let kicks: Vec<EventFd> = (0..2)
-        .map(|_| EventFd::new(libc::EFD_NONBLOCK).expect("eventfd"))
-        .collect();
-    let space = DmaSpace::identity(mem.clone());
-    dev.activate(ActivateContext {
-        mem: space.clone(),
-        interrupt: Arc::new(Irq),
-        queues: (0..2u16)
-            .map(|i| ActiveQueue {
-                index: i,
-                queue: queue(0x100000 + u64::from(i) * 0x10000),
-                kick: kicks[usize::from(i)].try_clone().expect("kick"),
-            })
-            .collect(),
-        features: feature(VIRTIO_F_VERSION_1) | feature(VIRTIO_F_ACCESS_PLATFORM),
-    })
-    .expect("activate");
+    let (space, kicks) = activate_two_queues(&mut dev, &mem);
     Vm {
         dev,
         iommu,
