@@ -89,7 +89,7 @@ from .common import (
     timestamp,
     tool,
 )
-from .stats import boots_of, compare, shuffled_rounds, value_range, verdict_text
+from .stats import boots_of, compare, shuffled_rounds, spread_text, value_range, verdict_text
 
 BEGIN, END = "@@CASE-BEGIN", "@@CASE-END"
 
@@ -719,10 +719,7 @@ def swing_text(records):
 
 def ratio_text(s):
     """A ratio summary: median (min-max over every run, runs/boots)."""
-    if not s:
-        return "–"
-    boots = f"{s['boots']} boot" + ("s" if s["boots"] != 1 else "")
-    return f"{pct(s['median'])} ({pct(s['min'])}-{pct(s['max'])}, {s['n']} runs/{boots})"
+    return spread_text(s, pct)
 
 
 def headline_text(records):

@@ -27,7 +27,7 @@ bench_guest supplies the records and their baselines.
 
 import statistics
 
-from .stats import boots_of, compare, verdict_text
+from .stats import boots_of, compare, spread_text, verdict_text
 
 # (workload, label); rr's figure is a time, dma's a rate (inverted here)
 FIGURES = (("rr", "request/response (sockperf)"), ("dma", "DMA map+unmap round trip"))
@@ -163,10 +163,7 @@ def x(v):
 
 
 def sum_text(s):
-    if not s:
-        return "–"
-    boots = f"{s['boots']} boot" + ("s" if s["boots"] != 1 else "")
-    return f"{x(s['median'])} ({x(s['min'])}-{x(s['max'])}, {s['n']} runs/{boots})"
+    return spread_text(s, x)
 
 
 def comparison_text(c):

@@ -163,6 +163,15 @@ def verdict_text(name_a, name_b, c):
     return f"{name_a} is {c['verdict']} than {name_b} ({tail})"
 
 
+def spread_text(s, fmt):
+    """A summary ({median, min, max, n, boots}) as "median (min-max, runs/
+    boots)", each figure written by `fmt`; "–" for none."""
+    if not s:
+        return "–"
+    boots = f"{s['boots']} boot" + ("s" if s["boots"] != 1 else "")
+    return f"{fmt(s['median'])} ({fmt(s['min'])}-{fmt(s['max'])}, {s['n']} runs/{boots})"
+
+
 def value_range(values):
     """(min, max) of the values, or None."""
     values = [v for v in values if v is not None]
