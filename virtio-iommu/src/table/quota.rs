@@ -73,6 +73,21 @@ pub(crate) struct Credits {
     shard: Option<usize>,
 }
 
+impl Credits {
+    /// Takes back `n` released mappings of `t` (this worker's table) as
+    /// credits, returning to the table what goes beyond two chunks so an
+    /// idle worker does not hoard another's quota.
+    #[inline]
+    fn take_back(&mut self, t: &Table, n: u64) {
+        self.count += n;
+        if self.count > 2 * CHUNK {
+            let back = self.count - CHUNK;
+            self.count = CHUNK;
+            t.reserved.fetch_sub(back, Ordering::AcqRel);
+        }
+    }
+}
+
 /// Sums the shards.
 pub(crate) fn totals(t: &Table) -> (u64, u64) {
     let sum = t.shards.iter().fold(0u64, |acc, s| {
@@ -137,12 +152,7 @@ pub(crate) fn removed(t: &Arc<Table>, w: &mut Ctx, mappings: u64, bytes: u64) {
                     t.shards[0].packed.fetch_add(d, Ordering::Relaxed);
                 }
             }
-            c.count += mappings;
-            if c.count > 2 * CHUNK {
-                let back = c.count - CHUNK;
-                c.count = CHUNK;
-                t.reserved.fetch_sub(back, Ordering::AcqRel);
-            }
+            c.take_back(t, mappings);
             return;
         }
     }
@@ -243,12 +253,7 @@ pub(crate) fn give(t: &Arc<Table>, w: &mut Ctx, n: u64) {
     }
     if let Some(c) = w.state.table.credits.as_mut() {
         if Arc::ptr_eq(&c.table, t) {
-            c.count += n;
-            if c.count > 2 * CHUNK {
-                let back = c.count - CHUNK;
-                c.count = CHUNK;
-                t.reserved.fetch_sub(back, Ordering::AcqRel);
-            }
+            c.take_back(t, n);
             return;
         }
     }
