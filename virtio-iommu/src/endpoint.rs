@@ -11,9 +11,16 @@
 //! writes, then reads the slots; the barrier pair of `barrier.rs` between
 //! each side's write and reads) covers the attachment exactly as it
 //! covered the old lock.
+//!
+//! A device thread does not even pay the pointer load's locked
+//! instruction: it keeps the attachment it last saw in a per-thread cache
+//! (`translate/attach_cache.rs`) and only compares pointers on each access;
+//! [`AttachCell`] is what such a cache holds on to.
+//!
 //! A module of its own because the request side (`device`) and the DMA
 //! side (`translate`) both use it.
 
+use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -77,6 +84,17 @@ impl Endpoint {
         self.attached.load()
     }
 
+    /// The endpoint's attachment cell, owned, for a per-thread cache.
+    pub(crate) fn cell(self: &Arc<Self>) -> AttachCell {
+        AttachCell(Arc::clone(self))
+    }
+
+    /// True if `cell` is this endpoint's attachment cell (a cache's key).
+    #[inline]
+    pub(crate) fn owns_cell(&self, cell: &ArcSwapOption<Domain>) -> bool {
+        std::ptr::eq(&self.attached, cell)
+    }
+
     /// Sets the attachment; returns the previous one. Caller holds the
     /// device's topology lock. Once this returns no new access sees the
     /// previous domain; accesses that loaded it before are the
@@ -84,5 +102,19 @@ impl Endpoint {
     /// released before the access used the domain).
     pub fn set_domain(&self, d: Option<Arc<Domain>>) -> Option<Arc<Domain>> {
         self.attached.swap(d)
+    }
+}
+
+/// An endpoint's attachment cell, kept alive by the endpoint it belongs
+/// to. WHY owned: a cache entry keyed by the cell's address must keep that
+/// address from being reused by another endpoint while the entry exists.
+#[derive(Clone)]
+pub(crate) struct AttachCell(Arc<Endpoint>);
+
+impl Deref for AttachCell {
+    type Target = ArcSwapOption<Domain>;
+
+    fn deref(&self) -> &ArcSwapOption<Domain> {
+        &self.0.attached
     }
 }

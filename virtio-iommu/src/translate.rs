@@ -3,9 +3,11 @@
 //!
 //! WHY a handle per endpoint: every DMA access of a device goes through here,
 //! so the lookup "endpoint -> domain" is done once when the handle is made
-//! (an `Arc<Endpoint>`), and each access only loads the endpoint's current
-//! attachment (one pointer load, no lock, no reference count) and then reads
-//! the domain's lock-free table. No lock is touched on a hit.
+//! (an `Arc<Endpoint>`), and each access only checks the endpoint's current
+//! attachment against the calling thread's cache of it (one plain pointer
+//! load and a compare, `attach_cache.rs`) and then reads the domain's
+//! lock-free table. No lock, no locked instruction and no write to shared
+//! memory on a hit.
 //!
 //! Semantics (spec, "Device operations"):
 //! - endpoint not attached: identity if the `bypass` config field is 1,
@@ -18,16 +20,26 @@
 //! Every fault is queued for the event queue (bounded, drops counted) and
 //! logged (rate-limited) by [`FaultQueue`].
 //!
-//! The attachment is sampled once per [`translate`](EndpointDma::translate)
-//! call, so one access is translated consistently against one domain even if
-//! the guest re-attaches the endpoint concurrently.
+//! The attachment is read again for every run of an access (each run is
+//! one translation; nothing is held between them). An access that races a
+//! re-attach may thus take its first run from the old domain and the next
+//! from the new one: either answer is one the guest could have got, and
+//! both are read inside the caller's read section, which the re-attach's
+//! kick waits for.
+
+mod attach_cache;
+
+/// This thread's attachment-cache misses so far (tests).
+#[cfg(test)]
+pub(crate) use attach_cache::misses as attach_cache_misses;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use thiserror::Error;
 
-use crate::endpoint::{Attached, Endpoint};
+use crate::domain::Domain;
+use crate::endpoint::Endpoint;
 use crate::events::FaultQueue;
 use crate::mapping::{Fault, Perm, Translation};
 use crate::wire::{
@@ -81,11 +93,25 @@ pub enum DmaFault {
     },
 }
 
-/// How the current access is translated (sampled once per access).
-enum Mode {
+/// How one run of an access is translated (read per run, see the module
+/// doc).
+enum Answer {
     Identity,
     Blocked,
-    Table(Attached),
+    Table(Result<Translation, Fault>),
+}
+
+/// The answer for `iova` given the endpoint's attachment `d`.
+#[inline]
+fn answer(d: Option<&Domain>, bypass: &AtomicBool, iova: u64, access: Perm) -> Answer {
+    match d {
+        // A bypass domain has no table: identity.
+        Some(d) => d
+            .translate(iova, access)
+            .map_or(Answer::Identity, Answer::Table),
+        None if bypass.load(Ordering::Acquire) => Answer::Identity,
+        None => Answer::Blocked,
+    }
 }
 
 /// Translation handle of one endpoint. Cheap to clone; `Send + Sync`.
@@ -106,14 +132,10 @@ impl EndpointDma {
         self.ep.id()
     }
 
-    fn mode(&self) -> Mode {
-        let attached = self.ep.attached();
-        match attached.as_deref() {
-            Some(d) if d.is_bypass() => Mode::Identity,
-            Some(_) => Mode::Table(attached),
-            None if self.bypass.load(Ordering::Acquire) => Mode::Identity,
-            None => Mode::Blocked,
-        }
+    /// How `iova` translates now, through this thread's attachment cache.
+    #[inline]
+    fn answer(&self, iova: u64, access: Perm) -> Answer {
+        attach_cache::with_attached(&self.ep, |d| answer(d, &self.bypass, iova, access))
     }
 
     /// Translates the access `[iova, iova + len)` with `access` (READ and/or
@@ -123,7 +145,6 @@ impl EndpointDma {
     pub fn translate(&self, iova: u64, len: u64, access: Perm) -> DmaRuns<'_> {
         DmaRuns {
             dma: self,
-            mode: self.mode(),
             iova,
             remaining: len,
             access,
@@ -152,18 +173,18 @@ impl EndpointDma {
     /// the address space, read-write. A refused lookup is reported to the
     /// guest as a fault, as the consumer's access would have been.
     pub fn lookup(&self, iova: u64, access: Perm) -> Result<Translation, DmaFault> {
-        match self.mode() {
-            Mode::Identity => Ok(Translation {
+        match self.answer(iova, access) {
+            Answer::Identity => Ok(Translation {
                 gpa: iova,
                 len: (u64::MAX - iova).saturating_add(1),
                 perm: Perm::READ | Perm::WRITE,
             }),
-            Mode::Blocked => Err(self.report(FAULT_R_DOMAIN, access, iova, |endpoint, iova| {
+            Answer::Blocked => Err(self.report(FAULT_R_DOMAIN, access, iova, |endpoint, iova| {
                 DmaFault::NotAttached { endpoint, iova }
             })),
-            Mode::Table(d) => match d.as_deref().and_then(|d| d.translate(iova, access)) {
-                Some(Ok(t)) if t.len > 0 => Ok(t),
-                Some(Err(Fault::Permission)) => Err(self.report(
+            Answer::Table(r) => match r {
+                Ok(t) if t.len > 0 => Ok(t),
+                Err(Fault::Permission) => Err(self.report(
                     FAULT_R_MAPPING,
                     access,
                     iova,
@@ -238,7 +259,6 @@ impl EndpointDma {
 /// Iterator over the runs of one access; see [`EndpointDma::translate`].
 pub struct DmaRuns<'a> {
     dma: &'a EndpointDma,
-    mode: Mode,
     iova: u64,
     remaining: u64,
     access: Perm,
@@ -272,30 +292,19 @@ impl Iterator for DmaRuns<'_> {
                 iova,
             });
         }
-        match &self.mode {
-            Mode::Identity => {
+        match self.dma.answer(self.iova, self.access) {
+            Answer::Identity => {
                 self.done = true;
                 Some(Ok(DmaRun {
                     gpa: self.iova,
                     len: self.remaining,
                 }))
             }
-            Mode::Blocked => self.fail(FAULT_R_DOMAIN, |endpoint, iova| DmaFault::NotAttached {
+            Answer::Blocked => self.fail(FAULT_R_DOMAIN, |endpoint, iova| DmaFault::NotAttached {
                 endpoint,
                 iova,
             }),
-            Mode::Table(d) => {
-                let Some(result) = d
-                    .as_deref()
-                    .and_then(|d| d.translate(self.iova, self.access))
-                else {
-                    // Bypass domains (and no domain) are not Mode::Table;
-                    // unreachable in practice, but fail closed.
-                    return self.fail(FAULT_R_UNKNOWN, |endpoint, iova| DmaFault::Unmapped {
-                        endpoint,
-                        iova,
-                    });
-                };
+            Answer::Table(result) => {
                 match result {
                     Ok(t) if t.len > 0 => {
                         let len = t.len.min(self.remaining);

@@ -10,6 +10,11 @@
 //! the code before the pointer swaps the consumer list was an `RwLock`
 //! whose writer, stalled the same way, held its write guard, and the kick's
 //! read lock waited for it: the bounded wait below then failed.
+//!
+//! The steady state of the DMA path also takes no locked instruction: the
+//! endpoint's attachment comes from the thread's cache
+//! (`translate/attach_cache.rs`), which the tests here show is neither
+//! reloaded while the attachment stays nor kept once it changes.
 
 use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +25,8 @@ use std::time::Duration;
 use super::{IommuConfig, IommuDevice};
 use crate::locks::{lock, write};
 use crate::mapping::{Invalidator, Perm};
-use crate::wire::{AttachReq, MapReq, Status, UnmapReq, MAP_F_READ, MAP_F_WRITE};
+use crate::translate::{attach_cache_misses, DmaFault};
+use crate::wire::{AttachReq, DetachReq, MapReq, Status, UnmapReq, MAP_F_READ, MAP_F_WRITE};
 
 const EP: u32 = 1;
 const DOMAIN: u32 = 1;
@@ -35,8 +41,12 @@ impl Invalidator for Counting {
 }
 
 fn map_req(iova: u64, gpa: u64) -> MapReq {
+    map_in(DOMAIN, iova, gpa)
+}
+
+fn map_in(domain: u32, iova: u64, gpa: u64) -> MapReq {
     MapReq {
-        domain: DOMAIN,
+        domain,
         virt_start: iova,
         virt_end: iova + 0xfff,
         phys_start: gpa,
@@ -95,6 +105,14 @@ fn translate_takes_no_lock() {
         let dev = Arc::clone(&dev);
         thread::spawn(move || {
             let hit = dma.lookup(0x10008, Perm::READ);
+            // Steady state: the attachment is this thread's cached one,
+            // never loaded again (a load would be a locked instruction).
+            let misses = attach_cache_misses();
+            let steady = (0..1000u64).all(|k| {
+                let iova = 0x10000 + (k % 0x1000);
+                dma.translate_contiguous(iova, 1, Perm::READ) == Ok(0x20_0000 + (k % 0x1000))
+            });
+            let reloads = attach_cache_misses() - misses;
             let unmap = UnmapReq {
                 domain: DOMAIN,
                 virt_start: 0x20000,
@@ -103,17 +121,116 @@ fn translate_takes_no_lock() {
             let status = dev.unmap(&mut w, &unmap);
             dev.complete_kick(&mut w);
             let gone = dma.lookup(0x20000, Perm::READ).is_err();
-            let _ = done_tx.send((hit, status, gone));
+            let _ = done_tx.send((hit, status, gone, steady, reloads, misses));
         })
     };
     let outcome = done_rx.recv_timeout(Duration::from_secs(10));
     let _ = release_tx.send(());
     holder.join().expect("holder");
-    let (hit, status, gone) =
+    let (hit, status, gone, steady, reloads, first) =
         outcome.expect("translate or kick waited for a lock the control path held");
     user.join().expect("user");
     assert_eq!(hit.map(|t| t.gpa), Ok(0x20_0008));
+    assert!(steady, "a steady-state translation answered wrongly");
+    assert_eq!(first, 1, "the thread's first access filled its cache");
+    assert_eq!(reloads, 0, "a steady-state access loaded the attachment");
     assert_eq!(status, Status::Ok);
     assert!(gone, "a translation survived its UNMAP's kick");
     assert_eq!(inv.0.load(Ordering::SeqCst), 1, "the kick invalidated once");
+}
+
+/// What a device thread with a warm attachment cache sees, access by
+/// access, while the control path detaches and re-attaches its endpoint
+/// on another thread: every change is seen by the very next access (the
+/// two threads are ordered by a channel, as a kick's completion orders a
+/// guest's next request), and an unchanged attachment is never reloaded.
+#[test]
+fn a_cached_attachment_follows_detach_and_reattach() {
+    let dev = Arc::new(IommuDevice::new(IommuConfig::default()).expect("device"));
+    dev.add_endpoint(EP).expect("endpoint");
+    dev.ack_features(dev.device_features());
+    let mut w = dev.new_worker();
+    let attach = |w: &mut _, domain| {
+        let req = AttachReq {
+            domain,
+            endpoint: EP,
+            flags: 0,
+            reserved: [0; 4],
+        };
+        assert_eq!(dev.attach(w, &req), Status::Ok);
+    };
+    attach(&mut w, DOMAIN);
+    assert_eq!(
+        dev.map(&mut w, &map_in(DOMAIN, 0x10000, 0x20_0000)),
+        Status::Ok
+    );
+    dev.complete_kick(&mut w);
+    let dma = dev.endpoint_dma(EP).expect("dma handle");
+
+    // The device thread: one access per request, warm-up included.
+    let (ask_tx, ask_rx) = mpsc::channel::<u32>();
+    let (ans_tx, ans_rx) = mpsc::channel();
+    let device = thread::spawn(move || {
+        while let Ok(times) = ask_rx.recv() {
+            let before = attach_cache_misses();
+            let mut last = None;
+            for _ in 0..times {
+                last = Some(dma.translate_contiguous(0x10008, 8, Perm::READ));
+            }
+            let _ = ans_tx.send((last, attach_cache_misses() - before));
+        }
+    });
+    let access = |times: u32| {
+        ask_tx.send(times).expect("device thread");
+        ans_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("device thread answered")
+    };
+
+    // Warm: one miss, then hits only.
+    assert_eq!(access(1), (Some(Ok(0x20_0008)), 1));
+    assert_eq!(access(100), (Some(Ok(0x20_0008)), 0));
+
+    // DETACH (the domain's last endpoint: it is destroyed).
+    let detach = DetachReq {
+        domain: DOMAIN,
+        endpoint: EP,
+    };
+    assert_eq!(dev.detach(&mut w, &detach), Status::Ok);
+    dev.complete_kick(&mut w);
+    let (r, misses) = access(1);
+    assert!(
+        matches!(r, Some(Err(DmaFault::NotAttached { .. }))),
+        "the access after DETACH used the cached domain: {r:?}"
+    );
+    assert_eq!(misses, 1);
+    assert!(matches!(
+        access(10),
+        (Some(Err(DmaFault::NotAttached { .. })), 0)
+    ));
+
+    // ATTACH to another domain, with another mapping at the same address.
+    attach(&mut w, 2);
+    assert_eq!(dev.map(&mut w, &map_in(2, 0x10000, 0x50_0000)), Status::Ok);
+    dev.complete_kick(&mut w);
+    assert_eq!(access(1), (Some(Ok(0x50_0008)), 1));
+    assert_eq!(access(10), (Some(Ok(0x50_0008)), 0));
+
+    // Re-attach without a DETACH, then back to a domain of the first id
+    // (a new, empty domain: its old mapping must not come back).
+    attach(&mut w, 3);
+    assert_eq!(dev.map(&mut w, &map_in(3, 0x10000, 0x60_0000)), Status::Ok);
+    dev.complete_kick(&mut w);
+    assert_eq!(access(1), (Some(Ok(0x60_0008)), 1));
+    attach(&mut w, DOMAIN);
+    dev.complete_kick(&mut w);
+    let (r, misses) = access(1);
+    assert!(
+        matches!(r, Some(Err(DmaFault::Unmapped { .. }))),
+        "the access after re-attach used a cached domain: {r:?}"
+    );
+    assert_eq!(misses, 1);
+
+    drop(ask_tx);
+    device.join().expect("device thread");
 }
