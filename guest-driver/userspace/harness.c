@@ -36,6 +36,12 @@ void ut_set_cpu(int cpu)
 {
 	cpu_set_t set;
 
+#ifdef UT_PINNED_CPUS
+	if (cpu == UT_WORKER_CPU) {
+		fprintf(stderr, "CPU %d is the delayed-work thread's\n", cpu);
+		abort();
+	}
+#endif
 	ut_cpu = cpu;
 	CPU_ZERO(&set);
 	CPU_SET(cpu % 2, &set);	/* this machine's two cores */
@@ -244,15 +250,21 @@ void ut_unmap(struct ut_env *e, u64 dma, u64 phys, size_t size,
 }
 
 /* `test <name> ... ok` or FAILED; the exit status of a test program */
+#ifdef UT_PINNED_CPUS
+#define UT_BUILD "_pinned"
+#else
+#define UT_BUILD ""
+#endif
+
 int ut_report(const char *name, long violations_before)
 {
 	long v = ut_violations - violations_before;
 
 	if (v || ut_warnings) {
-		printf("test %s ... FAILED (%ld violations, %ld warnings)\n",
-		       name, v, ut_warnings);
+		printf("test %s%s ... FAILED (%ld violations, %ld warnings)\n",
+		       name, UT_BUILD, v, ut_warnings);
 		return 1;
 	}
-	printf("test %s ... ok\n", name);
+	printf("test %s%s ... ok\n", name, UT_BUILD);
 	return 0;
 }

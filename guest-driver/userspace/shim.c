@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * The shim's kernel API: CPUs as thread ids with one mutex each for
- * interrupt-off sections, the per-CPU arena, a kmalloc arena that gives
+ * The shim's kernel API: CPUs as thread ids (checked build: one mutex
+ * each for interrupt-off sections), spinlocks' slow path, the per-CPU arena, a kmalloc arena that gives
  * guest-like physical addresses, a sorted-array IOVA allocator and a
  * thread for delayed work.
  */
@@ -15,11 +15,6 @@
 long ut_warnings;
 __thread int ut_cpu;
 unsigned int nr_cpu_ids = UT_NR_CPUS;
-static __thread int ut_irq_depth;
-static pthread_mutex_t ut_cpu_lock[UT_NR_CPUS] = {
-	PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
-	PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
-};
 
 void ut_cpu_relax(void)
 {
@@ -29,6 +24,30 @@ void ut_cpu_relax(void)
 	if (!(++spins % 64))
 		sched_yield();
 }
+
+void ut_spin_lock_slow(spinlock_t *s)
+{
+	u32 free;
+
+	do {
+		while (__atomic_load_n(&s->val, __ATOMIC_RELAXED))
+			cpu_relax();
+		free = 0;
+	} while (!__atomic_compare_exchange_n(&s->val, &free, 1, false,
+					      __ATOMIC_ACQUIRE,
+					      __ATOMIC_RELAXED));
+}
+
+#ifdef UT_PINNED_CPUS
+__thread int ut_preempt_count;
+#define ut_irqs_off() false	/* not tracked: nothing to exclude */
+#else
+static __thread int ut_irq_depth;
+static pthread_mutex_t ut_cpu_lock[UT_NR_CPUS] = {
+	PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+	PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+};
+#define ut_irqs_off() (ut_irq_depth != 0)
 
 unsigned long ut_irq_save(void)
 {
@@ -43,8 +62,12 @@ void ut_irq_restore(unsigned long flags)
 	if (!--ut_irq_depth)
 		pthread_mutex_unlock(&ut_cpu_lock[ut_cpu]);
 }
+#endif
 
-/* run @fn as CPU @cpu with its interrupts off, as an IPI would */
+/*
+ * Run @fn as CPU @cpu with its interrupts off, as an IPI would (pinned
+ * build: the caller makes sure that CPU's thread is idle).
+ */
 int smp_call_function_single(int cpu, void (*fn)(void *), void *info,
 			     int wait)
 {
@@ -52,7 +75,7 @@ int smp_call_function_single(int cpu, void (*fn)(void *), void *info,
 	unsigned long f;
 
 	(void)wait;
-	if (ut_irq_depth) {
+	if (ut_irqs_off()) {
 		fprintf(stderr, "smp_call_function_single with irqs off\n");
 		abort();
 	}
@@ -324,12 +347,22 @@ u64 ktime_get_ns(void)
 
 /*
  * Delayed work: registered works are polled by one thread every 200 us;
- * a due one runs as the next CPU in turn (a kworker may run anywhere).
+ * a due one runs as the next CPU in turn (a kworker may run anywhere;
+ * pinned build: always as UT_WORKER_CPU, which no other thread uses).
  */
 static struct delayed_work *ut_works;
 static pthread_mutex_t ut_work_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_t ut_worker;
 static bool ut_worker_started;
+
+static int ut_worker_cpu(unsigned int *turn)
+{
+#ifdef UT_PINNED_CPUS
+	return UT_WORKER_CPU;
+#else
+	return (*turn)++ % nr_cpu_ids;
+#endif
+}
 
 static void *ut_worker_fn(void *arg)
 {
@@ -347,7 +380,7 @@ static void *ut_worker_fn(void *arg)
 			w->pending = 0;
 			w->running = 1;
 			pthread_mutex_unlock(&ut_work_lock);
-			ut_cpu = turn++ % nr_cpu_ids;
+			ut_cpu = ut_worker_cpu(&turn);
 			w->work.func(&w->work);
 			pthread_mutex_lock(&ut_work_lock);
 			w->running = 0;

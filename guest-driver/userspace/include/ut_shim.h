@@ -3,11 +3,20 @@
  * A small shim of the kernel API, enough to build vviommu's core files
  * (the ones that see only vviommu.h) in user space, unchanged.
  *
- * The CPU model: every thread carries a "CPU" id (ut_set_cpu). A section
- * with local interrupts off (local_irq_save) holds that CPU's mutex, so
- * two threads of one CPU never interleave inside such a section, just as
- * nothing preempts a kernel CPU with interrupts off; threads of
- * different CPUs run in parallel. Per-CPU data lives in one arena with a
+ * The CPU model: every thread carries a "CPU" id (ut_set_cpu). Two
+ * builds of it:
+ *  - checked (the tests): a section with local interrupts off
+ *    (local_irq_save) holds that CPU's mutex, so two threads of one CPU
+ *    (a test thread and the delayed-work thread acting as that CPU, or
+ *    an "IPI") never interleave inside such a section, just as nothing
+ *    preempts a kernel CPU with interrupts off;
+ *  - pinned (UT_PINNED_CPUS, the benchmark): every CPU id is used by one
+ *    thread at a time, pinned to a core, and the delayed-work thread has
+ *    a CPU id of its own (UT_WORKER_CPU). Per-CPU data of a CPU is then
+ *    touched by its thread alone, so an interrupt-off section needs no
+ *    exclusion at all: it costs what the kernel's does (pushf/pop for
+ *    the save, popf standing in for cli/sti), not a mutex.
+ * Threads of different CPUs run in parallel. Per-CPU data lives in one arena with a
  * fixed stride per CPU (this_cpu_ptr adds it, as the kernel's per-CPU
  * offset does). The kernel's virtual/physical mapping is an arena of
  * its own: kmalloc and get_zeroed_page come from it, so virt_to_phys
@@ -169,12 +178,50 @@ typedef struct { s64 counter; } atomic64_t;
 	__atomic_compare_exchange_n((p), &_o, (n), false, \
 				    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); _o; })
 
-/* CPUs: the thread's id; interrupts off = that CPU's mutex */
+#define barrier() __asm__ __volatile__("" : : : "memory")
+
+/* CPUs: the thread's id; interrupts off: see the top of this file */
 #define UT_NR_CPUS 4
 extern __thread int ut_cpu;
 extern unsigned int nr_cpu_ids;
+#ifdef UT_PINNED_CPUS
+/* the delayed-work thread's CPU; the benchmark's threads use the others */
+#define UT_WORKER_CPU (UT_NR_CPUS - 1)
+/*
+ * x86's local_irq_save is pushf; pop; cli and local_irq_restore a test
+ * and sti. cli and sti fault in user space; popf of the saved flags is
+ * legal there (IF silently stays as it is) and costs at least what the
+ * cli/sti pair does, so a section is charged no less than the kernel's.
+ */
+static __always_inline unsigned long ut_irq_save(void)
+{
+	unsigned long f;
+
+	__asm__ __volatile__("pushfq; popq %0" : "=r"(f) : : "memory");
+	return f;
+}
+
+static __always_inline void ut_irq_restore(unsigned long f)
+{
+	__asm__ __volatile__("pushq %0; popfq" : : "r"(f) : "memory", "cc");
+}
+
+/*
+ * The kernel's preempt_disable with a preemptible build: a non-atomic
+ * per-CPU increment and a compiler barrier. Here the thread's own
+ * counter: no other thread acts as its CPU (see the top of this file).
+ */
+extern __thread int ut_preempt_count;
+#define preempt_disable() do { ut_preempt_count++; barrier(); } while (0)
+#define preempt_enable() do { barrier(); \
+	if (unlikely(--ut_preempt_count < 0)) abort(); } while (0)
+#else
 unsigned long ut_irq_save(void);
 void ut_irq_restore(unsigned long flags);
+/* another thread acting as this CPU must not interleave: the CPU's mutex */
+#define preempt_disable() ((void)ut_irq_save())
+#define preempt_enable() ut_irq_restore(0)
+#endif
 #define smp_processor_id() ut_cpu
 #define raw_smp_processor_id() ut_cpu
 #define num_possible_cpus() nr_cpu_ids
@@ -182,18 +229,38 @@ void ut_irq_restore(unsigned long flags);
 #define cpu_online(c) ((c) < (int)nr_cpu_ids)
 #define local_irq_save(f) ((f) = ut_irq_save())
 #define local_irq_restore(f) ut_irq_restore(f)
-#define preempt_disable() do { } while (0)
-#define preempt_enable() do { } while (0)
 static inline void cpus_read_lock(void) { }
 static inline void cpus_read_unlock(void) { }
 int smp_call_function_single(int cpu, void (*fn)(void *), void *info,
 			     int wait);
 
-/* spinlocks, mutexes */
-typedef struct { pthread_spinlock_t l; } spinlock_t;
-#define spin_lock_init(s) pthread_spin_init(&(s)->l, PTHREAD_PROCESS_PRIVATE)
-#define spin_lock(s) pthread_spin_lock(&(s)->l)
-#define spin_unlock(s) pthread_spin_unlock(&(s)->l)
+/*
+ * spinlocks: the cost of the kernel's qspinlock fast path, one locked
+ * cmpxchg to take a free lock and a release store to drop it. A waiter
+ * spins on plain loads (test and test-and-set) with cpu_relax, which
+ * yields now and then, so a holder preempted on an oversubscribed core
+ * gets to run.
+ */
+typedef struct { u32 val; } spinlock_t;
+void ut_spin_lock_slow(spinlock_t *s);
+#define spin_lock_init(s) __atomic_store_n(&(s)->val, 0, __ATOMIC_RELAXED)
+static __always_inline void spin_lock(spinlock_t *s)
+{
+	u32 free = 0;
+
+	if (likely(__atomic_compare_exchange_n(&s->val, &free, 1, false,
+					       __ATOMIC_ACQUIRE,
+					       __ATOMIC_RELAXED)))
+		return;
+	ut_spin_lock_slow(s);
+}
+
+static __always_inline void spin_unlock(spinlock_t *s)
+{
+	__atomic_store_n(&s->val, 0, __ATOMIC_RELEASE);
+}
+
+/* mutexes */
 #define spin_lock_irqsave(s, f) do { local_irq_save(f); spin_lock(s); } while (0)
 #define spin_unlock_irqrestore(s, f) do { spin_unlock(s); local_irq_restore(f); } while (0)
 struct mutex { pthread_mutex_t m; };
@@ -206,9 +273,22 @@ static inline void free_percpu(void *p) { (void)p; }
 #define per_cpu_ptr(p, c) ((__typeof__(p))((char *)(p) + UT_PCPU_STRIDE * (c)))
 #define this_cpu_ptr(p) per_cpu_ptr(p, ut_cpu)
 #define raw_cpu_ptr(p) this_cpu_ptr(p)
+#ifdef UT_PINNED_CPUS
+/*
+ * The kernel's: one add instruction to memory, not locked (it only has to
+ * be atomic against this CPU's interrupts); no other thread acts as this
+ * CPU.
+ */
+#define this_cpu_add(pcp, v) do { \
+	__typeof__(pcp) _v = (v); \
+	__asm__ __volatile__("add %1, %0" \
+			     : "+m"(*this_cpu_ptr(&(pcp))) : "r"(_v)); \
+} while (0)
+#else
 /* atomic against the CPU's other threads, as a single instruction is */
 #define this_cpu_add(pcp, v) \
 	__atomic_add_fetch(this_cpu_ptr(&(pcp)), (v), __ATOMIC_RELAXED)
+#endif
 #define this_cpu_inc(pcp) this_cpu_add(pcp, 1)
 
 /* memory */
