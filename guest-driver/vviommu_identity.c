@@ -10,6 +10,13 @@
  * rbit selects the read-only region, wbit the write-only one; buffers
  * over VVI_ID_MAX_PAGES, count overflows and map errors take an IOVA of
  * the rbtree above both bits (the fallback).
+ *
+ * Interrupts are off only while this CPU holds a page BUSY (from the
+ * cmpxchg that sets it until its request completed): an interrupt on this
+ * CPU touching that page would spin on it forever. Taking or dropping a
+ * reference, and marking a page PENDING, make nobody wait: the common
+ * case of a page already mapped costs one cmpxchg and no interrupt-off
+ * section.
  */
 #include <linux/kernel.h>
 #include <linux/mm.h>
@@ -123,15 +130,15 @@ static bool vvi_identity_get(struct vvi_ep *ep, phys_addr_t phys,
 			     size_t size, int reg, u32 prot, int *err)
 {
 	unsigned long lo = PHYS_PFN(phys), hi = PHYS_PFN(phys + size - 1);
-	unsigned long need[VVI_ID_MAX_PAGES], pfn, flags;
+	unsigned long need[VVI_ID_MAX_PAGES], pfn, flags = 0;
 	u64 bits = vvi_region_bits(ep->vd, reg);
+	bool irqs_off = false;
 	int nneed = 0, i;
 
 	*err = 0;
 	if (hi >= ep->id_npfn || hi - lo >= VVI_ID_MAX_PAGES)
 		return false;
 
-	local_irq_save(flags);
 	for (pfn = lo; pfn <= hi; pfn++) {
 		atomic_t *st = vvi_idst(ep, reg, pfn);
 
@@ -145,6 +152,11 @@ static bool vvi_identity_get(struct vvi_ep *ep, phys_addr_t phys,
 			if ((v & VVI_ID_CNT_MASK) == VVI_ID_CNT_MASK)
 				goto overflow;
 			if (v == 0) {
+				/* BUSY from here until the MAP completed */
+				if (!irqs_off) {
+					local_irq_save(flags);
+					irqs_off = true;
+				}
 				if (atomic_cmpxchg(st, 0, VVI_ID_BUSY | 1) == 0) {
 					need[nneed++] = pfn;
 					break;
@@ -164,7 +176,8 @@ static bool vvi_identity_get(struct vvi_ep *ep, phys_addr_t phys,
 		for (i = 0; i < nneed; i++)
 			atomic_set_release(vvi_idst(ep, reg, need[i]), 1);
 	}
-	local_irq_restore(flags);
+	if (irqs_off)
+		local_irq_restore(flags);
 	return true;
 
 overflow:
@@ -181,19 +194,20 @@ undo:
 		}
 		vvi_identity_put(ep, reg, lo, lo, false);
 	}
-	local_irq_restore(flags);
+	if (irqs_off)
+		local_irq_restore(flags);
 	return false;
 }
 
 static void vvi_identity_put(struct vvi_ep *ep, int reg, unsigned long lo,
 			     unsigned long hi, bool strict)
 {
-	unsigned long drop[VVI_ID_MAX_PAGES], pfn, flags;
+	unsigned long drop[VVI_ID_MAX_PAGES], pfn, flags = 0;
 	u64 bits = vvi_region_bits(ep->vd, reg);
 	int ndrop = 0, i;
 	bool lazy = !strict && vvi_inval_sel != VVI_INV_STRICT;
+	bool irqs_off = false;
 
-	local_irq_save(flags);
 	for (pfn = lo; pfn <= hi; pfn++) {
 		atomic_t *st = vvi_idst(ep, reg, pfn);
 
@@ -213,6 +227,15 @@ static void vvi_identity_put(struct vvi_ep *ep, int reg, unsigned long lo,
 					break;
 				continue;
 			}
+			/*
+			 * The last reference: strict takes the page BUSY until
+			 * its UNMAP completed; lazy marks it PENDING (still
+			 * mapped) and queues the UNMAP below.
+			 */
+			if (!lazy && !irqs_off) {
+				local_irq_save(flags);
+				irqs_off = true;
+			}
 			if (atomic_cmpxchg(st, v, lazy ? VVI_ID_PENDING :
 					   VVI_ID_BUSY) == v) {
 				drop[ndrop++] = pfn;
@@ -228,7 +251,8 @@ static void vvi_identity_put(struct vvi_ep *ep, int reg, unsigned long lo,
 	}
 	for (i = 0; lazy && i < ndrop; i++)
 		vvi_fq_add(ep, PFN_PHYS(drop[i]) | bits, 1);
-	local_irq_restore(flags);
+	if (irqs_off)
+		local_irq_restore(flags);
 }
 
 static int vvi_prot_region(u32 prot)
