@@ -79,7 +79,9 @@ impl Batch {
     /// buffers unmapped in order) extends it in place: the same merge
     /// `merge_ranges` would make at the flush, without a slot per UNMAP to
     /// store and sort.
-    #[inline]
+    /// Always inlined (the push is not): it is most of a one-page UNMAP's
+    /// work besides the compare-and-swap.
+    #[inline(always)]
     pub(crate) fn record(&mut self, domain: u32, first: u64, last: u64) {
         if let Some(prev) = self.merged.last_mut() {
             if prev.0 == domain && prev.2.checked_add(1) == Some(first) {
@@ -87,6 +89,11 @@ impl Batch {
                 return;
             }
         }
+        self.push_merged(domain, first, last);
+    }
+
+    #[inline(never)]
+    fn push_merged(&mut self, domain: u32, first: u64, last: u64) {
         self.merged.push((domain, first, last));
     }
 

@@ -56,7 +56,66 @@ pub(crate) struct HeldLeaf {
 }
 
 impl HeldLeaf {
+    /// True if this is the hold on the leaf covering `iova` in `t`: the
+    /// one check the one-page fast paths (`page.rs`) make before using it.
+    #[inline(always)]
+    pub(crate) fn covers(&self, t: &Table, iova: u64) -> bool {
+        self.region == iova >> 21 && std::ptr::eq(Arc::as_ptr(&self.table), t)
+    }
+
+    /// The held node (linked in `t` for as long as the hold lasts).
+    #[inline(always)]
+    pub(crate) fn node<'a>(&self, t: &'a Table) -> &'a Node {
+        t.node(self.node)
+    }
+
+    /// True if the private delta can take one more entry filled (`up`) or
+    /// emptied without reaching its bound: the one-page fast paths
+    /// (`page.rs`) leave the settling to the general path, so they make no
+    /// call and need no saved registers.
+    #[inline(always)]
+    pub(crate) fn has_room(&self, up: bool) -> bool {
+        if up {
+            self.delta < MAX_DELTA
+        } else {
+            self.delta > -MAX_DELTA
+        }
+    }
+
+    /// [`HeldLeaf::filled`] when [`HeldLeaf::has_room`] said so.
+    #[inline(always)]
+    pub(crate) fn filled_within_room(&mut self) {
+        self.delta += 1;
+    }
+
+    /// [`HeldLeaf::emptied`] when [`HeldLeaf::has_room`] said so.
+    #[inline(always)]
+    pub(crate) fn emptied_within_room(&mut self) {
+        self.delta -= 1;
+    }
+
+    /// The worker filled one entry of the node.
+    #[inline(always)]
+    pub(crate) fn filled(&mut self) {
+        self.delta += 1;
+        if self.delta > MAX_DELTA {
+            self.settle();
+        }
+    }
+
+    /// The worker emptied one entry of the node.
+    #[inline(always)]
+    pub(crate) fn emptied(&mut self) {
+        self.delta -= 1;
+        if self.delta < -MAX_DELTA {
+            self.settle();
+        }
+    }
+
     /// Adds the private delta to `live` (still held: cannot reach zero).
+    /// Cold: once per [`MAX_DELTA`] one-page operations at most.
+    #[cold]
+    #[inline(never)]
     fn settle(&mut self) {
         let d = std::mem::take(&mut self.delta);
         self.table
@@ -77,8 +136,8 @@ pub(crate) fn leaf<'a>(
     install: bool,
 ) -> Result<Found<'a>, MapError> {
     if let Some(h) = &w.state.table.held {
-        if h.region == iova >> 21 && Arc::ptr_eq(&h.table, t) {
-            return Ok(Found::Node(t.node(h.node)));
+        if h.covers(t, iova) {
+            return Ok(Found::Node(h.node(t)));
         }
     }
     take_hold(t, w, iova, install)
@@ -111,10 +170,7 @@ fn take_hold<'a>(
 #[inline]
 pub(crate) fn filled(w: &mut Ctx) {
     if let Some(h) = w.state.table.held.as_mut() {
-        h.delta += 1;
-        if h.delta > MAX_DELTA {
-            h.settle();
-        }
+        h.filled();
     }
 }
 
@@ -122,10 +178,7 @@ pub(crate) fn filled(w: &mut Ctx) {
 #[inline]
 pub(crate) fn emptied(w: &mut Ctx) {
     if let Some(h) = w.state.table.held.as_mut() {
-        h.delta -= 1;
-        if h.delta < -MAX_DELTA {
-            h.settle();
-        }
+        h.emptied();
     }
 }
 

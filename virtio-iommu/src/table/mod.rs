@@ -25,6 +25,7 @@ pub mod entry;
 mod held;
 mod leaf_hint;
 mod ops;
+mod page;
 mod quota;
 mod range;
 mod retire;

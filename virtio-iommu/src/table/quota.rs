@@ -61,6 +61,20 @@ pub(crate) struct Shard {
     owner: AtomicU64,
 }
 
+impl Shard {
+    /// Adds the packed delta `d` as the shard's owner, its only writer.
+    #[inline(always)]
+    pub(crate) fn add_owned(&self, d: u64) {
+        // No locked instruction (see `Shard`). Relaxed like the add it
+        // replaces: `totals` is a sum of independent counters, not a
+        // synchronisation point.
+        self.packed.store(
+            self.packed.load(Ordering::Relaxed).wrapping_add(d),
+            Ordering::Relaxed,
+        );
+    }
+}
+
 const MAPPINGS_SHIFT: u32 = 36;
 const PAGES_MASK: u64 = (1 << MAPPINGS_SHIFT) - 1;
 
@@ -74,11 +88,22 @@ pub(crate) struct Credits {
 }
 
 impl Credits {
+    /// The shard of `t` this worker owns, if these are `t`'s credits and it
+    /// got one: what the one-page fast paths (`page.rs`) need to account a
+    /// mapping without a locked instruction.
+    #[inline(always)]
+    pub(crate) fn owned_shard<'a>(&self, t: &'a Table) -> Option<&'a Shard> {
+        if !std::ptr::eq(Arc::as_ptr(&self.table), t) {
+            return None;
+        }
+        self.shard.and_then(|i| t.shards.get(i)).map(|s| &**s)
+    }
+
     /// Takes back `n` released mappings of `t` (this worker's table) as
     /// credits, returning to the table what goes beyond two chunks so an
     /// idle worker does not hoard another's quota.
     #[inline]
-    fn take_back(&mut self, t: &Table, n: u64) {
+    pub(crate) fn take_back(&mut self, t: &Table, n: u64) {
         self.count += n;
         if self.count > 2 * CHUNK {
             let back = self.count - CHUNK;
@@ -98,26 +123,22 @@ pub(crate) fn totals(t: &Table) -> (u64, u64) {
 
 /// The packed delta for `mappings` mappings covering `bytes` bytes.
 #[inline]
-fn delta(mappings: u64, bytes: u64) -> u64 {
+pub(crate) fn delta(mappings: u64, bytes: u64) -> u64 {
     (mappings << MAPPINGS_SHIFT).wrapping_add(bytes / PAGE_SIZE)
 }
 
 /// Adds `d` (a packed delta, wrapping) to this worker's shard of `t`.
 #[inline]
 fn apply(t: &Table, w: &Ctx, d: u64) {
-    if let Some(c) = &w.state.table.credits {
-        if let Some(sh) = c.shard.and_then(|i| t.shards.get(i)) {
-            if std::ptr::eq(Arc::as_ptr(&c.table), t) {
-                // Sole writer (see `Shard`): no locked instruction needed.
-                // Relaxed like the add it replaces: `totals` is a sum
-                // of independent counters, not a synchronisation point.
-                sh.packed.store(
-                    sh.packed.load(Ordering::Relaxed).wrapping_add(d),
-                    Ordering::Relaxed,
-                );
-                return;
-            }
-        }
+    if let Some(sh) = w
+        .state
+        .table
+        .credits
+        .as_ref()
+        .and_then(|c| c.owned_shard(t))
+    {
+        sh.add_owned(d);
+        return;
     }
     t.shards[0].packed.fetch_add(d, Ordering::Relaxed);
 }
@@ -143,11 +164,7 @@ pub(crate) fn removed(t: &Arc<Table>, w: &mut Ctx, mappings: u64, bytes: u64) {
     if let Some(c) = w.state.table.credits.as_mut() {
         if Arc::ptr_eq(&c.table, t) {
             match c.shard.and_then(|i| t.shards.get(i)) {
-                // Sole writer (see `Shard` and `apply`).
-                Some(sh) => sh.packed.store(
-                    sh.packed.load(Ordering::Relaxed).wrapping_add(d),
-                    Ordering::Relaxed,
-                ),
+                Some(sh) => sh.add_owned(d),
                 None => {
                     t.shards[0].packed.fetch_add(d, Ordering::Relaxed);
                 }
