@@ -101,8 +101,10 @@ enum vvi_stat {
 	VVI_NR_STATS,
 };
 
+/* an endpoint's per-CPU data: its counters, and the page table's hint */
 struct vvi_stats {
 	u64 c[VVI_NR_STATS];
+	u64 pt_hint;	/* vviommu_pgt.c: the last leaf table used */
 };
 
 /*

@@ -14,6 +14,13 @@
  * cmpxchg (the loser frees its page), and are never removed while the
  * table is attached: nothing on the DMA path takes a lock or sleeps.
  * Tables are freed only when the endpoint left the domain (vvi_pt_free).
+ *
+ * The walk from the root is skipped when the leaf table is the one this
+ * CPU used last (ring buffers mostly share a 2 MiB): the endpoint's
+ * per-CPU hint names it, in one word with the 2 MiB it covers. Since a
+ * linked table covers its 2 MiB until vvi_pt_free, the word is right on
+ * any CPU, so it is read and written with single per-CPU instructions
+ * and no interrupt-off section; vvi_pt_free clears it on every CPU.
  */
 #include <linux/kernel.h>
 #include <linux/gfp.h>
@@ -32,8 +39,47 @@ static inline void *vvi_pt_next(u64 e)
 	return phys_to_virt(e & VVI_PTE_ADDR);
 }
 
+/*
+ * The hint word: IOVA bits 47..21 (the 2 MiB) above the leaf table's
+ * PFN above a valid bit. Tables whose PFN does not fit are not hinted.
+ */
+#define VVI_PT_HINT_PFN_BITS	36
+#define VVI_PT_HINT_TAG_SHIFT	(VVI_PT_HINT_PFN_BITS + 1)
+#define VVI_PT_LEAF_SHIFT	(PAGE_SHIFT + 9)
+
+static inline __le64 *vvi_pt_hint_get(struct vvi_ep *ep, u64 iova)
+{
+	u64 h = this_cpu_read(ep->stats->pt_hint);
+
+	if (!(h & 1) || (h >> VVI_PT_HINT_TAG_SHIFT) !=
+	    (iova >> VVI_PT_LEAF_SHIFT))
+		return NULL;
+	return phys_to_virt(PFN_PHYS((h >> 1) &
+				     GENMASK_ULL(VVI_PT_HINT_PFN_BITS - 1, 0)));
+}
+
+static inline void vvi_pt_hint_set(struct vvi_ep *ep, u64 iova, __le64 *t)
+{
+	u64 pfn = PHYS_PFN(virt_to_phys(t));
+
+	if ((iova >> 48) || (pfn >> VVI_PT_HINT_PFN_BITS))
+		return;
+	this_cpu_write(ep->stats->pt_hint,
+		       (iova >> VVI_PT_LEAF_SHIFT) << VVI_PT_HINT_TAG_SHIFT |
+		       pfn << 1 | 1);
+}
+
+static void vvi_pt_hint_clear(struct vvi_ep *ep)
+{
+	int cpu;
+
+	for_each_possible_cpu(cpu)
+		WRITE_ONCE(per_cpu_ptr(ep->stats, cpu)->pt_hint, 0);
+}
+
 int vvi_pt_init(struct vvi_ep *ep)
 {
+	vvi_pt_hint_clear(ep);
 	ep->pgt = (__le64 *)get_zeroed_page(GFP_KERNEL);
 	if (!ep->pgt)
 		return -ENOMEM;
@@ -44,9 +90,12 @@ int vvi_pt_init(struct vvi_ep *ep)
 /* the leaf table of @iova, missing levels allocated (atomic context) */
 static __le64 *vvi_pt_leaf(struct vvi_ep *ep, u64 iova)
 {
-	__le64 *t = ep->pgt;
+	__le64 *t = vvi_pt_hint_get(ep, iova);
 	int lvl;
 
+	if (t)
+		return t;
+	t = ep->pgt;
 	for (lvl = VVI_PT_LEVELS - 1; lvl > 0; lvl--) {
 		__le64 *slot = &t[vvi_pt_idx(iova, lvl)];
 		u64 e = le64_to_cpu(READ_ONCE(*slot));
@@ -71,15 +120,19 @@ static __le64 *vvi_pt_leaf(struct vvi_ep *ep, u64 iova)
 		}
 		t = vvi_pt_next(e);
 	}
+	vvi_pt_hint_set(ep, iova, t);
 	return t;
 }
 
 /* the leaf table of @iova if it exists */
 static __le64 *vvi_pt_find(struct vvi_ep *ep, u64 iova)
 {
-	__le64 *t = ep->pgt;
+	__le64 *t = vvi_pt_hint_get(ep, iova);
 	int lvl;
 
+	if (t)
+		return t;
+	t = ep->pgt;
 	for (lvl = VVI_PT_LEVELS - 1; lvl > 0; lvl--) {
 		u64 e = le64_to_cpu(READ_ONCE(t[vvi_pt_idx(iova, lvl)]));
 
@@ -87,6 +140,7 @@ static __le64 *vvi_pt_find(struct vvi_ep *ep, u64 iova)
 			return NULL;
 		t = vvi_pt_next(e);
 	}
+	vvi_pt_hint_set(ep, iova, t);
 	return t;
 }
 
@@ -159,6 +213,7 @@ void vvi_pt_free(struct vvi_ep *ep)
 {
 	if (!ep->pgt)
 		return;
+	vvi_pt_hint_clear(ep);
 	vvi_pt_free_level(ep->pgt, VVI_PT_LEVELS - 1);
 	ep->pgt = NULL;
 }

@@ -4,7 +4,8 @@
  * invalidation mode, in MAP mode and page-table mode, through a seeded
  * random sequence of maps and unmaps (sizes 1 to 20 pages, all three
  * directions), checked by the harness after each call; then the
- * semantics that tell strict from deferred invalidation apart.
+ * semantics that tell strict from deferred invalidation apart, and in
+ * page-table mode a detach and re-attach of the endpoint.
  */
 #include "ut.h"
 
@@ -85,6 +86,31 @@ static void semantics(struct ut_env *e)
 			     ut_policy_names[e->policy]);
 }
 
+/*
+ * Page-table mode: the endpoint leaves its domain and comes back, its
+ * tables freed and new ones built (vvi_pt_free, vvi_pt_init) while its
+ * per-CPU data stays. No CPU may keep a hint to a freed leaf table
+ * (vviommu_pgt.c), and maps through the new tables reach their pages.
+ */
+static void reattach(struct ut_env *e)
+{
+	struct vvi_ep *ep = &e->ep;
+	int c;
+
+	vvi_flush_sync();
+	vvi_pt_free(ep);
+	for_each_possible_cpu(c)
+		if (per_cpu_ptr(ep->stats, c)->pt_hint)
+			ut_violation("CPU %d keeps a page-table hint after vvi_pt_free",
+				     c);
+	if (vvi_pt_init(ep)) {
+		ut_violation("vvi_pt_init failed");
+		return;
+	}
+	ut_dev_set_root(ep->domain, ep->pgt);
+	random_run(e, 500);
+}
+
 int main(void)
 {
 	long before = ut_violations;
@@ -111,6 +137,8 @@ int main(void)
 					random_run(e, 4000);
 					semantics(e);
 				}
+				if (pgt && p != VVI_POL_PERSISTENT)
+					reattach(e);
 				ut_env_teardown(e);
 				if (ut_violations != v0)
 					fprintf(stderr, "  in %s %s %s\n",

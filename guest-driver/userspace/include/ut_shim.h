@@ -290,6 +290,9 @@ static inline void free_percpu(void *p) { (void)p; }
 	__atomic_add_fetch(this_cpu_ptr(&(pcp)), (v), __ATOMIC_RELAXED)
 #endif
 #define this_cpu_inc(pcp) this_cpu_add(pcp, 1)
+/* one load or store of this CPU's copy, as the kernel's */
+#define this_cpu_read(pcp) READ_ONCE(*this_cpu_ptr(&(pcp)))
+#define this_cpu_write(pcp, v) WRITE_ONCE(*this_cpu_ptr(&(pcp)), (v))
 
 /* memory */
 #define GFP_KERNEL 0u
