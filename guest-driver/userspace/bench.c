@@ -24,6 +24,8 @@
 
 static struct ut_env *env;
 static u64 elapsed[2], on_cpu[2];
+/* the threads start timing together, all of them warm */
+static pthread_barrier_t warm;
 
 /*
  * The thread's on-CPU time: on a busy machine the wall clock also counts
@@ -49,6 +51,7 @@ static void *loop(void *p)
 		u64 dma;
 
 		if (i == WARM) {
+			pthread_barrier_wait(&warm);
 			t0 = ut_now_ns();
 			c0 = cpu_ns();
 		}
@@ -100,6 +103,7 @@ int main(int argc, char **argv)
 					long req0, req;
 
 					ut_env_setup(env, pols[p], invs[v], pgt);
+					pthread_barrier_init(&warm, NULL, th);
 					req0 = ut_dev_map_reqs + ut_dev_unmap_reqs +
 					       ut_dev_inval_reqs;
 					for (t = 0; t < th; t++)
@@ -123,6 +127,7 @@ int main(int argc, char **argv)
 					       ns[th - 1], cns[th - 1],
 					       (double)req / th / (WARM + ITERS));
 					ut_env_teardown(env);
+					pthread_barrier_destroy(&warm);
 				}
 				snprintf(table[nt++], sizeof(table[0]),
 					 "%-12s %-12s %-8s %10.1f %10.1f %10.1f %10.1f",

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * The shim's kernel API: CPUs as thread ids (checked build: one mutex
- * each for interrupt-off sections), spinlocks' slow path, the per-CPU arena, a kmalloc arena that gives
- * guest-like physical addresses, a sorted-array IOVA allocator and a
- * thread for delayed work.
+ * each for interrupt-off sections), spinlocks' slow path, the per-CPU
+ * arena, a kmalloc arena that gives guest-like physical addresses, a
+ * sorted-array IOVA allocator with the kernel's cached search point, and
+ * a thread for delayed work.
  */
 #define _GNU_SOURCE
 #include <sched.h>
@@ -195,20 +196,21 @@ void free_page(unsigned long addr)
 	kfree((void *)addr);
 }
 
-/* IOVA ranges sorted by pfn_lo; allocation walks the gaps top-down */
+/* IOVA ranges sorted by descending pfn_lo; allocation walks gaps down */
 void init_iova_domain(struct iova_domain *d, unsigned long granule,
 		      unsigned long start_pfn)
 {
 	(void)granule;
 	pthread_mutex_init(&d->lock, NULL);
 	d->start_pfn = start_pfn;
+	d->cached = 0;
 	d->v = NULL;
 	d->n = 0;
 	d->cap = 0;
 }
 
-/* index of the first range with pfn_lo > @pfn */
-static size_t ut_iova_upper(struct iova_domain *d, unsigned long pfn)
+/* index of the first range with pfn_lo <= @pfn (d->n: none) */
+static size_t ut_iova_below(struct iova_domain *d, unsigned long pfn)
 {
 	size_t lo = 0, hi = d->n;
 
@@ -216,9 +218,9 @@ static size_t ut_iova_upper(struct iova_domain *d, unsigned long pfn)
 		size_t mid = (lo + hi) / 2;
 
 		if (d->v[mid]->pfn_lo > pfn)
-			hi = mid;
-		else
 			lo = mid + 1;
+		else
+			hi = mid;
 	}
 	return lo;
 }
@@ -249,31 +251,51 @@ static struct iova *ut_iova_insert(struct iova_domain *d, size_t at,
 	return i;
 }
 
+static void ut_iova_remove(struct iova_domain *d, size_t at)
+{
+	free(d->v[at]);
+	memmove(&d->v[at], &d->v[at + 1], (d->n - at - 1) * sizeof(*d->v));
+	d->n--;
+}
+
+/* the highest fit below @top (exclusive), or NULL */
+static struct iova *ut_iova_fit(struct iova_domain *d, unsigned long top,
+				unsigned long size, unsigned long align)
+{
+	size_t j;
+
+	for (j = top ? ut_iova_below(d, top - 1) : d->n; ; j++) {
+		unsigned long lo = j < d->n ? d->v[j]->pfn_hi + 1 :
+				   d->start_pfn;
+
+		if (top > lo && top - lo >= size) {
+			unsigned long pfn = (top - size) & ~(align - 1);
+
+			if (pfn >= lo)
+				return ut_iova_insert(d, j, pfn,
+						      pfn + size - 1);
+		}
+		if (j >= d->n)
+			return NULL;
+		top = min(top, d->v[j]->pfn_lo);
+	}
+}
+
 struct iova *alloc_iova(struct iova_domain *d, unsigned long size,
 			unsigned long limit_pfn, bool size_aligned)
 {
 	unsigned long align = size_aligned ? roundup_pow_of_two(size) : 1;
 	unsigned long top = limit_pfn + 1;	/* exclusive */
 	struct iova *res = NULL;
-	long j;
 
 	pthread_mutex_lock(&d->lock);
-	for (j = (long)ut_iova_upper(d, limit_pfn) - 1; ; j--) {
-		unsigned long lo = j >= 0 ? d->v[j]->pfn_hi + 1 : d->start_pfn;
-
-		if (top > lo && top - lo >= size) {
-			unsigned long pfn = (top - size) & ~(align - 1);
-
-			if (pfn >= lo) {
-				res = ut_iova_insert(d, j + 1, pfn,
-						     pfn + size - 1);
-				break;
-			}
-		}
-		if (j < 0)
-			break;
-		top = min(top, d->v[j]->pfn_lo);
-	}
+	/* below the last allocation first, then (a miss) the whole range */
+	if (d->cached && d->cached < top)
+		res = ut_iova_fit(d, d->cached, size, align);
+	if (!res)
+		res = ut_iova_fit(d, top, size, align);
+	if (res && (!d->cached || top >= d->cached))
+		d->cached = res->pfn_lo;
 	pthread_mutex_unlock(&d->lock);
 	return res;
 }
@@ -283,11 +305,12 @@ void free_iova(struct iova_domain *d, unsigned long pfn)
 	size_t at;
 
 	pthread_mutex_lock(&d->lock);
-	at = ut_iova_upper(d, pfn);
-	if (at && d->v[at - 1]->pfn_hi >= pfn) {
-		free(d->v[at - 1]);
-		memmove(&d->v[at - 1], &d->v[at], (d->n - at) * sizeof(*d->v));
-		d->n--;
+	at = ut_iova_below(d, pfn);
+	if (at < d->n && d->v[at]->pfn_hi >= pfn) {
+		/* freed at or above the search point: search from above it */
+		if (d->cached && d->v[at]->pfn_lo >= d->cached)
+			d->cached = at ? d->v[at - 1]->pfn_lo : 0;
+		ut_iova_remove(d, at);
 	} else {
 		__atomic_add_fetch(&ut_warnings, 1, __ATOMIC_RELAXED);
 		fprintf(stderr, "free_iova: %lx not allocated\n", pfn);
@@ -303,14 +326,11 @@ struct iova *reserve_iova(struct iova_domain *d, unsigned long lo,
 	size_t at;
 
 	pthread_mutex_lock(&d->lock);
-	at = ut_iova_upper(d, hi);
-	while (at && d->v[at - 1]->pfn_hi >= lo) {
-		lo = min(lo, d->v[at - 1]->pfn_lo);
-		hi = max(hi, d->v[at - 1]->pfn_hi);
-		free(d->v[at - 1]);
-		memmove(&d->v[at - 1], &d->v[at], (d->n - at) * sizeof(*d->v));
-		d->n--;
-		at--;
+	at = ut_iova_below(d, hi);
+	while (at < d->n && d->v[at]->pfn_hi >= lo) {
+		lo = min(lo, d->v[at]->pfn_lo);
+		hi = max(hi, d->v[at]->pfn_hi);
+		ut_iova_remove(d, at);
 	}
 	res = ut_iova_insert(d, at, lo, hi);
 	pthread_mutex_unlock(&d->lock);

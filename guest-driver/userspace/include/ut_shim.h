@@ -435,7 +435,13 @@ static inline u32 hash_64(u64 v, unsigned int bits)
 	for ((bkt) = 0; (bkt) < (int)HASH_SIZE(t); (bkt)++) \
 		hlist_for_each_entry_safe(obj, tmp, &(t)[bkt], m)
 
-/* IOVA allocator (a sorted array of ranges; the kernel's is an rbtree) */
+/*
+ * IOVA allocator: ranges in an array sorted by descending address (the
+ * kernel's is an rbtree). Like the kernel's, a search starts below the
+ * last allocation (cached, 0: none) and frees move that point up, so
+ * that top-down allocation costs a short walk and a short move, not a
+ * walk over every live IOVA.
+ */
 struct iova {
 	unsigned long pfn_lo;
 	unsigned long pfn_hi;
@@ -443,6 +449,7 @@ struct iova {
 struct iova_domain {
 	pthread_mutex_t lock;
 	unsigned long start_pfn;
+	unsigned long cached;	/* exclusive top of the next search */
 	struct iova **v;
 	size_t n, cap;
 };
