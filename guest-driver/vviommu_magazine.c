@@ -57,12 +57,14 @@ unsigned long vvi_mag_alloc(struct vvi_ep *ep, unsigned long n, u64 mask)
 	return vvi_global_alloc(ep, 1UL << o, mask);
 }
 
-/* interrupts off: give @pfn (@n pages) to this CPU's magazines */
-static void vvi_mag_put(struct vvi_ep *ep, unsigned long pfn,
-			unsigned long n)
+/*
+ * Interrupts off: give @pfn (@n pages) to this CPU's magazines @mc (the
+ * caller looks them up once for a whole batch).
+ */
+static void vvi_mag_put(struct vvi_ep *ep, struct vvi_mag_cpu *mc,
+			unsigned long pfn, unsigned long n)
 {
 	unsigned int o = order_base_2(n), i;
-	struct vvi_mag_cpu *mc;
 	struct vvi_mag *ld, *pv;
 	struct vvi_depot *d;
 
@@ -70,7 +72,6 @@ static void vvi_mag_put(struct vvi_ep *ep, unsigned long pfn,
 		vvi_global_free(ep, pfn);
 		return;
 	}
-	mc = this_cpu_ptr(ep->mags);
 	ld = &mc->m[o][mc->cur[o]];
 	pv = &mc->m[o][!mc->cur[o]];
 	if (ld->n == VVI_MAG_SIZE) {
@@ -97,7 +98,7 @@ void vvi_mag_free(struct vvi_ep *ep, unsigned long pfn, unsigned long n)
 	unsigned long flags;
 
 	local_irq_save(flags);
-	vvi_mag_put(ep, pfn, n);
+	vvi_mag_put(ep, this_cpu_ptr(ep->mags), pfn, n);
 	local_irq_restore(flags);
 }
 
@@ -110,12 +111,14 @@ static void vvi_mag_release(struct vvi_ep *ep, u64 iova, unsigned long n)
 static void vvi_mag_release_batch(struct vvi_ep *ep, struct vvi_fq_ent *e,
 				  unsigned int n)
 {
+	struct vvi_mag_cpu *mc;
 	unsigned long flags;
 	unsigned int i;
 
 	local_irq_save(flags);
+	mc = this_cpu_ptr(ep->mags);
 	for (i = 0; i < n; i++)
-		vvi_mag_put(ep, e[i].iova >> PAGE_SHIFT, e[i].npages);
+		vvi_mag_put(ep, mc, e[i].iova >> PAGE_SHIFT, e[i].npages);
 	local_irq_restore(flags);
 }
 
