@@ -26,14 +26,25 @@
 //! not per DMA access: a good trade with batched invalidation, a worse one
 //! with strict invalidation of one page per kick on a host with many
 //! vCPUs, where the symmetric fence is cheaper overall. `make bench-host`
-//! shows both sides of the trade (consumers `quiesce` and `quiesce-mb`):
+//! shows both sides of the trade (consumers `quiesce-fence` and `quiesce-mb`):
 //! on this 2-core nested machine one translation inside a section costs
 //! about 10% more than none with membarrier, but a MAP+UNMAP pair with
 //! two threads kicking costs about 18x more than with the fence, since
-//! every sync then interrupts the other CPU. So the fence is the default.
+//! every sync then interrupts the other CPU. Neither is the default.
+//!
+//! A third pair avoids both costs: the sticky kind (`BarrierKind::Sticky`,
+//! the default, see `quiesce.rs`). A device thread keeps the epoch it last
+//! announced between sections and pays the full fence only when the epoch
+//! moved since (once per sync, not per DMA access); the invalidator pays
+//! a full fence of its own and no IPI, except as a safety net for a
+//! thread that neither enters again nor parks ([`expedite`]). It needs
+//! membarrier for that net: where the kernel has none, a sticky slot that
+//! is never parked could hold an UNMAP for as long as its thread sleeps,
+//! so the process falls back to the fence ([`usable`]), whose readers go
+//! idle at every exit and never hold a sync.
 //!
 //! The choice is made once per process ([`choose`]), from the VMM's
-//! `--quiescer-barrier` ([`prefer`]; the fence unless asked), and a
+//! `--quiescer-barrier` ([`prefer`]; sticky unless asked), and a
 //! quiescer may be given a kind of its own ([`usable`], for benchmarks
 //! and tests). The command must be
 //! registered (`MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED`) before it is
@@ -57,7 +68,7 @@
 #[cfg(loom)]
 use loom::sync::atomic::{fence, Ordering};
 #[cfg(not(loom))]
-use std::sync::atomic::{compiler_fence, fence, AtomicBool, Ordering};
+use std::sync::atomic::{compiler_fence, fence, AtomicU8, Ordering};
 
 /// Which barrier pair the process uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +77,10 @@ pub enum BarrierKind {
     Membarrier,
     /// Readers and invalidators: a full fence each (no usable membarrier).
     Fence,
+    /// Readers: a full fence only when the epoch moved since their last
+    /// section; invalidators: a full fence, and `membarrier` only for a
+    /// reader that has not moved on after a bounded wait (`quiesce.rs`).
+    Sticky,
 }
 
 /// `membarrier` commands (`include/uapi/linux/membarrier.h`).
@@ -96,17 +111,27 @@ fn membarrier(cmd: libc::c_int) -> std::io::Result<libc::c_long> {
     }
 }
 
-/// Whether the process asked for the asymmetric barrier ([`prefer`]).
+/// The kind the process asked for ([`prefer`]), as [`kind_code`] spells it.
 #[cfg(not(loom))]
-static PREFER_MEMBARRIER: AtomicBool = AtomicBool::new(false);
+static PREFERRED: AtomicU8 = AtomicU8::new(kind_code(BarrierKind::Sticky));
+
+#[cfg(not(loom))]
+const fn kind_code(kind: BarrierKind) -> u8 {
+    match kind {
+        BarrierKind::Membarrier => 0,
+        BarrierKind::Fence => 1,
+        BarrierKind::Sticky => 2,
+    }
+}
 
 /// Sets the process's preference before its first [`choose`]: the VMM's
-/// `--quiescer-barrier`. The default is the symmetric fence, whose cost
-/// stays on the CPU that pays it; `membarrier` takes it off every DMA
+/// `--quiescer-barrier`. The default is sticky: no fence per DMA access
+/// and no IPI per sync while device threads park before they block.
+/// The fence keeps a fence per access; `membarrier` takes it off every
 /// access but interrupts every CPU running a VMM thread at every sync.
 #[cfg(not(loom))]
 pub fn prefer(kind: BarrierKind) {
-    PREFER_MEMBARRIER.store(kind == BarrierKind::Membarrier, Ordering::Relaxed);
+    PREFERRED.store(kind_code(kind), Ordering::Relaxed);
 }
 
 /// Registers the expedited private command (once per process) and says
@@ -142,27 +167,33 @@ pub fn choose() -> BarrierKind {
     use std::sync::OnceLock;
     static CHOSEN: OnceLock<BarrierKind> = OnceLock::new();
     *CHOSEN.get_or_init(|| {
-        let kind = usable(if PREFER_MEMBARRIER.load(Ordering::Relaxed) {
-            BarrierKind::Membarrier
-        } else {
-            BarrierKind::Fence
-        });
+        let preferred = match PREFERRED.load(Ordering::Relaxed) {
+            0 => BarrierKind::Membarrier,
+            1 => BarrierKind::Fence,
+            _ => BarrierKind::Sticky,
+        };
+        let kind = usable(preferred);
         match kind {
             BarrierKind::Membarrier => {
                 log::info!("vIOMMU quiescer: asymmetric barrier (membarrier, private expedited)")
             }
             BarrierKind::Fence => log::info!("vIOMMU quiescer: a full fence on each side"),
+            BarrierKind::Sticky => log::info!(
+                "vIOMMU quiescer: sticky epochs (a fence per epoch change, membarrier as safety net)"
+            ),
         }
         kind
     })
 }
 
 /// `kind` if this process can use it, else the fence (an unregistered
-/// membarrier would fail at the first sync).
+/// membarrier would fail at the first sync; sticky without its membarrier
+/// safety net would let one unparked thread hold every UNMAP, see the
+/// module doc).
 #[cfg(not(loom))]
 pub fn usable(kind: BarrierKind) -> BarrierKind {
     match kind {
-        BarrierKind::Membarrier if membarrier_registered() => BarrierKind::Membarrier,
+        BarrierKind::Membarrier | BarrierKind::Sticky if membarrier_registered() => kind,
         _ => BarrierKind::Fence,
     }
 }
@@ -189,7 +220,8 @@ impl BarrierKind {
             // The kernel's barrier stands in for the hardware one; only
             // the compiler must keep the order of the program.
             BarrierKind::Membarrier => compiler_fence(Ordering::SeqCst),
-            BarrierKind::Fence => fence(Ordering::SeqCst),
+            // Sticky readers call it only when they announce a new epoch.
+            BarrierKind::Fence | BarrierKind::Sticky => fence(Ordering::SeqCst),
         }
         #[cfg(loom)]
         {
@@ -209,19 +241,9 @@ impl BarrierKind {
                 // call fails anyway, device threads are running without
                 // their barrier and no UNMAP can be proven complete:
                 // nothing is safe but to stop.
-                if let Err(e) = membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) {
-                    log::error!("vIOMMU quiescer: membarrier failed ({e}); cannot complete UNMAP");
-                    eprintln!(
-                        "dmavisor: error: membarrier failed ({e}): DMA quiescence cannot be \
-                         proven, exiting"
-                    );
-                    std::process::exit(1);
-                }
-                // The syscall is a compiler barrier only as far as the
-                // compiler knows it touches memory; make it explicit.
-                compiler_fence(Ordering::SeqCst);
+                expedite();
             }
-            BarrierKind::Fence => fence(Ordering::SeqCst),
+            BarrierKind::Fence | BarrierKind::Sticky => fence(Ordering::SeqCst),
         }
         #[cfg(loom)]
         {
@@ -229,6 +251,34 @@ impl BarrierKind {
             fence(Ordering::SeqCst);
         }
     }
+}
+
+/// A full barrier on every CPU running a thread of this process
+/// (`membarrier`, private expedited): the invalidator's half of the
+/// asymmetric pair, and the sticky kind's safety net. Call it only where
+/// the kind was found usable (registered).
+#[cfg(not(loom))]
+pub(crate) fn expedite() {
+    // Only an unregistered process or an invalid command fails, and both
+    // were ruled out when the kind was chosen. If the call fails anyway,
+    // device threads are running without their barrier and no UNMAP can be
+    // proven complete: nothing is safe but to stop.
+    if let Err(e) = membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) {
+        log::error!("vIOMMU quiescer: membarrier failed ({e}); cannot complete UNMAP");
+        eprintln!(
+            "dmavisor: error: membarrier failed ({e}): DMA quiescence cannot be proven, exiting"
+        );
+        std::process::exit(1);
+    }
+    // The syscall is a compiler barrier only as far as the compiler knows
+    // it touches memory; make it explicit.
+    compiler_fence(Ordering::SeqCst);
+}
+
+/// Under loom: the kernel's barrier as a SeqCst fence (module doc).
+#[cfg(loom)]
+pub(crate) fn expedite() {
+    fence(Ordering::SeqCst);
 }
 
 #[cfg(all(test, not(loom)))]
@@ -257,5 +307,10 @@ mod tests {
         assert_eq!(mb == BarrierKind::Membarrier, membarrier_registered());
         mb.heavy();
         mb.light();
+        // Sticky needs membarrier for its safety net: the fence otherwise.
+        let sticky = usable(BarrierKind::Sticky);
+        assert_eq!(sticky == BarrierKind::Sticky, membarrier_registered());
+        sticky.heavy();
+        sticky.light();
     }
 }

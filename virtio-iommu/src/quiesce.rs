@@ -36,6 +36,28 @@
 //! loom`, the kernel's barrier modelled as a SeqCst fence, see
 //! `barrier.rs`); without the reader's barrier, or with the relaxed slot
 //! store and weak slot references of an earlier version, they fail.
+//!
+//! Sticky epochs (`BarrierKind::Sticky`, the default; the quiescent-state
+//! idea of QSBR): either symmetric fence per section costs a translation
+//! twice its price, and membarrier per sync interrupts every CPU. So a
+//! sticky slot does not go idle at the end of a section: it keeps the
+//! epoch its thread last announced, and the next section announces (a
+//! Release store and a full fence) only if the global epoch moved since.
+//! Between two syncs a thread's sections cost a load, a compare and two
+//! plain stores. A sync waits until each slot is idle or announces its
+//! epoch, i.e. until each thread has entered a section again (whose table
+//! reads then follow the fence, so see the sync's table writes) or parked
+//! ([`ReaderSlot::park`]: idle, with a Release that orders its sections
+//! before). A thread must therefore park before it blocks (the device
+//! workers do it at their poll, `ThreadDma::parked` in the VMM), else a
+//! sync waits for its wake-up. The safety net for a thread that forgot:
+//! after [`STICKY_GRACE`] the sync runs membarrier (every CPU running one
+//! of our threads executes a full barrier) and then takes a slot whose
+//! per-section busy flag reads clear as done: that thread's next access
+//! begins after the barrier, so after the sync's table writes (the
+//! asymmetric argument of `barrier.rs`, with the busy flag as the slot),
+//! and the flag's Release/Acquire orders its last access before. Each
+//! slot that needed the net is logged once: it names a missing park.
 
 use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex};
@@ -54,6 +76,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::barrier::{self, BarrierKind};
 use crate::invalidation::Invalidator;
 use crate::locks::Unpoison;
+#[cfg(loom)]
+use loom::sync::atomic::fence;
+#[cfg(not(loom))]
+use std::sync::atomic::compiler_fence;
+#[cfg(not(loom))]
+use std::sync::OnceLock;
 
 /// Most live slots one quiescer tracks (device threads are few; a bound
 /// keeps a registration bug from growing the list without end). A slot
@@ -67,11 +95,19 @@ pub const MAX_READERS: usize = 256;
 /// A slot value meaning "outside any section".
 const IDLE: u64 = 0;
 
+/// How long a sticky sync waits for a slot to announce the new epoch or
+/// park before it runs membarrier (see the module doc). WHY this long: a
+/// device thread that is serving requests enters its next section within
+/// microseconds, so a longer wait only delays the UNMAP of a thread that
+/// forgot to park; a shorter one would run membarrier (an IPI to every
+/// CPU running a VMM thread) for threads that are merely busy.
+pub const STICKY_GRACE: Duration = Duration::from_micros(50);
+
 /// The shared side: the epoch and the slots of every reader.
 #[derive(Debug)]
 pub struct Quiescer {
     /// Starts at 1 so that [`IDLE`] never equals an epoch.
-    epoch: AtomicU64,
+    epoch: EpochWord,
     /// The process's barrier pair, read by every section next to `epoch`.
     barrier: BarrierKind,
     /// The registry of slots, changed by `register` only. Retired slots
@@ -90,6 +126,27 @@ pub struct Quiescer {
     /// Waits done so far, and how many of them found a reader to wait for.
     waits: AtomicU64,
     waited_for_reader: AtomicU64,
+    /// Syncs that needed the sticky safety net (membarrier).
+    fallbacks: AtomicU64,
+    /// Under loom: whether the model includes the sticky safety net (its
+    /// membarrier stands for a fence in the reader after its busy store).
+    #[cfg(loom)]
+    model_fallback: bool,
+}
+
+/// The epoch on a cache line of its own. WHY: every section loads it,
+/// and the counters next to it change at every sync; sharing their line
+/// would cost the readers a miss for each counter update too.
+#[derive(Debug)]
+#[repr(align(64))]
+struct EpochWord(AtomicU64);
+
+impl std::ops::Deref for EpochWord {
+    type Target = AtomicU64;
+
+    fn deref(&self) -> &AtomicU64 {
+        &self.0
+    }
 }
 
 /// One device thread's handle, owned by that thread; dropping it retires
@@ -98,6 +155,9 @@ pub struct Quiescer {
 pub struct ReaderSlot {
     state: Arc<SlotState>,
     quiescer: Arc<Quiescer>,
+    /// The quiescer's kind is sticky (a copy: every section and its end
+    /// test it, and one load less is a measurable part of a translation).
+    sticky: bool,
 }
 
 /// What the quiescer reads of a slot, on a cache line of its own: the
@@ -115,10 +175,21 @@ pub struct ReaderSlot {
 #[derive(Debug)]
 #[repr(align(64))]
 struct SlotState {
+    /// [`IDLE`], or the epoch the owner announced last (sticky), or that
+    /// of its open section (fence, membarrier). Only the owner writes it,
+    /// so it also is the owner's memory of what it announced.
     active: AtomicU64,
+    /// Sticky only: set while an access is open (the safety net's flag).
+    busy: AtomicBool,
     /// Set (Release) when the owner dropped its handle; `register` prunes
     /// the slot after an Acquire load of it.
     retired: AtomicBool,
+    /// The thread that announced first, for the safety net's warning.
+    #[cfg(not(loom))]
+    owner: OnceLock<String>,
+    /// Whether the safety net's warning was logged for this slot.
+    #[cfg(not(loom))]
+    warned: AtomicBool,
 }
 
 /// A translate-and-use section; ends when dropped. Never call
@@ -139,8 +210,13 @@ pub struct TooManyReaders;
 pub struct QuiesceStats {
     /// Invalidations (one per kick that unmapped something, per domain).
     pub waits: u64,
-    /// Of those, the ones that found a reader inside an older section.
+    /// Of those, the ones that found a reader inside an older section
+    /// (or, sticky, one that had not announced the new epoch yet).
     pub waited_for_reader: u64,
+    /// Of those, the ones that ran the sticky safety net (membarrier): a
+    /// device thread neither entered again nor parked within
+    /// [`STICKY_GRACE`].
+    pub fallbacks: u64,
 }
 
 impl Quiescer {
@@ -153,13 +229,33 @@ impl Quiescer {
     /// process can use it (the fence otherwise).
     pub fn with_barrier(kind: BarrierKind) -> Arc<Quiescer> {
         Arc::new(Quiescer {
-            epoch: AtomicU64::new(1),
+            epoch: EpochWord(AtomicU64::new(1)),
             barrier: barrier::usable(kind),
             readers: Mutex::new(Vec::new()),
             snapshot: ArcSwap::from_pointee(Vec::new()),
             waits: AtomicU64::new(0),
             waited_for_reader: AtomicU64::new(0),
+            fallbacks: AtomicU64::new(0),
+            #[cfg(loom)]
+            model_fallback: false,
         })
+    }
+
+    /// Under loom: a sticky quiescer, with or without its safety net
+    /// (without it, the reader's busy flag gets no modelled barrier, and
+    /// a sync must wait for the reader to announce or park).
+    #[cfg(loom)]
+    fn sticky_model(fallback: bool) -> Arc<Quiescer> {
+        let mut q = Self::with_barrier(BarrierKind::Sticky);
+        if let Some(q) = Arc::get_mut(&mut q) {
+            q.model_fallback = fallback;
+        }
+        q
+    }
+
+    /// The barrier pair in use (the asked-for kind where it is usable).
+    pub fn kind(&self) -> BarrierKind {
+        self.barrier
     }
 
     /// A slot for one more device thread.
@@ -171,7 +267,12 @@ impl Quiescer {
         }
         let state = Arc::new(SlotState {
             active: AtomicU64::new(IDLE),
+            busy: AtomicBool::new(false),
             retired: AtomicBool::new(false),
+            #[cfg(not(loom))]
+            owner: OnceLock::new(),
+            #[cfg(not(loom))]
+            warned: AtomicBool::new(false),
         });
         readers.push(Arc::clone(&state));
         // Published before the slot is handed out, so before its first
@@ -180,6 +281,7 @@ impl Quiescer {
         Ok(Arc::new(ReaderSlot {
             state,
             quiescer: Arc::clone(self),
+            sticky: self.barrier == BarrierKind::Sticky,
         }))
     }
 
@@ -188,11 +290,14 @@ impl Quiescer {
         QuiesceStats {
             waits: self.waits.load(Ordering::Relaxed),
             waited_for_reader: self.waited_for_reader.load(Ordering::Relaxed),
+            fallbacks: self.fallbacks.load(Ordering::Relaxed),
         }
     }
 
     /// Returns once every section that may have begun before this call has
-    /// ended. Call it after the table update it must cover.
+    /// ended. Call it after the table update it must cover. A thread that
+    /// owns a slot parks it first (sticky: it would wait for itself, until
+    /// the safety net), and never calls this inside a section.
     pub fn synchronize(&self) {
         let target = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
         // Pairs with the barrier in `enter`: the caller's table writes are
@@ -207,25 +312,74 @@ impl Quiescer {
         let readers = self.snapshot.load();
         self.waits.fetch_add(1, Ordering::Relaxed);
         let mut waited = false;
+        // Whether this sync ran the sticky safety net; one membarrier
+        // covers every slot after it.
+        let mut expedited = false;
         for slot in readers.iter() {
             // Read the clock only for a slot that makes us wait: most are
             // idle, and a clock read costs more than the slot's load.
             let mut start: Option<Instant> = None;
             loop {
-                // Acquire: pairs with the Release at the end of a section,
-                // so what the section did happens before we complete.
+                // Acquire: pairs with the Release at the end of a section
+                // (or with a sticky announcement or park), so what the
+                // thread's earlier sections did happens before we complete.
                 let a = slot.active.load(Ordering::Acquire);
                 if a == IDLE || a >= target {
                     break;
                 }
+                // After the membarrier: a thread outside an access will
+                // read the table after the barrier; Acquire pairs with the
+                // Release that ended its last access.
+                if expedited && !slot.busy.load(Ordering::Acquire) {
+                    self.note_unparked(slot);
+                    break;
+                }
                 waited = true;
-                backoff(start.get_or_insert_with(Instant::now).elapsed());
+                let spent = start.get_or_insert_with(Instant::now).elapsed();
+                if !expedited && self.fallback_due(spent) {
+                    barrier::expedite();
+                    self.fallbacks.fetch_add(1, Ordering::Relaxed);
+                    expedited = true;
+                    continue;
+                }
+                // Spins, then yields: a reader that was preempted between
+                // two sections may be waiting for this very CPU.
+                backoff(spent);
             }
         }
         if waited {
             self.waited_for_reader.fetch_add(1, Ordering::Relaxed);
         }
     }
+
+    /// Whether a sticky sync has waited long enough for a slot to run the
+    /// safety net. Under loom at once, when the model has the net.
+    #[cfg(not(loom))]
+    fn fallback_due(&self, spent: Duration) -> bool {
+        self.barrier == BarrierKind::Sticky && spent >= STICKY_GRACE
+    }
+
+    #[cfg(loom)]
+    fn fallback_due(&self, _spent: Duration) -> bool {
+        self.barrier == BarrierKind::Sticky && self.model_fallback
+    }
+
+    /// A slot the safety net let go: its thread forgot to park somewhere
+    /// it blocks (each such slot is logged once).
+    #[cfg(not(loom))]
+    fn note_unparked(&self, slot: &SlotState) {
+        if !slot.warned.swap(true, Ordering::Relaxed) {
+            let owner = slot.owner.get().map_or("(unknown)", String::as_str);
+            log::warn!(
+                "vIOMMU quiescer: thread {owner} neither entered a DMA section again nor parked \
+                 within {STICKY_GRACE:?}; an UNMAP needed membarrier (a blocking wait without \
+                 a park?)"
+            );
+        }
+    }
+
+    #[cfg(loom)]
+    fn note_unparked(&self, _slot: &SlotState) {}
 }
 
 /// One step of waiting for a reader inside an older section. Sections are
@@ -276,6 +430,19 @@ impl ReaderSlot {
         // Acquire: a section that sees an epoch advanced by `synchronize`
         // also sees the table writes made before that advance.
         let e = q.epoch.load(Ordering::Acquire);
+        if self.sticky {
+            // Relaxed: only this thread writes the word. Equal: announced
+            // already in this epoch, and the fence that followed orders
+            // this section's table reads too.
+            if self.state.active.load(Ordering::Relaxed) != e {
+                self.announce(e);
+            }
+            // The safety net's flag; the compiler must keep it before the
+            // table reads (the kernel's barrier does the rest).
+            self.state.busy.store(true, Ordering::Relaxed);
+            self.busy_half();
+            return ReadSection { slot: self };
+        }
         // Release (a plain store on x86): a sync that reads this word and
         // finds a section newer than itself (so does not wait) must still
         // see everything the thread's earlier sections did. A relaxed
@@ -288,19 +455,68 @@ impl ReaderSlot {
         q.barrier.light();
         ReadSection { slot: self }
     }
+
+    /// Sticky: announces epoch `e`. Release (a plain store on x86): a sync
+    /// that reads `e` and so does not wait must see what the thread's
+    /// earlier sections did. The full fence orders the store before this
+    /// and every later section's table reads (the store-buffer pattern).
+    #[inline]
+    fn announce(&self, e: u64) {
+        self.state.active.store(e, Ordering::Release);
+        self.quiescer.barrier.light();
+        #[cfg(not(loom))]
+        if self.state.owner.get().is_none() {
+            let name = std::thread::current()
+                .name()
+                .unwrap_or("(unnamed)")
+                .to_owned();
+            let _ = self.state.owner.set(name);
+        }
+    }
+
+    /// Between the busy store and the table reads: the compiler's order
+    /// only; under loom the membarrier's fence where the model has it.
+    #[inline(always)]
+    fn busy_half(&self) {
+        #[cfg(not(loom))]
+        compiler_fence(Ordering::SeqCst);
+        #[cfg(loom)]
+        if self.quiescer.model_fallback {
+            fence(Ordering::SeqCst);
+        }
+    }
+
+    /// Marks the thread quiescent until its next section: no sync waits
+    /// for it meanwhile. Sticky slots keep their epoch between sections,
+    /// so a thread calls this before it blocks (poll, channel receive,
+    /// sleep) and before it syncs itself; never inside a section. The
+    /// Release orders its sections before a sync that reads the idle
+    /// word. Costs one store; with the other kinds the slot is idle
+    /// already.
+    #[inline]
+    pub fn park(&self) {
+        self.state.active.store(IDLE, Ordering::Release);
+    }
 }
 
 impl Drop for ReadSection<'_> {
     #[inline]
     fn drop(&mut self) {
-        self.slot.state.active.store(IDLE, Ordering::Release);
+        if self.slot.sticky {
+            // The slot keeps its epoch; only the access ends.
+            self.slot.state.busy.store(false, Ordering::Release);
+        } else {
+            self.slot.state.active.store(IDLE, Ordering::Release);
+        }
     }
 }
 
 impl Drop for ReaderSlot {
     fn drop(&mut self) {
-        // Sections borrow the handle, so none is open here; the Release
-        // orders the last one before the pruning in `register`.
+        // Sections borrow the handle, so none is open here. A sticky slot
+        // still holds its epoch: parked, syncs stop waiting for it. The
+        // Release orders the last section before the pruning in `register`.
+        self.park();
         self.state.retired.store(true, Ordering::Release);
     }
 }
@@ -309,6 +525,7 @@ impl Drop for ReaderSlot {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
+    use std::sync::mpsc;
 
     #[test]
     fn idle_readers_cost_no_wait() {
@@ -319,7 +536,8 @@ mod tests {
             q.stats(),
             QuiesceStats {
                 waits: 1,
-                waited_for_reader: 0
+                waited_for_reader: 0,
+                fallbacks: 0,
             }
         );
     }
@@ -333,6 +551,8 @@ mod tests {
         // first section is older than the second sync.
         let first = slot.enter();
         drop(first);
+        // This thread syncs: it parks its own slot first.
+        slot.park();
         q.synchronize();
         let _again = slot.enter();
         assert!(slot.state.active.load(Ordering::SeqCst) >= q.epoch.load(Ordering::SeqCst));
@@ -370,6 +590,105 @@ mod tests {
         assert_eq!(q.register().unwrap_err(), TooManyReaders);
         drop((slots, again));
         q.synchronize();
+    }
+
+    /// A sticky quiescer where the process has membarrier; the fence (and
+    /// `None`) where it has not, which the tests below then check instead.
+    fn sticky() -> (Arc<Quiescer>, bool) {
+        let q = Quiescer::with_barrier(BarrierKind::Sticky);
+        let sticky = q.kind() == BarrierKind::Sticky;
+        assert_eq!(sticky, barrier::membarrier_registered());
+        (q, sticky)
+    }
+
+    /// A sticky slot keeps its epoch after a section and announces again
+    /// only once the epoch moved; park makes it idle. Without membarrier
+    /// the slot is the fence's: idle after each section.
+    #[test]
+    fn a_sticky_slot_keeps_its_epoch_until_it_parks() {
+        let (q, sticky) = sticky();
+        let slot = q.register().unwrap();
+        drop(slot.enter());
+        let kept = slot.state.active.load(Ordering::SeqCst);
+        if !sticky {
+            assert_eq!(kept, IDLE);
+            return;
+        }
+        assert_eq!(kept, q.epoch.load(Ordering::SeqCst));
+        assert!(!slot.state.busy.load(Ordering::SeqCst));
+        let section = slot.enter();
+        assert!(slot.state.busy.load(Ordering::SeqCst));
+        drop(section);
+        slot.park();
+        assert_eq!(slot.state.active.load(Ordering::SeqCst), IDLE);
+        q.synchronize();
+        drop(slot.enter());
+        assert_eq!(slot.state.active.load(Ordering::SeqCst), kept + 1);
+        assert_eq!(q.stats().waited_for_reader, 0);
+        assert_eq!(q.stats().fallbacks, 0);
+    }
+
+    /// A sticky reader that neither enters again nor parks (a worker
+    /// blocked where nobody parked it) holds a sync only until the safety
+    /// net; once parked it costs nothing. Dropping a slot parks it.
+    #[test]
+    fn an_unparked_sticky_reader_is_let_go_by_the_safety_net() {
+        let (q, sticky) = sticky();
+        let slot = q.register().unwrap();
+        let (tx, rx) = mpsc::channel::<bool>();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let reader = std::thread::Builder::new()
+            .name("forgot-to-park".into())
+            .spawn(move || {
+                drop(slot.enter());
+                done_tx.send(()).unwrap();
+                // Blocks without parking; then parks when told.
+                while let Ok(park) = rx.recv() {
+                    if park {
+                        slot.park();
+                    }
+                    done_tx.send(()).unwrap();
+                }
+            })
+            .unwrap();
+        done_rx.recv().unwrap();
+        let t = Instant::now();
+        q.synchronize();
+        let took = t.elapsed();
+        let expect_fallbacks = u64::from(sticky);
+        assert_eq!(q.stats().fallbacks, expect_fallbacks);
+        assert_eq!(q.stats().waited_for_reader, expect_fallbacks);
+        if sticky {
+            assert!(took >= STICKY_GRACE, "let go after {took:?}");
+        }
+        tx.send(true).unwrap();
+        done_rx.recv().unwrap();
+        q.synchronize();
+        assert_eq!(q.stats().fallbacks, expect_fallbacks);
+        assert_eq!(q.stats().waited_for_reader, expect_fallbacks);
+        drop(tx);
+        reader.join().unwrap();
+    }
+
+    /// The safety net never lets go of a reader inside an access: after
+    /// its membarrier the sync still waits for the access to end.
+    #[test]
+    fn the_safety_net_waits_for_an_open_access() {
+        let (q, sticky) = sticky();
+        let slot = q.register().unwrap();
+        let section = slot.enter();
+        let ended = Arc::new(AtomicBool::new(false));
+        let (q2, ended2) = (Arc::clone(&q), Arc::clone(&ended));
+        let waiter = std::thread::spawn(move || {
+            q2.synchronize();
+            ended2.load(Ordering::SeqCst)
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!waiter.is_finished(), "sync returned inside an access");
+        assert_eq!(q.stats().fallbacks, u64::from(sticky));
+        ended.store(true, Ordering::SeqCst);
+        drop(section);
+        assert!(waiter.join().unwrap());
     }
 
     /// The protocol end to end: a writer "unmaps" (clears a shared value
@@ -476,5 +795,66 @@ mod loom_tests {
     #[test]
     fn back_to_back_sections_are_covered() {
         model(2);
+    }
+
+    /// The sticky protocol: the device thread runs `sections` sections
+    /// (the epoch may move between any two, so a later one may skip its
+    /// announcement or make it), then parks if `park` (as a worker does
+    /// before it blocks). `fallback` models the safety net: the sync runs
+    /// its membarrier (a SeqCst fence) as soon as a slot is behind, and the
+    /// reader's busy store is followed by the kernel's barrier (a fence,
+    /// as `barrier.rs` models membarrier); without it a sync can only
+    /// wait for an announcement or a park.
+    fn sticky_model(sections: u64, park: bool, fallback: bool) {
+        loom::model(move || {
+            let q = Quiescer::sticky_model(fallback);
+            let slot = q.register().unwrap();
+            let mapped = Arc::new(AtomicBool::new(true));
+            let page = Arc::new(AtomicU64::new(0));
+            let device = {
+                let (mapped, page) = (Arc::clone(&mapped), Arc::clone(&page));
+                loom::thread::spawn(move || {
+                    for n in 1..=sections {
+                        let _section = slot.enter();
+                        if mapped.load(Ordering::Relaxed) {
+                            page.store(n, Ordering::Relaxed);
+                        }
+                    }
+                    if park {
+                        slot.park();
+                    }
+                    // Keeps the slot (a dropped one parks): the net alone
+                    // must let the sync go when `park` is false.
+                    slot
+                })
+            };
+            mapped.store(false, Ordering::Relaxed); // UNMAP
+            q.synchronize(); // its completion
+            page.store(99, Ordering::Relaxed); // the guest reuses the page
+            let _slot = device.join().unwrap();
+            assert_eq!(page.load(Ordering::Relaxed), 99, "DMA landed after sync");
+        });
+    }
+
+    /// A sticky reader enters twice across an epoch change and then parks:
+    /// a section that skipped its announcement (same epoch) is covered by
+    /// the announcement before it, a section after the change announces.
+    #[test]
+    fn sticky_sections_across_an_epoch_change_are_covered() {
+        sticky_model(2, true, false);
+    }
+
+    /// A sticky reader that never parks: the safety net lets the sync go
+    /// only once the reader's access is over or begins after the barrier.
+    #[test]
+    fn the_sticky_safety_net_covers_an_unparked_reader() {
+        sticky_model(1, false, true);
+    }
+
+    /// Both at once: two sections, a park, and a sync that may use the
+    /// net while the reader is between sections.
+    #[test]
+    fn sticky_park_and_safety_net_together() {
+        sticky_model(2, true, true);
     }
 }

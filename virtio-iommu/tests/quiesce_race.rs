@@ -76,14 +76,42 @@ fn delay(n: u64) {
 
 #[test]
 fn a_sync_never_misses_a_section_that_saw_the_mapping() {
-    race(barrier::BarrierKind::Fence);
+    race(barrier::BarrierKind::Fence, Between::Nothing);
 }
 
 /// The same with the asymmetric barrier (`--quiescer-barrier membarrier`),
 /// where the kernel has it (the fence again where it does not).
 #[test]
 fn a_sync_with_membarrier_never_misses_a_section_that_saw_the_mapping() {
-    race(barrier::BarrierKind::Membarrier);
+    race(barrier::BarrierKind::Membarrier, Between::Nothing);
+}
+
+/// Sticky epochs (the default) with a device thread that polls between
+/// rounds (an empty section per turn, as a busy worker keeps entering):
+/// most sections then skip their announcement and fence, and a sync waits
+/// for the next one to announce. Where the kernel lacks membarrier the
+/// quiescer is the fence's.
+#[test]
+fn a_sticky_sync_never_misses_a_section_of_a_polling_thread() {
+    race(barrier::BarrierKind::Sticky, Between::Polls);
+}
+
+/// Sticky epochs with a device thread that parks between rounds (as a
+/// worker before its poll): each round's first section announces.
+#[test]
+fn a_sticky_sync_never_misses_a_section_of_a_parking_thread() {
+    race(barrier::BarrierKind::Sticky, Between::Parks);
+}
+
+/// What the device thread does while it waits for the next round.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Between {
+    /// Spins (its slot is idle after each section: fence, membarrier).
+    Nothing,
+    /// Enters an empty section per turn (sticky: keeps announcing).
+    Polls,
+    /// Parks its slot, then spins (sticky: as a worker that sleeps).
+    Parks,
 }
 
 /// One race at a time: the two tests run on parallel test threads by
@@ -92,7 +120,7 @@ fn a_sync_with_membarrier_never_misses_a_section_that_saw_the_mapping() {
 /// mapping, and so proved nothing).
 static ONE_RACE: Mutex<()> = Mutex::new(());
 
-fn race(kind: barrier::BarrierKind) {
+fn race(kind: barrier::BarrierKind, between: Between) {
     // A race that panicked leaves the lock poisoned; the next still runs.
     let _one = ONE_RACE.lock().unwrap_or_else(PoisonError::into_inner);
     let q = Quiescer::with_barrier(kind);
@@ -113,9 +141,15 @@ fn race(kind: barrier::BarrierKind) {
         std::thread::spawn(move || {
             let mut round = 1;
             loop {
+                if between == Between::Parks {
+                    slot.park();
+                }
                 while s.go.load(Ordering::Acquire) < round {
                     if s.stop.load(Ordering::Acquire) {
                         return;
+                    }
+                    if between == Between::Polls {
+                        drop(slot.enter());
                     }
                     std::hint::spin_loop();
                 }
@@ -176,9 +210,10 @@ fn race(kind: barrier::BarrierKind) {
     );
     println!(
         "{{\"test\":\"quiesce_race\",\"barrier\":\"{:?}\",\"rounds\":{rounds},\"saw_mapping\":{saw},\
-         \"waited_for_reader\":{},\"violations\":{bad}}}",
+         \"waited_for_reader\":{},\"fallbacks\":{},\"violations\":{bad}}}",
         kind,
-        q.stats().waited_for_reader
+        q.stats().waited_for_reader,
+        q.stats().fallbacks
     );
     assert!(
         saw > 0,
