@@ -438,6 +438,9 @@ impl DmaTestDevice {
         // Translate and copy inside one section: an UNMAP that completes
         // meanwhile waits until the copy is done.
         let copied = copy_guest(&access.access(), buf, iova, to_ram);
+        // The vCPU goes back to the guest (or serves an UNMAP itself):
+        // a sticky slot must not hold the next sync meanwhile.
+        access.park();
         match copied {
             DmaError::None => {
                 self.bytes = self.bytes.saturating_add(count as u64);

@@ -263,7 +263,8 @@ pub fn run_worker(p: WorkerParts) {
         server.process(&mut dma, &p.disk, &*p.interrupt);
     }
     loop {
-        let n = match epoll.wait(-1, &mut events) {
+        // Parked while asleep: no UNMAP waits for an idle worker.
+        let n = match dma.parked(|| epoll.wait(-1, &mut events)) {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {

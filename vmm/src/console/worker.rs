@@ -108,8 +108,9 @@ pub fn run_worker(mut p: WorkerParts) {
         };
         first = false;
         let nfds = libc::nfds_t::try_from(fds.len()).unwrap_or(0);
+        // Parked while asleep: no UNMAP waits for an idle worker.
         // SAFETY: `fds` is a valid array of `nfds` pollfd for the call.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), nfds, timeout) };
+        let r = dma.parked(|| unsafe { libc::poll(fds.as_mut_ptr(), nfds, timeout) });
         if r < 0 {
             if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                 continue;

@@ -137,7 +137,8 @@ impl Drop for DmaStreamer {
 }
 
 fn stream_thread(dma: &mut ThreadDma, jobs: &Receiver<StreamJob>, shared: &Shared) {
-    while let Ok(mut job) = jobs.recv() {
+    // Parked while waiting for a job: no UNMAP waits for an idle stream.
+    while let Ok(mut job) = dma.parked(|| jobs.recv()) {
         let len = job.data.len() as u64;
         let mut bytes = 0u64;
         let mut error = DmaError::None;
@@ -157,8 +158,9 @@ fn stream_thread(dma: &mut ThreadDma, jobs: &Receiver<StreamJob>, shared: &Share
             bytes = bytes.saturating_add(len);
             shared.passes.fetch_add(1, Ordering::SeqCst);
             // Leave the CPU to the vCPUs between passes (the stream is a
-            // test device, not a benchmark).
-            thread::yield_now();
+            // test device, not a benchmark), parked: a vCPU that runs
+            // meanwhile and completes an UNMAP must not wait for us.
+            dma.parked(thread::yield_now);
         }
         shared.finish(error, bytes, job.iova);
     }

@@ -90,6 +90,28 @@ impl ThreadDma {
     pub fn bus_master(&self) -> bool {
         self.space.bus_master()
     }
+
+    /// Runs `wait`, the thread's blocking wait for work (epoll, poll, a
+    /// channel), with its reader slot parked. WHY every worker's wait goes
+    /// through here: with the sticky quiescer (the default) a slot keeps
+    /// the epoch of the thread's last section, and an UNMAP completes only
+    /// when every slot has entered again or parked; a thread asleep with
+    /// its slot unparked holds each UNMAP until the quiescer's safety net
+    /// (membarrier, logged as a missing park). `&mut self`: no access
+    /// guard is alive, so no section is open.
+    pub fn parked<T>(&mut self, wait: impl FnOnce() -> T) -> T {
+        self.park();
+        wait()
+    }
+
+    /// Parks the slot without waiting: for a handle whose accesses are one
+    /// at a time on whatever thread holds it (the DMA test device's, under
+    /// its lock on a vCPU), which then goes back to the guest, or syncs.
+    pub fn park(&mut self) {
+        if let Some(slot) = self.slot.as_deref() {
+            slot.park();
+        }
+    }
 }
 
 impl DmaGuard<'_> {
@@ -230,6 +252,37 @@ mod tests {
         drop(access);
         assert!(space.write_obj(6u64, GuestAddress(0x10000)).is_err());
         assert_eq!(mem.read_obj::<u64>(GuestAddress(0x40000)).unwrap(), 5);
+    }
+
+    /// A worker waiting parked (its poll) holds no UNMAP; one that waits
+    /// without parking holds it until the quiescer's safety net (sticky,
+    /// where the process has membarrier; the fence's slot is idle anyway).
+    #[test]
+    fn a_worker_waiting_parked_holds_no_unmap() {
+        use virtio_iommu::barrier::BarrierKind;
+        let iommu = TestIommu::new(0x18);
+        let q = Quiescer::with_barrier(BarrierKind::Sticky);
+        let sticky = q.kind() == BarrierKind::Sticky;
+        iommu.dev.add_invalidator(q.clone());
+        let mem = ram();
+        let mut dma = ThreadDma::new(iommu.space(&mem).with_quiescer(q.clone())).unwrap();
+        iommu.attach(1);
+        iommu.map(1, 0x10000, 0x1000, 0x40000, RW);
+        iommu.map(1, 0x20000, 0x1000, 0x50000, RW);
+        let unmap_elsewhere = |iova: u64| {
+            let iommu = iommu.clone();
+            thread::spawn(move || iommu.unmap(1, iova, 0x1000))
+                .join()
+                .unwrap();
+        };
+        dma.access().write_obj(7u64, GuestAddress(0x10000)).unwrap();
+        dma.parked(|| unmap_elsewhere(0x10000));
+        assert_eq!(q.stats().fallbacks, 0);
+        assert!(dma.access().write_obj(8u64, GuestAddress(0x10000)).is_err());
+        // The same wait without the park: only the net lets the UNMAP go.
+        unmap_elsewhere(0x20000);
+        assert_eq!(q.stats().fallbacks, u64::from(sticky));
+        assert_eq!(mem.read_obj::<u64>(GuestAddress(0x40000)).unwrap(), 7);
     }
 
     /// Past the reader limit the handle is refused: the device fails its

@@ -143,7 +143,9 @@ impl QueuePairWorker {
             self.process_rx();
         }
         loop {
-            let n = match self.epoll.wait(-1, &mut events) {
+            // Parked while asleep: no UNMAP waits for an idle worker.
+            let epoll = &self.epoll;
+            let n = match self.dma.parked(|| epoll.wait(-1, &mut events)) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {

@@ -105,7 +105,8 @@ pub fn run_ctrl_queue(mut s: CtrlQueueServer) {
     let mut chain = Chain::default();
     let mut events = [EpollEvent::default(); 2];
     loop {
-        let n = match epoll.wait(-1, &mut events) {
+        // Parked while asleep: no UNMAP waits for an idle thread.
+        let n = match dma.parked(|| epoll.wait(-1, &mut events)) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
