@@ -152,10 +152,9 @@ fn take_hold<'a>(
     install: bool,
 ) -> Result<Found<'a>, MapError> {
     release(w);
-    let found = t.find(w, iova, 0, install)?;
+    // The walk pins with the hold's whole weight: one locked add, not two.
+    let found = t.find(w, iova, 0, install, BIAS)?;
     if let Found::Node(n) = found {
-        // The walk's pin (1) becomes the hold's BIAS.
-        n.live.fetch_add(BIAS - 1, AcqRel);
         w.state.table.held = Some(HeldLeaf {
             table: Arc::clone(t),
             region: iova >> 21,

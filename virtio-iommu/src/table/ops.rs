@@ -35,7 +35,23 @@ impl Table {
     /// was preempted) is refused like an unlinked one.
     #[inline]
     pub(crate) fn pin(&self, n: &Node, parent: &Node, i: usize, e: u64, tag: u64) -> bool {
-        n.live.fetch_add(1, SeqCst);
+        self.pin_by(n, parent, i, e, tag, 1)
+    }
+
+    /// [`Table::pin`] with a weight of `k` in `live` instead of 1 (a
+    /// worker's hold, `held.rs`, pins with its whole weight at once). The
+    /// argument is the same: any non-zero increment keeps `live` off zero.
+    #[inline]
+    pub(crate) fn pin_by(
+        &self,
+        n: &Node,
+        parent: &Node,
+        i: usize,
+        e: u64,
+        tag: u64,
+        k: u64,
+    ) -> bool {
+        n.live.fetch_add(k, SeqCst);
         let mut spins = 0;
         loop {
             let cur = parent.entries[i].load(SeqCst);
@@ -43,7 +59,7 @@ impl Table {
                 if n.owner.load(Acquire) == self.id() && n.base.load(Acquire) == tag {
                     return true;
                 }
-                n.live.fetch_sub(1, SeqCst);
+                n.live.fetch_sub(k, SeqCst);
                 return false;
             }
             if cur == e | LOCKED {
@@ -52,7 +68,7 @@ impl Table {
             }
             // Unlinked: the node is dead to us (a later incarnation, if any,
             // is reached through a new walk).
-            n.live.fetch_sub(1, SeqCst);
+            n.live.fetch_sub(k, SeqCst);
             return false;
         }
     }
@@ -69,14 +85,16 @@ impl Table {
         }
     }
 
-    /// Walks to the node of `level` covering `iova` and pins it. Missing
-    /// directory nodes are installed if `install`.
+    /// Walks to the node of `level` covering `iova` and pins it (with a
+    /// weight of `weight`, see [`Table::pin_by`]). Missing directory nodes
+    /// are installed if `install`.
     pub(crate) fn find<'a>(
         self: &'a Arc<Self>,
         w: &mut Ctx,
         iova: u64,
         level: u32,
         install: bool,
+        weight: u64,
     ) -> Result<Found<'a>, MapError> {
         let mut spins = 0;
         'retry: loop {
@@ -87,7 +105,7 @@ impl Table {
             loop {
                 if lvl == level {
                     return match link {
-                        Some((p, i, e)) if self.pin(n, p, i, e, node_tag(iova, lvl)) => {
+                        Some((p, i, e)) if self.pin_by(n, p, i, e, node_tag(iova, lvl), weight) => {
                             Ok(Found::Node(n))
                         }
                         Some(_) => continue 'retry,
@@ -301,7 +319,7 @@ fn map_one(t: &Arc<Table>, w: &mut Ctx, iova: u64, level: u32, value: u64) -> Fa
     let found = if hold {
         held::leaf(t, w, iova, true)
     } else {
-        t.find(w, iova, level, true)
+        t.find(w, iova, level, true, 1)
     };
     let n = match found {
         Ok(Found::Node(n)) => n,
@@ -383,7 +401,7 @@ fn unmap_one(t: &Arc<Table>, w: &mut Ctx, iova: u64, level: u32) -> Option<Resul
     let found = if hold {
         held::leaf(t, w, iova, false)
     } else {
-        t.find(w, iova, level, false)
+        t.find(w, iova, level, false, 1)
     };
     let n = match found {
         Ok(Found::Node(n)) => n,
