@@ -162,15 +162,19 @@ pub struct Cli {
     pub landlock_rules: Vec<String>,
 
     /// The vIOMMU quiescer's barrier between device threads and UNMAPs:
-    /// fence (a full fence per DMA section, the cost stays on the device
-    /// thread) or membarrier (none per section; every sync interrupts
-    /// each CPU running a VMM thread, vCPUs included: worth it only when
-    /// syncs are rare, i.e. with batched invalidation). Falls back to
-    /// fence where the kernel lacks membarrier.
+    /// sticky (the default: a device thread pays a full fence only on its
+    /// first DMA section after an UNMAP, and parks before it sleeps; a
+    /// sync interrupts other CPUs only for a thread that did neither
+    /// within 50 us), fence (a full fence per DMA section, the cost stays
+    /// on the device thread) or membarrier (none per section; every sync
+    /// interrupts each CPU running a VMM thread, vCPUs included: worth it
+    /// only when syncs are rare, i.e. with batched invalidation). sticky
+    /// and membarrier fall back to fence where the kernel lacks
+    /// membarrier.
     #[arg(
         long = "quiescer-barrier",
-        value_name = "fence|membarrier",
-        default_value = "fence"
+        value_name = "sticky|fence|membarrier",
+        default_value = "sticky"
     )]
     pub quiescer_barrier: String,
 
@@ -261,12 +265,13 @@ impl Cli {
     pub fn quiescer_barrier(&self) -> Result<virtio_iommu::barrier::BarrierKind, Error> {
         use virtio_iommu::barrier::BarrierKind;
         match self.quiescer_barrier.as_str() {
+            "sticky" => Ok(BarrierKind::Sticky),
             "fence" => Ok(BarrierKind::Fence),
             "membarrier" => Ok(BarrierKind::Membarrier),
             other => Err(Error::InvalidOption {
                 option: "quiescer-barrier",
                 value: other.to_string(),
-                reason: "expected fence or membarrier".into(),
+                reason: "expected sticky, fence or membarrier".into(),
             }),
         }
     }
@@ -535,7 +540,11 @@ mod tests {
             args.extend_from_slice(extra);
             Cli::try_parse_from(args).unwrap().quiescer_barrier()
         };
-        assert_eq!(parse(&[]).unwrap(), BarrierKind::Fence);
+        assert_eq!(parse(&[]).unwrap(), BarrierKind::Sticky);
+        assert_eq!(
+            parse(&["--quiescer-barrier", "sticky"]).unwrap(),
+            BarrierKind::Sticky
+        );
         assert_eq!(
             parse(&["--quiescer-barrier", "membarrier"]).unwrap(),
             BarrierKind::Membarrier

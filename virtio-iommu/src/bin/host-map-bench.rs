@@ -26,10 +26,13 @@
 //! real consumer for emulated devices, a [`Quiescer`], with four idle
 //! device-thread slots registered (a NIC's workers) and, in
 //! `translate_under_churn`, the translating thread inside a read section
-//! per translation, as a device thread runs; `quiesce` uses the VMM's
-//! default barrier (a fence per section), `quiesce-mb` membarrier (none
-//! per section, an interrupt of every CPU running one of our threads per
-//! sync). Side by side they give the cost of quiescence each way.
+//! per translation, as a device thread runs; `quiesce` uses the fence
+//! (a fence per section, `--quiescer-barrier fence`), `quiesce-mb`
+//! membarrier (none per section, an interrupt of every CPU running one of
+//! our threads per sync), `quiesce-sticky` the VMM's default, sticky
+//! epochs (a fence per section that follows a sync, none otherwise; the
+//! translating thread never parks, as a busy device thread). Side by side
+//! they give the cost of quiescence each way.
 //!
 //! Output: one JSON object per line, then a human-readable table. Every
 //! figure is the best of `--runs` runs (the host is shared, so the best run
@@ -73,10 +76,12 @@ impl Invalidator for SimConsumer {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ConsumerKind {
     Sim,
-    /// The quiescer with the VMM's default barrier, the fence.
+    /// The quiescer with the fence (`--quiescer-barrier fence`).
     Quiesce,
     /// The quiescer with membarrier (`--quiescer-barrier membarrier`).
     QuiesceMembarrier,
+    /// The quiescer with sticky epochs, the VMM's default.
+    QuiesceSticky,
 }
 
 impl std::fmt::Display for ConsumerKind {
@@ -85,6 +90,7 @@ impl std::fmt::Display for ConsumerKind {
             ConsumerKind::Sim => "sim",
             ConsumerKind::Quiesce => "quiesce",
             ConsumerKind::QuiesceMembarrier => "quiesce-mb",
+            ConsumerKind::QuiesceSticky => "quiesce-sticky",
         })
     }
 }
@@ -108,11 +114,13 @@ impl Consumer {
                 calls: AtomicU64::new(0),
                 cost_ns,
             })),
-            ConsumerKind::Quiesce | ConsumerKind::QuiesceMembarrier => {
-                let quiescer = Quiescer::with_barrier(if kind == ConsumerKind::Quiesce {
-                    BarrierKind::Fence
-                } else {
-                    BarrierKind::Membarrier
+            ConsumerKind::Quiesce
+            | ConsumerKind::QuiesceMembarrier
+            | ConsumerKind::QuiesceSticky => {
+                let quiescer = Quiescer::with_barrier(match kind {
+                    ConsumerKind::QuiesceMembarrier => BarrierKind::Membarrier,
+                    ConsumerKind::QuiesceSticky => BarrierKind::Sticky,
+                    _ => BarrierKind::Fence,
                 });
                 let idle = (0..IDLE_READERS)
                     .filter_map(|_| quiescer.register().ok())
@@ -596,7 +604,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: host-map-bench [--duration-ms N] [--runs N] [--kick N] [--threads 1,2,..] \
          [--impl baseline,scalable] [--workload map_unmap,producer_consumer,translate_under_churn,map_1g,invalidate_sparse] \
-         [--consumer-cost-ns N] [--consumer sim,quiesce,quiesce-mb]"
+         [--consumer-cost-ns N] [--consumer sim,quiesce,quiesce-mb,quiesce-sticky]"
     );
     std::process::exit(2)
 }
@@ -627,6 +635,7 @@ fn parse() -> Opts {
             ConsumerKind::Sim,
             ConsumerKind::Quiesce,
             ConsumerKind::QuiesceMembarrier,
+            ConsumerKind::QuiesceSticky,
         ],
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -655,6 +664,7 @@ fn parse() -> Opts {
                         "sim" => ConsumerKind::Sim,
                         "quiesce" => ConsumerKind::Quiesce,
                         "quiesce-mb" => ConsumerKind::QuiesceMembarrier,
+                        "quiesce-sticky" => ConsumerKind::QuiesceSticky,
                         _ => usage(),
                     })
                     .collect()
@@ -805,7 +815,11 @@ fn main() {
                 }
             }
             for k in &o.impls {
-                for c in [ConsumerKind::Quiesce, ConsumerKind::QuiesceMembarrier] {
+                for c in [
+                    ConsumerKind::Quiesce,
+                    ConsumerKind::QuiesceMembarrier,
+                    ConsumerKind::QuiesceSticky,
+                ] {
                     if let (Some(q), Some(sim)) =
                         (find(*k, c, wl, t), find(*k, ConsumerKind::Sim, wl, t))
                     {
