@@ -11,8 +11,10 @@
 //!
 //! A hint is only a guess, validated on every use, so nothing keeps it
 //! current: a translation that walked the table writes it, nothing else
-//! does, and a stale hint costs one failed check and the walk. Validation
-//! (see [`hinted`]): the node's generation is read before and after the
+//! does, and a stale hint costs one failed check and the walk. A slot with
+//! no hint names [`NO_NODE`], a node never linked anywhere, whose empty
+//! entries send the access to the walk like a stale hint's. Validation
+//! (see [`valid`]): the node's generation is read before and after the
 //! leaf entry, and its owner and position after the entry. A node is
 //! unlinked only when empty and its generation is bumped before it can be
 //! linked anywhere again, so an unchanged (64-bit) generation means the
@@ -21,7 +23,8 @@
 //! anyone who read one of those entries) say that incarnation is the node
 //! of this table at this region. The entry read is then exactly the one the
 //! full walk would have found there at that moment. An empty or absent
-//! entry is never answered from a hint: the walk decides faults.
+//! entry (or one whose MAP has not completed) is never answered from a
+//! hint: the walk decides faults.
 //!
 //! The UNMAP guarantee does not change: a hint leads to the node, never to
 //! a mapping, and the entry itself is read as the walk reads it, inside the
@@ -30,10 +33,10 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Acquire, Release};
 
-use super::entry::{self, HEAD, TAIL, VALID};
+use super::entry::{self, TAIL, VALID};
 use super::ops::{self, node_tag};
 use super::{index, ScalableSpace, Table, ROOT_LEVEL};
-use crate::node::{Node, ENTRIES};
+use crate::node::{self, Node, ENTRIES};
 use crate::space::{Fault, Perm, Translation};
 
 /// Hints per domain: 64 regions of 2 MiB (a 128 MiB working set) in 512
@@ -42,13 +45,22 @@ const HINTS: usize = 64;
 // `slot` masks with 0x3f.
 const _: () = assert!(HINTS == 64);
 
-/// Longest run of following entries one answer folds (as the walk does).
-const MAX_RUN: usize = 64;
-
 /// 4 KiB: what one level-0 entry maps.
 const PAGE: u64 = 1 << 12;
 
-/// The hints of one domain: node addresses, 0 for none.
+/// What a slot without a hint names: a node that is never linked in any
+/// table, so its entries stay empty and an access led to it goes to the
+/// walk. WHY not 0: the hit then needs no test for "no hint".
+static NO_NODE: Node = Node {
+    entries: [const { AtomicU64::new(0) }; ENTRIES],
+    live: AtomicU64::new(0),
+    gen: AtomicU64::new(0),
+    owner: AtomicU64::new(0),
+    occupied: [const { AtomicU64::new(0) }; ENTRIES / 64],
+    base: AtomicU64::new(0),
+};
+
+/// The hints of one domain: node addresses ([`NO_NODE`]'s for none).
 #[derive(Debug)]
 #[repr(align(64))]
 pub(crate) struct LeafHints {
@@ -57,8 +69,9 @@ pub(crate) struct LeafHints {
 
 impl LeafHints {
     pub(crate) fn new() -> LeafHints {
+        let none = &NO_NODE as *const Node as u64;
         LeafHints {
-            slots: std::array::from_fn(|_| AtomicU64::new(0)),
+            slots: std::array::from_fn(|_| AtomicU64::new(none)),
         }
     }
 
@@ -96,23 +109,29 @@ impl LeafHints {
 
 /// Lock-free translation: the hint of `iova`'s region if it holds, the
 /// walk (`ops::translate`) otherwise. `slow` takes the same arguments, so
-/// the miss is a tail call and the hit keeps no register of its caller.
+/// the hit keeps no register of its caller.
 #[inline]
 pub(crate) fn translate(s: &ScalableSpace, iova: u64, access: Perm) -> Result<Translation, Fault> {
-    match hinted::<false>(&s.table, &s.hints, iova, access) {
+    match hinted(&s.table, &s.hints, iova, access) {
         Some(r) => r,
         None => slow(s, iova, access),
     }
 }
 
-/// The other cases, out of line so that the hit on a one-page mapping (or
-/// a mapping's last page) needs no stack frame: the hint with the fold of
-/// a multi-page mapping, then the full walk, which leaves the hint for the
-/// next access.
+/// The other cases: the hint with the fold of a multi-page mapping, then
+/// the full walk, which leaves the hint for the next access.
+///
+/// WHY cold: the hit on a one-page mapping (or a mapping's last page) is
+/// what every DMA of a small buffer takes, and it needs no stack frame;
+/// the call out here does. Marked cold, the compiler saves registers on
+/// this way only (otherwise it did so on entry, for the hit too: four
+/// instructions of about fifty). The attribute places the code apart
+/// but optimizes it as usual, so a multi-page mapping pays one far call.
+#[cold]
 #[inline(never)]
 fn slow(s: &ScalableSpace, iova: u64, access: Perm) -> Result<Translation, Fault> {
     let (t, hints) = (&*s.table, &s.hints);
-    if let Some(r) = hinted::<true>(t, hints, iova, access) {
+    if let Some(r) = hinted_fold(t, hints, iova, access) {
         return r;
     }
     let r = ops::translate(t, iova, access);
@@ -122,79 +141,87 @@ fn slow(s: &ScalableSpace, iova: u64, access: Perm) -> Result<Translation, Fault
     r
 }
 
-/// The answer through the hint, or `None` when the hint is absent, stale,
-/// or leads to no mapping (the walk then answers), or, unless `FOLD`, to an
-/// entry that is not the last of its mapping. An `iova` beyond the address
-/// space never matches a node's position, so it goes to the walk and its
-/// check.
+/// The hinted node, its generation and `iova`'s entry, as read before the
+/// validation of [`valid`].
 #[inline(always)]
-fn hinted<const FOLD: bool>(
+fn entry_of<'t>(_t: &'t Table, hints: &LeafHints, iova: u64) -> (&'t Node, u64, u64) {
+    let addr = hints.slot(iova).load(Acquire);
+    // SAFETY: a slot holds NO_NODE's address (a static) or one `fill` read
+    // from a directory entry of this table; such nodes are type-stable
+    // while the table's depot lives, which `_t` keeps alive for 't.
+    let n: &'t Node = unsafe { node::node_at(addr) };
+    let gen = n.gen.load(Acquire);
+    let e = n.entries[index(iova, 0)].load(Acquire);
+    #[cfg(test)]
+    tests::between_reads();
+    (n, gen, e)
+}
+
+/// After the entries: the node is still the incarnation whose generation
+/// was `gen`, and that incarnation is this table's leaf of `iova`'s
+/// region (see the module doc).
+#[inline(always)]
+fn valid(t: &Table, n: &Node, gen: u64, iova: u64) -> bool {
+    n.owner.load(Acquire) == t.id()
+        && n.base.load(Acquire) == node_tag(iova, 0)
+        && n.gen.load(Acquire) == gen
+}
+
+/// The answer for the valid entry `e` (its permissions checked), `len`
+/// bytes from `iova` on.
+#[inline(always)]
+fn answer(e: u64, iova: u64, len: u64, access: Perm) -> Result<Translation, Fault> {
+    let perm = entry::perm(e);
+    if !perm.contains(access.intersection(Perm::RW)) {
+        return Err(Fault::Permission);
+    }
+    Ok(Translation {
+        gpa: entry::gpa(e) + (iova & (PAGE - 1)),
+        len,
+        perm,
+    })
+}
+
+/// The answer through the hint, or `None` when the hint is absent, stale,
+/// leads to no mapping (the walk then answers) or to an entry that is not
+/// the last of its mapping ([`hinted_fold`] then answers). An `iova`
+/// beyond the address space never matches a node's position, so it goes
+/// to the walk and its check.
+#[inline(always)]
+fn hinted(
     t: &Table,
     hints: &LeafHints,
     iova: u64,
     access: Perm,
 ) -> Option<Result<Translation, Fault>> {
-    let addr = hints.slot(iova).load(Acquire);
-    if addr == 0 {
-        return None;
-    }
-    let n = t.node(addr);
-    let gen = n.gen.load(Acquire);
-    let i = index(iova, 0);
-    let e = n.entries[i].load(Acquire);
+    let (n, gen, e) = entry_of(t, hints, iova);
     // One test for the common case: a valid entry that ends its mapping.
-    if !FOLD && e & (VALID | TAIL) != VALID | TAIL {
+    if e & (VALID | TAIL) != VALID | TAIL || !valid(t, n, gen, iova) {
         return None;
     }
+    Some(answer(e, iova, PAGE - (iova & (PAGE - 1)), access))
+}
+
+/// [`hinted`] for an entry that may be followed by more of its mapping.
+#[inline(always)]
+fn hinted_fold(
+    t: &Table,
+    hints: &LeafHints,
+    iova: u64,
+    access: Perm,
+) -> Option<Result<Translation, Fault>> {
+    let (n, gen, e) = entry_of(t, hints, iova);
     if !entry::is_valid(e) {
         return None;
     }
-    let perm = entry::perm(e);
-    let off = iova & (PAGE - 1);
-    let mut len = PAGE - off;
+    let mut len = PAGE - (iova & (PAGE - 1));
     if e & TAIL == 0 {
-        len += fold(n, i, e, perm);
+        len += ops::fold(n, index(iova, 0), e, PAGE);
     }
-    // After the entries: see the module doc.
-    if n.owner.load(Acquire) != t.id()
-        || n.base.load(Acquire) != node_tag(iova, 0)
-        || n.gen.load(Acquire) != gen
-    {
+    if !valid(t, n, gen, iova) {
         return None;
     }
-    if !perm.contains(access.intersection(Perm::RW)) {
-        return Some(Err(Fault::Permission));
-    }
-    Some(Ok(Translation {
-        gpa: entry::gpa(e) + off,
-        len,
-        perm,
-    }))
-}
-
-/// Bytes of the following entries of `e`'s mapping that continue its
-/// guest-physical range with the same permissions (one answer for a
-/// multi-page buffer), as the walk folds them.
-#[inline]
-fn fold(n: &Node, i: usize, e: u64, perm: Perm) -> u64 {
-    let mut len = 0;
-    let mut next_gpa = entry::gpa(e) + PAGE;
-    for f in n.entries.iter().take(ENTRIES).skip(i + 1).take(MAX_RUN) {
-        let f = f.load(Acquire);
-        if !entry::is_valid(f)
-            || f & HEAD != 0
-            || entry::gpa(f) != next_gpa
-            || entry::perm(f) != perm
-        {
-            break;
-        }
-        len += PAGE;
-        next_gpa += PAGE;
-        if f & TAIL != 0 {
-            break;
-        }
-    }
-    len
+    Some(answer(e, iova, len, access))
 }
 
 #[cfg(test)]

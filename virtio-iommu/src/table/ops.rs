@@ -487,6 +487,34 @@ pub(crate) fn clear(t: &Arc<Table>, w: &mut Ctx) {
 /// Longest run of following entries `translate` folds into one answer.
 const MAX_RUN: usize = 64;
 
+/// Bytes of the entries after `e` (slot `i` of `n`, each mapping `sz`
+/// bytes) that belong to its mapping and continue its guest-physical range
+/// with the same permissions: one answer for a multi-page buffer. The walk
+/// and the leaf hints (`leaf_hint.rs`) both fold with it; the caller
+/// validates the node after reading.
+#[inline]
+pub(crate) fn fold(n: &Node, i: usize, e: u64, sz: u64) -> u64 {
+    let perm = entry::perm(e);
+    let mut len = 0;
+    let mut next_gpa = entry::gpa(e) + sz;
+    for f in n.entries.iter().skip(i + 1).take(MAX_RUN) {
+        let f = f.load(Acquire);
+        if !entry::is_valid(f)
+            || f & HEAD != 0
+            || entry::gpa(f) != next_gpa
+            || entry::perm(f) != perm
+        {
+            break;
+        }
+        len += sz;
+        next_gpa += sz;
+        if f & TAIL != 0 {
+            break;
+        }
+    }
+    len
+}
+
 /// Lock-free translation.
 pub(crate) fn translate(t: &Table, iova: u64, access: Perm) -> Result<Translation, Fault> {
     if iova > IOVA_MAX {
@@ -527,25 +555,8 @@ pub(crate) fn translate(t: &Table, iova: u64, access: Perm) -> Result<Translatio
             let sz = span(lvl);
             let off = iova & (sz - 1);
             let mut len = sz - off;
-            // Fold following entries of the same mapping that continue the
-            // guest-physical range (one answer for a multi-page buffer).
             if e & TAIL == 0 {
-                let mut next_gpa = entry::gpa(e) + sz;
-                for j in i + 1..(i + 1 + MAX_RUN).min(512) {
-                    let f = n.entries[j].load(Acquire);
-                    if !entry::is_valid(f)
-                        || f & HEAD != 0
-                        || entry::gpa(f) != next_gpa
-                        || entry::perm(f) != perm
-                    {
-                        break;
-                    }
-                    len += sz;
-                    next_gpa += sz;
-                    if f & TAIL != 0 {
-                        break;
-                    }
-                }
+                len += fold(n, i, e, sz);
             }
             if let Some(g) = want_gen {
                 if entry::short_gen(n.gen.load(Acquire)) != g

@@ -1,14 +1,30 @@
 //! The leaf hints answer as the walk does, also when a hint names a node
 //! that has since been unlinked and linked again elsewhere.
 
+use std::cell::RefCell;
 use std::sync::atomic::Ordering::{Acquire, Release};
 use std::sync::Arc;
 
+use super::super::entry::PENDING;
 use super::super::{ScalableSpace, ROOT_LEVEL};
 use super::*;
 use crate::mapping::{Depot, DomainSpace, Limits, QueueContext};
 
 const REGION: u64 = 2 << 20;
+
+thread_local! {
+    /// Run once by the next hinted read of this thread, between its entry
+    /// read and the validation: what another thread could do there.
+    static BETWEEN: RefCell<Option<Box<dyn FnOnce()>>> = const { RefCell::new(None) };
+}
+
+/// Called by `entry_of` after it read the entry (tests only).
+pub(super) fn between_reads() {
+    let f = BETWEEN.with(|b| b.borrow_mut().take());
+    if let Some(f) = f {
+        f();
+    }
+}
 
 /// The level-0 node linked for `iova`'s region now, if any.
 fn leaf_node(space: &ScalableSpace, iova: u64) -> Option<u64> {
@@ -158,4 +174,68 @@ fn a_multi_page_mapping_is_folded_through_the_hint() {
         assert_eq!((t.gpa, t.len), ((1 << 32) + 15 * PAGE, PAGE));
         assert_eq!(hint(&space, base), leaf_node(&space, base).unwrap());
     }
+}
+
+/// A MAP in progress claims its entry with `PENDING` and the mapping's
+/// `HEAD`/`TAIL` bits but not `VALID`: invisible until the MAP completes.
+/// The hint must not answer from it (the walk says unmapped).
+#[test]
+fn a_pending_map_claim_is_not_answered_through_the_hint() {
+    let (_depot, space, mut w) = setup();
+    let base = 5 * REGION;
+    space
+        .map(&mut w, base, base + PAGE - 1, 1 << 32, Perm::RW)
+        .unwrap();
+    w.flush(&[]);
+    space.translate(base, Perm::READ).unwrap();
+    let node = leaf_node(&space, base).unwrap();
+    assert_eq!(hint(&space, base), node);
+    let claimed = base + 7 * PAGE;
+    let n = space.table.node(node);
+    let slot = &n.entries[index(claimed, 0)];
+    slot.store(
+        entry::leaf(1 << 33, Perm::RW, true, true) | PENDING,
+        Release,
+    );
+    assert_eq!(space.translate(claimed, Perm::READ), Err(Fault::Unmapped));
+    slot.store(0, Release);
+}
+
+/// The node's generation, read again after the entry, is what tells an
+/// entry of an earlier incarnation from the current one when the node is
+/// back in this table at the same position by the time owner and position
+/// are read. Here the entry is read while the node (as the test poses it)
+/// belongs to another table, then, before the validation, the node
+/// "moves" here with that slot empty: the answer must be the walk's.
+/// (The walk's 16-bit check is not enough for the hint: a hint is kept
+/// for as long as its slot is not overwritten.)
+#[test]
+fn an_entry_read_before_the_node_moved_is_not_answered() {
+    let (_depot, space, mut w) = setup();
+    let base = 6 * REGION;
+    space
+        .map(&mut w, base, base + PAGE - 1, 1 << 32, Perm::RW)
+        .unwrap();
+    w.flush(&[]);
+    space.translate(base, Perm::READ).unwrap();
+    let node = leaf_node(&space, base).unwrap();
+    assert_eq!(hint(&space, base), node);
+    let n: &'static Node = {
+        let n = space.table.node(node);
+        // SAFETY: the node lives as long as the depot, which outlives
+        // every use below (the closure runs inside `translate`).
+        unsafe { crate::node::node_at(n as *const Node as u64) }
+    };
+    let id = space.table.id();
+    n.owner.store(id + 64, Release);
+    BETWEEN.with(|b| {
+        *b.borrow_mut() = Some(Box::new(move || {
+            n.entries[index(base, 0)].store(0, Release);
+            // A whole number of 16-bit wraps: the walk (which compares
+            // the directory entry's 16 bits) still follows the link.
+            n.gen.fetch_add(1 << 16, Release);
+            n.owner.store(id, Release);
+        }))
+    });
+    assert_eq!(space.translate(base, Perm::READ), Err(Fault::Unmapped));
 }
