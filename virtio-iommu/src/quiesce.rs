@@ -99,9 +99,13 @@ const IDLE: u64 = 0;
 /// park before it runs membarrier (see the module doc). WHY this long: a
 /// device thread that is serving requests enters its next section within
 /// microseconds, so a longer wait only delays the UNMAP of a thread that
-/// forgot to park; a shorter one would run membarrier (an IPI to every
-/// CPU running a VMM thread) for threads that are merely busy.
-pub const STICKY_GRACE: Duration = Duration::from_micros(50);
+/// was preempted between sections or forgot to park (in the nested test
+/// runner, whose two CPUs take turns, a virtio-net transfer took 204 us
+/// per invalidation batch with 50 us and a yielding wait, 71 us with 20 us
+/// and a spinning one, the fence 37 us); a shorter one would run
+/// membarrier (an IPI to every CPU running a VMM thread) for threads that
+/// are merely busy.
+pub const STICKY_GRACE: Duration = Duration::from_micros(20);
 
 /// The shared side: the epoch and the slots of every reader.
 #[derive(Debug)]
@@ -336,14 +340,21 @@ impl Quiescer {
                 }
                 waited = true;
                 let spent = start.get_or_insert_with(Instant::now).elapsed();
-                if !expedited && self.fallback_due(spent) {
-                    barrier::expedite();
-                    self.fallbacks.fetch_add(1, Ordering::Relaxed);
-                    expedited = true;
+                if !expedited && self.barrier == BarrierKind::Sticky {
+                    if self.fallback_due(spent) {
+                        barrier::expedite();
+                        self.fallbacks.fetch_add(1, Ordering::Relaxed);
+                        expedited = true;
+                    } else {
+                        // Spins, never yields, until the net: a yield
+                        // hands the CPU to whichever thread is runnable
+                        // for up to a time slice, and a preempted reader,
+                        // which the net would let go at once, then holds
+                        // the UNMAP that long.
+                        backoff(Duration::ZERO);
+                    }
                     continue;
                 }
-                // Spins, then yields: a reader that was preempted between
-                // two sections may be waiting for this very CPU.
                 backoff(spent);
             }
         }
@@ -372,8 +383,8 @@ impl Quiescer {
             let owner = slot.owner.get().map_or("(unknown)", String::as_str);
             log::warn!(
                 "vIOMMU quiescer: thread {owner} neither entered a DMA section again nor parked \
-                 within {STICKY_GRACE:?}; an UNMAP needed membarrier (a blocking wait without \
-                 a park?)"
+                 within {STICKY_GRACE:?}; an UNMAP needed membarrier (preempted, or a blocking \
+                 wait without a park?)"
             );
         }
     }

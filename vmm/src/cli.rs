@@ -165,7 +165,7 @@ pub struct Cli {
     /// sticky (the default: a device thread pays a full fence only on its
     /// first DMA section after an UNMAP, and parks before it sleeps; a
     /// sync interrupts other CPUs only for a thread that did neither
-    /// within 50 us), fence (a full fence per DMA section, the cost stays
+    /// within 20 us), fence (a full fence per DMA section, the cost stays
     /// on the device thread) or membarrier (none per section; every sync
     /// interrupts each CPU running a VMM thread, vCPUs included: worth it
     /// only when syncs are rare, i.e. with batched invalidation). sticky
