@@ -136,8 +136,9 @@ const SYNCING: [ThreadKind; 4] = [
 
 fn child() {
     // Before any filter, as the VMM's main does with --quiescer-barrier
-    // membarrier: its registration, so that the syncs below make the call
-    // the filters must allow (the fence, the default, makes none).
+    // membarrier: its registration, so that every sync below makes the
+    // call the filters must allow (the fence makes none; sticky, the
+    // default, makes the same call only as its safety net).
     virtio_iommu::barrier::prefer(virtio_iommu::barrier::BarrierKind::Membarrier);
     let quiescer = Quiescer::new();
     sandbox::set_no_new_privs().unwrap();
