@@ -13,15 +13,14 @@
 //! covered the old lock.
 //!
 //! A device thread does not even pay the pointer load's locked
-//! instruction: it keeps the attachment it last saw in a per-thread cache
-//! (`translate/attach_cache.rs`) and only compares pointers on each access;
-//! [`AttachCell`] is what such a cache holds on to.
+//! instructions: it keeps the attachment it last saw in a per-thread cache
+//! (`translate/attach_cache.rs`) and only compares the endpoint's count of
+//! attachment changes with the one it saw, one plain load per access.
 //!
 //! A module of its own because the request side (`device`) and the DMA
 //! side (`translate`) both use it.
 
-use std::ops::Deref;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::{ArcSwapOption, Guard};
@@ -40,6 +39,10 @@ pub struct Endpoint {
     /// the global ones).
     resv: Vec<ResvMem>,
     attached: ArcSwapOption<Domain>,
+    /// Attachment changes so far, counted after each swap: what a
+    /// per-thread cache compares to know its domain is still the current
+    /// one (see [`Endpoint::changes`]).
+    changes: AtomicU64,
     /// Its DMA does not go through the device's translation (a VFIO
     /// function behind a host IOMMU): its domain must use explicit MAPs,
     /// never a guest page table.
@@ -52,6 +55,7 @@ impl Endpoint {
             id,
             resv,
             attached: ArcSwapOption::empty(),
+            changes: AtomicU64::new(0),
             explicit_maps: AtomicBool::new(false),
         }
     }
@@ -84,15 +88,15 @@ impl Endpoint {
         self.attached.load()
     }
 
-    /// The endpoint's attachment cell, owned, for a per-thread cache.
-    pub(crate) fn cell(self: &Arc<Self>) -> AttachCell {
-        AttachCell(Arc::clone(self))
-    }
-
-    /// True if `cell` is this endpoint's attachment cell (a cache's key).
+    /// Attachment changes so far. A cache that loaded the attachment
+    /// after reading `n` here holds a domain at least as new as the `n`-th
+    /// change (the count is bumped after the swap, and this load is an
+    /// Acquire); while this still reads `n`, the domain is current, except
+    /// for an access racing a change, which the quiescer waits for (see
+    /// `translate/attach_cache.rs`).
     #[inline]
-    pub(crate) fn owns_cell(&self, cell: &ArcSwapOption<Domain>) -> bool {
-        std::ptr::eq(&self.attached, cell)
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
     }
 
     /// Sets the attachment; returns the previous one. Caller holds the
@@ -101,20 +105,10 @@ impl Endpoint {
     /// quiescer's to wait for, as they were with a lock (the lock, too, was
     /// released before the access used the domain).
     pub fn set_domain(&self, d: Option<Arc<Domain>>) -> Option<Arc<Domain>> {
-        self.attached.swap(d)
-    }
-}
-
-/// An endpoint's attachment cell, kept alive by the endpoint it belongs
-/// to. WHY owned: a cache entry keyed by the cell's address must keep that
-/// address from being reused by another endpoint while the entry exists.
-#[derive(Clone)]
-pub(crate) struct AttachCell(Arc<Endpoint>);
-
-impl Deref for AttachCell {
-    type Target = ArcSwapOption<Domain>;
-
-    fn deref(&self) -> &ArcSwapOption<Domain> {
-        &self.0.attached
+        let old = self.attached.swap(d);
+        // After the swap, and before the kick's barrier like it: a cache
+        // that sees the new count loads the new domain.
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        old
     }
 }

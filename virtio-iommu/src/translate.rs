@@ -4,10 +4,10 @@
 //! WHY a handle per endpoint: every DMA access of a device goes through here,
 //! so the lookup "endpoint -> domain" is done once when the handle is made
 //! (an `Arc<Endpoint>`), and each access only checks the endpoint's current
-//! attachment against the calling thread's cache of it (one plain pointer
-//! load and a compare, `attach_cache.rs`) and then reads the domain's
-//! lock-free table. No lock, no locked instruction and no write to shared
-//! memory on a hit.
+//! attachment against the calling thread's cache of it (one plain load of
+//! a change count and a compare, `translate/attach_cache.rs`) and then reads the
+//! domain's lock-free table. No lock, no locked instruction and no write
+//! to memory another thread reads on a hit.
 //!
 //! Semantics (spec, "Device operations"):
 //! - endpoint not attached: identity if the `bypass` config field is 1,
@@ -20,12 +20,9 @@
 //! Every fault is queued for the event queue (bounded, drops counted) and
 //! logged (rate-limited) by [`FaultQueue`].
 //!
-//! The attachment is read again for every run of an access (each run is
-//! one translation; nothing is held between them). An access that races a
-//! re-attach may thus take its first run from the old domain and the next
-//! from the new one: either answer is one the guest could have got, and
-//! both are read inside the caller's read section, which the re-attach's
-//! kick waits for.
+//! The attachment is sampled once per [`translate`](EndpointDma::translate)
+//! call, so one access is translated consistently against one domain even if
+//! the guest re-attaches the endpoint concurrently.
 
 mod attach_cache;
 
@@ -93,25 +90,11 @@ pub enum DmaFault {
     },
 }
 
-/// How one run of an access is translated (read per run, see the module
-/// doc).
-enum Answer {
+/// How the current access is translated (sampled once per access).
+enum Mode {
     Identity,
     Blocked,
-    Table(Result<Translation, Fault>),
-}
-
-/// The answer for `iova` given the endpoint's attachment `d`.
-#[inline]
-fn answer(d: Option<&Domain>, bypass: &AtomicBool, iova: u64, access: Perm) -> Answer {
-    match d {
-        // A bypass domain has no table: identity.
-        Some(d) => d
-            .translate(iova, access)
-            .map_or(Answer::Identity, Answer::Table),
-        None if bypass.load(Ordering::Acquire) => Answer::Identity,
-        None => Answer::Blocked,
-    }
+    Table(attach_cache::Attachment),
 }
 
 /// Translation handle of one endpoint. Cheap to clone; `Send + Sync`.
@@ -132,10 +115,15 @@ impl EndpointDma {
         self.ep.id()
     }
 
-    /// How `iova` translates now, through this thread's attachment cache.
     #[inline]
-    fn answer(&self, iova: u64, access: Perm) -> Answer {
-        attach_cache::with_attached(&self.ep, |d| answer(d, &self.bypass, iova, access))
+    fn mode(&self) -> Mode {
+        let attached = attach_cache::attachment(&self.ep);
+        match attached.domain().map(Domain::is_bypass) {
+            Some(true) => Mode::Identity,
+            Some(false) => Mode::Table(attached),
+            None if self.bypass.load(Ordering::Acquire) => Mode::Identity,
+            None => Mode::Blocked,
+        }
     }
 
     /// Translates the access `[iova, iova + len)` with `access` (READ and/or
@@ -145,6 +133,7 @@ impl EndpointDma {
     pub fn translate(&self, iova: u64, len: u64, access: Perm) -> DmaRuns<'_> {
         DmaRuns {
             dma: self,
+            mode: self.mode(),
             iova,
             remaining: len,
             access,
@@ -173,18 +162,18 @@ impl EndpointDma {
     /// the address space, read-write. A refused lookup is reported to the
     /// guest as a fault, as the consumer's access would have been.
     pub fn lookup(&self, iova: u64, access: Perm) -> Result<Translation, DmaFault> {
-        match self.answer(iova, access) {
-            Answer::Identity => Ok(Translation {
+        match self.mode() {
+            Mode::Identity => Ok(Translation {
                 gpa: iova,
                 len: (u64::MAX - iova).saturating_add(1),
                 perm: Perm::READ | Perm::WRITE,
             }),
-            Answer::Blocked => Err(self.report(FAULT_R_DOMAIN, access, iova, |endpoint, iova| {
+            Mode::Blocked => Err(self.report(FAULT_R_DOMAIN, access, iova, |endpoint, iova| {
                 DmaFault::NotAttached { endpoint, iova }
             })),
-            Answer::Table(r) => match r {
-                Ok(t) if t.len > 0 => Ok(t),
-                Err(Fault::Permission) => Err(self.report(
+            Mode::Table(d) => match d.domain().and_then(|d| d.translate(iova, access)) {
+                Some(Ok(t)) if t.len > 0 => Ok(t),
+                Some(Err(Fault::Permission)) => Err(self.report(
                     FAULT_R_MAPPING,
                     access,
                     iova,
@@ -257,8 +246,10 @@ impl EndpointDma {
 }
 
 /// Iterator over the runs of one access; see [`EndpointDma::translate`].
+/// Not `Send`: it holds its attachment in its thread's cache.
 pub struct DmaRuns<'a> {
     dma: &'a EndpointDma,
+    mode: Mode,
     iova: u64,
     remaining: u64,
     access: Perm,
@@ -292,19 +283,28 @@ impl Iterator for DmaRuns<'_> {
                 iova,
             });
         }
-        match self.dma.answer(self.iova, self.access) {
-            Answer::Identity => {
+        match &self.mode {
+            Mode::Identity => {
                 self.done = true;
                 Some(Ok(DmaRun {
                     gpa: self.iova,
                     len: self.remaining,
                 }))
             }
-            Answer::Blocked => self.fail(FAULT_R_DOMAIN, |endpoint, iova| DmaFault::NotAttached {
+            Mode::Blocked => self.fail(FAULT_R_DOMAIN, |endpoint, iova| DmaFault::NotAttached {
                 endpoint,
                 iova,
             }),
-            Answer::Table(result) => {
+            Mode::Table(d) => {
+                let Some(result) = d.domain().and_then(|d| d.translate(self.iova, self.access))
+                else {
+                    // Bypass domains (and no domain) are not Mode::Table;
+                    // unreachable in practice, but fail closed.
+                    return self.fail(FAULT_R_UNKNOWN, |endpoint, iova| DmaFault::Unmapped {
+                        endpoint,
+                        iova,
+                    });
+                };
                 match result {
                     Ok(t) if t.len > 0 => {
                         let len = t.len.min(self.remaining);

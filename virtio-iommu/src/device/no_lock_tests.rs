@@ -234,3 +234,67 @@ fn a_cached_attachment_follows_detach_and_reattach() {
     drop(ask_tx);
     device.join().expect("device thread");
 }
+
+/// An access holds its attachment for all its runs: the thread's cache
+/// keeps that domain alive even if the endpoint is re-attached and the
+/// thread makes another access meanwhile (which loads the new attachment
+/// without touching the cache), and lets it go at the next access after.
+#[test]
+fn an_access_in_progress_keeps_its_cached_domain() {
+    let dev = IommuDevice::new(IommuConfig::default()).expect("device");
+    dev.add_endpoint(EP).expect("endpoint");
+    dev.ack_features(dev.device_features());
+    let mut w = dev.new_worker();
+    let attach = |w: &mut _, domain| {
+        let req = AttachReq {
+            domain,
+            endpoint: EP,
+            flags: 0,
+            reserved: [0; 4],
+        };
+        assert_eq!(dev.attach(w, &req), Status::Ok);
+    };
+    attach(&mut w, DOMAIN);
+    // Two pages, not physically adjacent: an access over both has two runs.
+    assert_eq!(
+        dev.map(&mut w, &map_in(DOMAIN, 0x10000, 0x20_0000)),
+        Status::Ok
+    );
+    assert_eq!(
+        dev.map(&mut w, &map_in(DOMAIN, 0x11000, 0x40_0000)),
+        Status::Ok
+    );
+    dev.complete_kick(&mut w);
+    let dma = dev.endpoint_dma(EP).expect("dma handle");
+    let old = dev
+        .endpoints
+        .get(EP)
+        .and_then(|ep| ep.domain())
+        .map(|d| Arc::downgrade(&d))
+        .expect("attached");
+
+    let mut runs = dma.translate(0x10800, 0x1000, Perm::READ);
+    assert_eq!(runs.next().map(|r| r.map(|r| r.gpa)), Some(Ok(0x20_0800)));
+    // Re-attached elsewhere (the old domain loses its last endpoint), and
+    // another access of this thread meanwhile: it sees the new domain.
+    attach(&mut w, 2);
+    assert_eq!(dev.map(&mut w, &map_in(2, 0x10000, 0x50_0000)), Status::Ok);
+    dev.complete_kick(&mut w);
+    assert_eq!(
+        dma.translate_contiguous(0x10008, 8, Perm::READ),
+        Ok(0x50_0008)
+    );
+    assert!(old.upgrade().is_some(), "the pinned domain was dropped");
+    // The access in progress goes on in its own domain, emptied when it
+    // was destroyed: its second run is refused, never another domain's.
+    assert!(matches!(
+        runs.next(),
+        Some(Err(DmaFault::Unmapped { iova: 0x11000, .. }))
+    ));
+    drop(runs);
+    assert_eq!(
+        dma.translate_contiguous(0x10008, 8, Perm::READ),
+        Ok(0x50_0008)
+    );
+    assert!(old.upgrade().is_none(), "the cache kept a replaced domain");
+}
