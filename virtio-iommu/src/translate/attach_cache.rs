@@ -47,7 +47,7 @@
 //! thread-locals are gone, or an attachment of the thread is pinned) the
 //! access loads the cell directly, as before ([`Attachment::Loaded`]).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -68,16 +68,14 @@ struct Way {
     domain: Option<Arc<Domain>>,
 }
 
-/// One thread's entries (the last used first), and how many [`Pinned`]
-/// attachments of the thread are alive.
+/// One thread's entries, the last used first.
 struct Ways {
     ways: [Option<Way>; WAYS],
-    pins: usize,
 }
 
 impl Drop for Ways {
     fn drop(&mut self) {
-        if self.pins > 0 {
+        if PINS.get() > 0 {
             // Cannot happen (a pin lives in a stack frame of this thread,
             // and thread-locals are destroyed after those end); if it did,
             // leaking is what keeps the pinned domain valid.
@@ -92,9 +90,12 @@ thread_local! {
     static CACHE: RefCell<Ways> = const {
         RefCell::new(Ways {
             ways: [const { None }; WAYS],
-            pins: 0,
         })
     };
+    /// [`Pinned`] attachments of this thread alive now. WHY apart from
+    /// the entries: it needs no destructor, so a pin's drop reaches it
+    /// with one plain access (no check that the thread-local still lives).
+    static PINS: Cell<usize> = const { Cell::new(0) };
 }
 
 #[cfg(test)]
@@ -116,7 +117,7 @@ impl Ways {
     /// holds; `None` if the cache cannot answer (never "not attached").
     #[inline(always)]
     fn pin(&mut self, ep: &Arc<Endpoint>) -> Option<Option<NonNull<Domain>>> {
-        if self.pins != 0 {
+        if PINS.get() != 0 {
             return None;
         }
         let now = ep.changes();
@@ -125,7 +126,7 @@ impl Ways {
             _ => self.refill(ep, now)?,
         };
         let d = first.domain.as_deref().map(NonNull::from);
-        self.pins += 1;
+        PINS.set(PINS.get().saturating_add(1));
         Some(d)
     }
 
@@ -205,11 +206,7 @@ impl Pinned {
 impl Drop for Pinned {
     #[inline]
     fn drop(&mut self) {
-        let _ = CACHE.try_with(|c| {
-            if let Ok(mut c) = c.try_borrow_mut() {
-                c.pins = c.pins.saturating_sub(1);
-            }
-        });
+        PINS.set(PINS.get().saturating_sub(1));
     }
 }
 
