@@ -897,9 +897,11 @@ def projection_inputs(alloc_path=None, host_path=None):
     alloc = projection.load_guest_alloc(paths["alloc"])
     src = (f"the vviommu core built in user space, ns per map+unmap pair for the "
            f"configuration's policy, invalidation, mode and vCPUs as threads: "
-           f"{os.path.relpath(paths['alloc'], REPO)} (no device time; interrupt-off "
-           "sections are a mutex there, dearer than cli/sti); where it has no figure, "
-           "the runner's cost probe scaled by native/runner dma-direct")
+           f"{os.path.relpath(paths['alloc'], REPO)} (no device time; on-CPU ns where "
+           "the file has them; files from 2026-11-27 05:10 UTC on are the pinned build, "
+           "interrupt-off sections as pushf/popf, older ones a mutex, dearer than "
+           "cli/sti); where it has no figure, the runner's cost probe scaled by "
+           "native/runner dma-direct")
     return costs, sources, alloc, src
 
 
