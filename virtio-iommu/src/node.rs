@@ -20,8 +20,10 @@ pub const ENTRIES: usize = 512;
 pub struct Node {
     /// The entries; their encoding is in `entry.rs`.
     pub entries: [AtomicU64; ENTRIES],
-    /// Non-zero entries plus the pins of operations working inside the node.
-    /// A node is unlinked only when this is zero (see `retire` in `ops.rs`).
+    /// Non-zero entries plus the pins of operations working inside the node
+    /// (low 48 bits), and the incarnation a pin must name (high 16, the low
+    /// bits of `gen`; `table/live.rs`). A node is unlinked only when the
+    /// count is zero (`table/retire.rs`).
     pub live: AtomicU64,
     /// Incremented every time the node is unlinked; its low 16 bits are also
     /// stored in the parent entry that links it, so a reader can tell the

@@ -7,7 +7,7 @@
 use std::sync::atomic::Ordering::Acquire;
 
 use super::entry::{self, HEAD, TAIL};
-use super::{quota, span, Table, ROOT_LEVEL};
+use super::{live, quota, span, Table, ROOT_LEVEL};
 use crate::node::Node;
 
 /// What an audit counted.
@@ -70,7 +70,8 @@ pub enum AuditError {
         /// Where.
         iova: u64,
     },
-    /// A directory entry naming another generation of its node.
+    /// A directory entry naming another generation of its node (in its
+    /// `gen` or its `live` word).
     #[error("generation mismatch at {iova:#x}")]
     Generation {
         /// Where.
@@ -199,7 +200,11 @@ fn walk(
             }
             a.nodes += 1;
             let child = t.node(entry::addr(e));
-            if entry::short_gen(child.gen.load(Acquire)) != entry::gen(e) {
+            // The link, the node and its `live` word name one incarnation
+            // (`live.rs`): otherwise every pin through the link would fail.
+            if entry::short_gen(child.gen.load(Acquire)) != entry::gen(e)
+                || live::gen(child.live.load(Acquire)) != entry::gen(e)
+            {
                 return Err(AuditError::Generation { iova });
             }
             if child.owner.load(Acquire) != t.id()
@@ -250,7 +255,7 @@ fn walk(
         };
     }
     if level < ROOT_LEVEL {
-        let live = n.live.load(Acquire);
+        let live = live::count(n.live.load(Acquire));
         if live != nonzero {
             return Err(AuditError::LiveCount {
                 base,

@@ -27,6 +27,7 @@
 use std::sync::atomic::Ordering::AcqRel;
 use std::sync::Arc;
 
+use super::live;
 use super::ops::{push_candidate, Found};
 use super::{Ctx, Table};
 use crate::node::Node;
@@ -188,7 +189,7 @@ pub(crate) fn release(w: &mut Ctx) {
         // Two's complement: adding the wrapped delta subtracts when negative.
         let add = h.delta.cast_unsigned().wrapping_sub(BIAS);
         let n = h.table.node(h.node);
-        if n.live.fetch_add(add, AcqRel).wrapping_add(add) == 0 {
+        if live::count(n.live.fetch_add(add, AcqRel).wrapping_add(add)) == 0 {
             push_candidate(&h.table, w, h.region << 21, 0);
         }
     }

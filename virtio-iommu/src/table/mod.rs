@@ -13,9 +13,11 @@
 //! waits for slots another operation holds, then either publishes or rolls
 //! back (`range.rs`); ascending order makes the waits deadlock-free and the
 //! claims make overlapping requests linearizable. Every node counts its
-//! non-empty slots plus the pins of operations working inside it (`live`);
-//! a node whose count drops to zero is unlinked by locking its parent slot
-//! and re-checking (a Dekker pair with the pin), and goes to the worker's
+//! non-empty slots plus the pins of operations working inside it (`live`,
+//! which also names the node's incarnation, `live.rs`); a node whose count
+//! drops to zero is unlinked by locking its parent slot and moving `live`
+//! to the next incarnation by one compare-and-swap (a pin is a
+//! compare-and-swap on the same word), and goes to the worker's
 //! deferred list, recycled only by the flush (`retire.rs`). Unlinking bumps
 //! the node's generation, which the parent entry also records, so a lock-free
 //! reader that followed a stale link notices and retries.
@@ -24,6 +26,7 @@ mod audit;
 pub mod entry;
 mod held;
 mod leaf_hint;
+mod live;
 mod ops;
 mod page;
 mod quota;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::entry::{self, HEAD, LOCKED, TAIL, VALID};
 use super::{backoff, index, quota, span, Candidate, Ctx, Table, MAX_LEAF_LEVEL, ROOT_LEVEL};
-use super::{held, page, range};
+use super::{held, live, page, range};
 use crate::node::{self, Node};
 use crate::space::{
     check_map_args, Fault, MapError, Perm, Translation, UnmapError, IOVA_MAX, PAGE_SIZE,
@@ -23,54 +23,54 @@ pub(crate) enum Found<'a> {
 }
 
 impl Table {
-    /// Pins `n`, linked by entry `e` in slot `i` of `parent`: afterwards `n`
-    /// cannot be unlinked until unpinned. False if `n` was unlinked first.
+    /// Pins `n`, which the caller found linked by directory entry `e`:
+    /// afterwards `n` cannot be unlinked until unpinned. False if that
+    /// incarnation of `n` was unlinked first (`live` then is left alone).
     ///
-    /// The increment and the re-read of the parent slot pair with `retire`'s
-    /// lock of that slot and read of `live` (all SeqCst): at least one side
-    /// sees the other, so a node is never unlinked while pinned.
+    /// The pin is a compare-and-swap on `live` that only succeeds while the
+    /// word names the incarnation `e` recorded; `retire` kills an
+    /// incarnation by a compare-and-swap on the same word from a count of
+    /// zero (`live.rs` says why an unconditional increment leaked nodes).
     ///
     /// `tag` is the position the caller expects `n` at; a node linked
-    /// elsewhere (possible only if its generation wrapped while the caller
-    /// was preempted) is refused like an unlinked one.
+    /// elsewhere (possible only if its 16-bit generation wrapped while the
+    /// caller was preempted) is refused like an unlinked one.
     #[inline]
-    pub(crate) fn pin(&self, n: &Node, parent: &Node, i: usize, e: u64, tag: u64) -> bool {
-        self.pin_by(n, parent, i, e, tag, 1)
+    pub(crate) fn pin(&self, n: &Node, e: u64, tag: u64) -> bool {
+        self.pin_by(n, e, tag, 1)
     }
 
     /// [`Table::pin`] with a weight of `k` in `live` instead of 1 (a
     /// worker's hold, `held.rs`, pins with its whole weight at once). The
-    /// argument is the same: any non-zero increment keeps `live` off zero.
+    /// argument is the same: any non-zero count keeps the retirer off.
     #[inline]
-    pub(crate) fn pin_by(
-        &self,
-        n: &Node,
-        parent: &Node,
-        i: usize,
-        e: u64,
-        tag: u64,
-        k: u64,
-    ) -> bool {
-        n.live.fetch_add(k, SeqCst);
-        let mut spins = 0;
+    pub(crate) fn pin_by(&self, n: &Node, e: u64, tag: u64, k: u64) -> bool {
+        let want = entry::gen(e);
+        let mut cur = n.live.load(Acquire);
         loop {
-            let cur = parent.entries[i].load(SeqCst);
-            if cur == e {
-                if n.owner.load(Acquire) == self.id() && n.base.load(Acquire) == tag {
-                    return true;
-                }
-                n.live.fetch_sub(k, SeqCst);
+            if live::gen(cur) != want {
+                // Unlinked since the walk read `e`: the node is dead to us
+                // (a later incarnation, if any, is reached by a new walk).
                 return false;
             }
-            if cur == e | LOCKED {
-                backoff(&mut spins);
-                continue;
+            match n
+                .live
+                .compare_exchange_weak(cur, cur.wrapping_add(k), SeqCst, Acquire)
+            {
+                Ok(_) => break,
+                Err(now) => cur = now,
             }
-            // Unlinked: the node is dead to us (a later incarnation, if any,
-            // is reached through a new walk).
-            n.live.fetch_sub(k, SeqCst);
-            return false;
         }
+        if n.owner.load(Acquire) == self.id() && n.base.load(Acquire) == tag {
+            return true;
+        }
+        // The generation wrapped: the pin counts in a node linked elsewhere.
+        // Take it back; if that empties the node, its table's own retirer
+        // may have seen our pin and left it, which no one here can repair
+        // (it may belong to another table). 2^16 unlinks of one node while
+        // this worker was preempted between two loads: accepted.
+        n.live.fetch_sub(k, SeqCst);
+        false
     }
 
     /// Drops `k` from the live count of `n` (a node at `level` covering
@@ -80,7 +80,7 @@ impl Table {
         if level >= ROOT_LEVEL || k == 0 {
             return;
         }
-        if n.live.fetch_sub(k, AcqRel) == k {
+        if live::count(n.live.fetch_sub(k, AcqRel)) == k {
             push_candidate(self, w, iova, level);
         }
     }
@@ -105,7 +105,7 @@ impl Table {
             loop {
                 if lvl == level {
                     return match link {
-                        Some((p, i, e)) if self.pin_by(n, p, i, e, node_tag(iova, lvl), weight) => {
+                        Some((_, _, e)) if self.pin_by(n, e, node_tag(iova, lvl), weight) => {
                             Ok(Found::Node(n))
                         }
                         Some(_) => continue 'retry,
@@ -157,8 +157,8 @@ impl Table {
         link: Option<(&Node, usize, u64)>,
         i: usize,
     ) -> Result<bool, MapError> {
-        if let Some((p, pi, pe)) = link {
-            if !self.pin(n, p, pi, pe, node_tag(iova, lvl)) {
+        if let Some((_, _, pe)) = link {
+            if !self.pin(n, pe, node_tag(iova, lvl)) {
                 return Ok(false);
             }
         }

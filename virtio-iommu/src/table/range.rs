@@ -96,7 +96,7 @@ impl Op<'_> {
                         continue;
                     }
                     let child = t.node(entry::addr(e));
-                    if !t.pin(child, n, i, e, node::tag(s_base, level - 1)) {
+                    if !t.pin(child, e, node::tag(s_base, level - 1)) {
                         continue;
                     }
                     w.state.table.pins.push(Pin {

@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 use std::sync::Arc;
 
 use super::entry::{self, LOCKED};
-use super::{index, quota, Candidate, Ctx, Table, ROOT_LEVEL};
+use super::{index, live, quota, Candidate, Ctx, Table, ROOT_LEVEL};
 use crate::node::{Node, NodePtr};
 
 /// Most empty nodes a worker keeps linked across a flush (see [`Hot`]);
@@ -153,17 +153,25 @@ fn try_retire(t: &Arc<Table>, w: &mut Ctx, iova: u64, mut level: u32) {
             lvl -= 1;
         }
         let Some((p, i, e)) = link else { return };
-        if n.live.load(SeqCst) != 0 {
+        if live::count(n.live.load(SeqCst)) != 0 {
             return;
         }
-        // Lock the link, then re-check: pairs with `Table::pin`.
+        // Lock the link (walkers wait instead of following it), then end
+        // the incarnation `e` links if nothing counts in it: pins
+        // compare-and-swap the same word expecting this incarnation, so
+        // exactly one side wins (`live.rs`). A count seen here belongs to
+        // this incarnation, and whoever drops it to zero queues the node.
         if p.entries[i]
             .compare_exchange(e, e | LOCKED, SeqCst, SeqCst)
             .is_err()
         {
             return;
         }
-        if n.live.load(SeqCst) != 0 {
+        let g = u64::from(entry::gen(e));
+        if n.live
+            .compare_exchange(live::empty(g), live::empty(g + 1), SeqCst, SeqCst)
+            .is_err()
+        {
             p.entries[i].store(e, SeqCst);
             return;
         }
@@ -180,7 +188,7 @@ fn try_retire(t: &Arc<Table>, w: &mut Ctx, iova: u64, mut level: u32) {
             .deferred
             .push(unsafe { NodePtr::from_addr(entry::addr(e)) });
         level += 1;
-        if level >= ROOT_LEVEL || p.live.fetch_sub(1, AcqRel) != 1 {
+        if level >= ROOT_LEVEL || live::count(p.live.fetch_sub(1, AcqRel)) != 1 {
             return;
         }
     }
@@ -205,11 +213,13 @@ fn collect(t: &Table, addr: u64, level: u32, out: &mut Vec<NodePtr>) {
         if entry::is_dir(e) && level > 0 {
             collect(t, entry::addr(e), level - 1, out);
             let c = t.node(entry::addr(e));
-            c.gen.fetch_add(1, Release);
-            c.live.store(0, Release);
+            // The next incarnation, in both places (`live.rs`).
+            let g = c.gen.fetch_add(1, Release).wrapping_add(1);
+            c.live.store(live::empty(g), Release);
             // SAFETY: the child was linked here and is now unlinked.
             out.push(unsafe { NodePtr::from_addr(entry::addr(e)) });
         }
     }
-    n.live.store(0, Release);
+    // Count zero, incarnation kept (the caller moves a child's on).
+    n.live.fetch_and(live::empty(u64::MAX), Release);
 }

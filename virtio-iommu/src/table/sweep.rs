@@ -100,7 +100,7 @@ fn remove_marked(
                     break 'words;
                 }
                 let child = t.node(entry::addr(e));
-                if !t.pin(child, n, i, e, node::tag(s_base, level - 1)) {
+                if !t.pin(child, e, node::tag(s_base, level - 1)) {
                     result = Err(GiveUp);
                     break 'words;
                 }
