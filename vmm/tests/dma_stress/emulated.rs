@@ -20,6 +20,15 @@ pub fn run(shared: &Shared, mut spaces: Vec<ThreadDma>, mut rng: Rng) {
     let guests = spaces.len() as u64;
     let mut n = 0u64;
     while !shared.stopped() {
+        if super::resting(n) && (n / super::PACE_EVERY).is_multiple_of(2) {
+            // Every other rest parks first, as the VMM's workers do at
+            // their waits; the others rest unparked, so that a sticky
+            // sync meets both a parked thread and one only the
+            // quiescer's safety net lets go (`quiesce_fallbacks`).
+            for dma in &mut spaces {
+                dma.park();
+            }
+        }
         super::pace(&mut n);
         let Some(dma) = spaces.get_mut(usize_from_u64(rng.below(guests))) else {
             continue;

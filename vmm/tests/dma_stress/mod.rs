@@ -102,6 +102,12 @@ pub const PACE: std::time::Duration = std::time::Duration::from_micros(50);
 /// See [`PACE`].
 pub const PACE_EVERY: u64 = 16;
 
+/// Whether the [`pace`] call that follows, with count `n` before it,
+/// rests.
+pub fn resting(n: u64) -> bool {
+    (n + 1).is_multiple_of(PACE_EVERY)
+}
+
 /// Rests after every [`PACE_EVERY`]-th call (`n` counts the calls).
 pub fn pace(n: &mut u64) {
     *n += 1;

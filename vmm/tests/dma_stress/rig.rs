@@ -267,6 +267,12 @@ impl Rig {
             "violations_after_detach": sh.detach_violations.load(Ordering::Relaxed),
             "quiesce_waits": q.waits,
             "quiesce_waited_for_reader": q.waited_for_reader,
+            // Which protocol ran (the process default, sticky where
+            // membarrier works), and how often a sticky sync needed its
+            // safety net: a device thread of the rig that neither entered
+            // again nor parked within the grace period.
+            "quiesce_kind": format!("{:?}", self.quiescer.kind()),
+            "quiesce_fallbacks": q.fallbacks,
             "iotlb_misses": self.iotlb_sum(|i| i.stats.misses.load(Ordering::Relaxed)),
             "iotlb_invalidations": self.iotlb_sum(|i| i.stats.invalidations.load(Ordering::Relaxed)),
             "iotlb_stale_updates_dropped": self.iotlb_sum(|i| i.stats.stale.load(Ordering::Relaxed)),
