@@ -829,14 +829,27 @@ mod loom_tests {
     use super::*;
     use loom::sync::atomic::AtomicBool;
 
+    /// What the device thread does with its slot after its sections.
+    #[derive(Clone, Copy)]
+    enum Then {
+        /// Drops it (a worker that ended; the drop parks and retires it).
+        Drop,
+        /// Parks it, as a worker does before it blocks, and keeps it.
+        Park,
+        /// Keeps it as it is: only the sync's safety net can let go.
+        Keep,
+    }
+
     /// One device thread runs `sections` translate-and-use sections (the
-    /// n-th writes n into the page if the mapping is still there) while the
-    /// main thread unmaps, synchronizes and reuses the page (writes 99).
-    /// The "table" and the "page" are relaxed on purpose: the quiescer's
-    /// own fences and slot orderings must carry the ordering.
-    fn model(sections: u64) {
+    /// n-th writes n into the page if the mapping is still there), then
+    /// does `then` with its slot, while the main thread unmaps,
+    /// synchronizes and reuses the page (writes 99), on the quiescer
+    /// `make` builds. The "table" and the "page" are relaxed on purpose:
+    /// the quiescer's own fences and slot orderings must carry the
+    /// ordering.
+    fn race(make: impl Fn() -> Arc<Quiescer> + Send + Sync + 'static, sections: u64, then: Then) {
         loom::model(move || {
-            let q = Quiescer::new();
+            let q = make();
             let slot = q.register().unwrap();
             let mapped = Arc::new(AtomicBool::new(true));
             let page = Arc::new(AtomicU64::new(0));
@@ -849,14 +862,27 @@ mod loom_tests {
                             page.store(n, Ordering::Relaxed);
                         }
                     }
+                    match then {
+                        Then::Drop => None,
+                        Then::Park => {
+                            slot.park();
+                            Some(slot)
+                        }
+                        Then::Keep => Some(slot),
+                    }
                 })
             };
             mapped.store(false, Ordering::Relaxed); // UNMAP
             q.synchronize(); // its completion
             page.store(99, Ordering::Relaxed); // the guest reuses the page
-            device.join().unwrap();
+            let _slot = device.join().unwrap();
             assert_eq!(page.load(Ordering::Relaxed), 99, "DMA landed after sync");
         });
+    }
+
+    /// [`race`] with the process's barrier, the slot dropped at the end.
+    fn model(sections: u64) {
+        race(Quiescer::new, sections, Then::Drop);
     }
 
     /// Every interleaving of one section with an UNMAP, its completion and
@@ -875,43 +901,18 @@ mod loom_tests {
         model(2);
     }
 
-    /// The sticky protocol: the device thread runs `sections` sections
-    /// (the epoch may move between any two, so a later one may skip its
-    /// announcement or make it), then parks if `park` (as a worker does
-    /// before it blocks). `fallback` models the safety net: the sync runs
-    /// its membarrier (a SeqCst fence) as soon as a slot is behind, and the
-    /// reader's busy store is followed by the kernel's barrier (a fence,
-    /// as `barrier.rs` models membarrier); without it a sync can only
-    /// wait for an announcement or a park.
+    /// [`race`] with the sticky protocol: the epoch may move between any
+    /// two sections, so a later one may skip its announcement or make it;
+    /// the thread then parks if `park` (as a worker does before it
+    /// blocks) and keeps its slot otherwise (a dropped one parks: the net
+    /// alone must let the sync go). `fallback` models the safety net: the
+    /// sync runs its membarrier (a SeqCst fence) as soon as a slot is
+    /// behind, and the reader's busy store is followed by the kernel's
+    /// barrier (a fence, as `barrier.rs` models membarrier); without it a
+    /// sync can only wait for an announcement or a park.
     fn sticky_model(sections: u64, park: bool, fallback: bool) {
-        loom::model(move || {
-            let q = Quiescer::sticky_model(fallback);
-            let slot = q.register().unwrap();
-            let mapped = Arc::new(AtomicBool::new(true));
-            let page = Arc::new(AtomicU64::new(0));
-            let device = {
-                let (mapped, page) = (Arc::clone(&mapped), Arc::clone(&page));
-                loom::thread::spawn(move || {
-                    for n in 1..=sections {
-                        let _section = slot.enter();
-                        if mapped.load(Ordering::Relaxed) {
-                            page.store(n, Ordering::Relaxed);
-                        }
-                    }
-                    if park {
-                        slot.park();
-                    }
-                    // Keeps the slot (a dropped one parks): the net alone
-                    // must let the sync go when `park` is false.
-                    slot
-                })
-            };
-            mapped.store(false, Ordering::Relaxed); // UNMAP
-            q.synchronize(); // its completion
-            page.store(99, Ordering::Relaxed); // the guest reuses the page
-            let _slot = device.join().unwrap();
-            assert_eq!(page.load(Ordering::Relaxed), 99, "DMA landed after sync");
-        });
+        let then = if park { Then::Park } else { Then::Keep };
+        race(move || Quiescer::sticky_model(fallback), sections, then);
     }
 
     /// A sticky reader enters twice across an epoch change and then parks:
