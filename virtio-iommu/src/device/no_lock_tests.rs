@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use super::{IommuConfig, IommuDevice};
 use crate::locks::{lock, write};
-use crate::mapping::{Invalidator, Perm};
+use crate::mapping::{Invalidator, Perm, QueueContext};
 use crate::translate::{attach_cache_misses, DmaFault};
 use crate::wire::{AttachReq, DetachReq, MapReq, Status, UnmapReq, MAP_F_READ, MAP_F_WRITE};
 
@@ -54,6 +54,17 @@ fn map_in(domain: u32, iova: u64, gpa: u64) -> MapReq {
     }
 }
 
+/// Attaches endpoint [`EP`] to `domain`, which must succeed.
+fn attach(dev: &IommuDevice, w: &mut QueueContext, domain: u32) {
+    let req = AttachReq {
+        domain,
+        endpoint: EP,
+        flags: 0,
+        reserved: [0; 4],
+    };
+    assert_eq!(dev.attach(w, &req), Status::Ok);
+}
+
 #[test]
 fn translate_takes_no_lock() {
     let dev = Arc::new(IommuDevice::new(IommuConfig::default()).expect("device"));
@@ -62,13 +73,7 @@ fn translate_takes_no_lock() {
     let inv = Arc::new(Counting::default());
     dev.add_invalidator(Arc::clone(&inv) as Arc<dyn Invalidator>);
     let mut w = dev.new_worker();
-    let attach = AttachReq {
-        domain: DOMAIN,
-        endpoint: EP,
-        flags: 0,
-        reserved: [0; 4],
-    };
-    assert_eq!(dev.attach(&mut w, &attach), Status::Ok);
+    attach(&dev, &mut w, DOMAIN);
     assert_eq!(dev.map(&mut w, &map_req(0x10000, 0x20_0000)), Status::Ok);
     assert_eq!(dev.map(&mut w, &map_req(0x20000, 0x30_0000)), Status::Ok);
     dev.complete_kick(&mut w);
@@ -150,16 +155,7 @@ fn a_cached_attachment_follows_detach_and_reattach() {
     dev.add_endpoint(EP).expect("endpoint");
     dev.ack_features(dev.device_features());
     let mut w = dev.new_worker();
-    let attach = |w: &mut _, domain| {
-        let req = AttachReq {
-            domain,
-            endpoint: EP,
-            flags: 0,
-            reserved: [0; 4],
-        };
-        assert_eq!(dev.attach(w, &req), Status::Ok);
-    };
-    attach(&mut w, DOMAIN);
+    attach(&dev, &mut w, DOMAIN);
     assert_eq!(
         dev.map(&mut w, &map_in(DOMAIN, 0x10000, 0x20_0000)),
         Status::Ok
@@ -210,7 +206,7 @@ fn a_cached_attachment_follows_detach_and_reattach() {
     ));
 
     // ATTACH to another domain, with another mapping at the same address.
-    attach(&mut w, 2);
+    attach(&dev, &mut w, 2);
     assert_eq!(dev.map(&mut w, &map_in(2, 0x10000, 0x50_0000)), Status::Ok);
     dev.complete_kick(&mut w);
     assert_eq!(access(1), (Some(Ok(0x50_0008)), 1));
@@ -218,11 +214,11 @@ fn a_cached_attachment_follows_detach_and_reattach() {
 
     // Re-attach without a DETACH, then back to a domain of the first id
     // (a new, empty domain: its old mapping must not come back).
-    attach(&mut w, 3);
+    attach(&dev, &mut w, 3);
     assert_eq!(dev.map(&mut w, &map_in(3, 0x10000, 0x60_0000)), Status::Ok);
     dev.complete_kick(&mut w);
     assert_eq!(access(1), (Some(Ok(0x60_0008)), 1));
-    attach(&mut w, DOMAIN);
+    attach(&dev, &mut w, DOMAIN);
     dev.complete_kick(&mut w);
     let (r, misses) = access(1);
     assert!(
@@ -245,16 +241,7 @@ fn an_access_in_progress_keeps_its_cached_domain() {
     dev.add_endpoint(EP).expect("endpoint");
     dev.ack_features(dev.device_features());
     let mut w = dev.new_worker();
-    let attach = |w: &mut _, domain| {
-        let req = AttachReq {
-            domain,
-            endpoint: EP,
-            flags: 0,
-            reserved: [0; 4],
-        };
-        assert_eq!(dev.attach(w, &req), Status::Ok);
-    };
-    attach(&mut w, DOMAIN);
+    attach(&dev, &mut w, DOMAIN);
     // Two pages, not physically adjacent: an access over both has two runs.
     assert_eq!(
         dev.map(&mut w, &map_in(DOMAIN, 0x10000, 0x20_0000)),
@@ -277,7 +264,7 @@ fn an_access_in_progress_keeps_its_cached_domain() {
     assert_eq!(runs.next().map(|r| r.map(|r| r.gpa)), Some(Ok(0x20_0800)));
     // Re-attached elsewhere (the old domain loses its last endpoint), and
     // another access of this thread meanwhile: it sees the new domain.
-    attach(&mut w, 2);
+    attach(&dev, &mut w, 2);
     assert_eq!(dev.map(&mut w, &map_in(2, 0x10000, 0x50_0000)), Status::Ok);
     dev.complete_kick(&mut w);
     assert_eq!(

@@ -51,6 +51,19 @@ fn setup() -> (Arc<Depot>, ScalableSpace, QueueContext) {
     (depot, space, w)
 }
 
+/// Maps one page at `base` to 4 GiB, translates it once so that the walk
+/// leaves its hint, and returns the leaf node the hint names.
+fn hinted_page(space: &ScalableSpace, w: &mut QueueContext, base: u64) -> u64 {
+    space
+        .map(w, base, base + PAGE - 1, 1 << 32, Perm::RW)
+        .unwrap();
+    w.flush(&[]);
+    space.translate(base, Perm::READ).unwrap();
+    let node = leaf_node(space, base).unwrap();
+    assert_eq!(hint(space, base), node);
+    node
+}
+
 /// Regions 0 and 64 share a hint slot. A translation in region 0 leaves a
 /// hint to its leaf node; the node is emptied (and may retire), and region 64
 /// gets a leaf node with a mapping at the same slot of the node. A hint
@@ -183,13 +196,7 @@ fn a_multi_page_mapping_is_folded_through_the_hint() {
 fn a_pending_map_claim_is_not_answered_through_the_hint() {
     let (_depot, space, mut w) = setup();
     let base = 5 * REGION;
-    space
-        .map(&mut w, base, base + PAGE - 1, 1 << 32, Perm::RW)
-        .unwrap();
-    w.flush(&[]);
-    space.translate(base, Perm::READ).unwrap();
-    let node = leaf_node(&space, base).unwrap();
-    assert_eq!(hint(&space, base), node);
+    let node = hinted_page(&space, &mut w, base);
     let claimed = base + 7 * PAGE;
     let n = space.table.node(node);
     let slot = &n.entries[index(claimed, 0)];
@@ -213,13 +220,7 @@ fn a_pending_map_claim_is_not_answered_through_the_hint() {
 fn an_entry_read_before_the_node_moved_is_not_answered() {
     let (_depot, space, mut w) = setup();
     let base = 6 * REGION;
-    space
-        .map(&mut w, base, base + PAGE - 1, 1 << 32, Perm::RW)
-        .unwrap();
-    w.flush(&[]);
-    space.translate(base, Perm::READ).unwrap();
-    let node = leaf_node(&space, base).unwrap();
-    assert_eq!(hint(&space, base), node);
+    let node = hinted_page(&space, &mut w, base);
     let n: &'static Node = {
         let n = space.table.node(node);
         // SAFETY: the node lives as long as the depot, which outlives
