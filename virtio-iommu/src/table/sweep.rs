@@ -52,6 +52,56 @@ fn word_mask(wi: usize, first: usize, last: usize) -> u64 {
     (u64::MAX >> (63 - hi)) & (u64::MAX << lo)
 }
 
+/// The slots of `n` in `first..=last` whose occupancy bit is set, in
+/// order; each occupancy word is loaded once, when the walk reaches it.
+/// WHY one iterator: the generic sweep and its leaf loop walk the bits
+/// alike. Its state is the loops' own (word index, its remaining bits),
+/// so inlined it keeps them in registers as the loops written out did.
+struct Marked<'a> {
+    n: &'a Node,
+    first: usize,
+    last: usize,
+    /// The word `bits` came from.
+    wi: usize,
+    /// Its marked slots not yet returned.
+    bits: u64,
+}
+
+fn marked(n: &Node, first: usize, last: usize) -> Marked<'_> {
+    let wi = first / 64;
+    // An empty range (`first > last` across words) loads nothing.
+    let bits = match n.occupied.get(wi) {
+        Some(w) if wi <= last / 64 => w.load(SeqCst) & word_mask(wi, first, last),
+        _ => 0,
+    };
+    Marked {
+        n,
+        first,
+        last,
+        wi,
+        bits,
+    }
+}
+
+impl Iterator for Marked<'_> {
+    type Item = usize;
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<usize> {
+        while self.bits == 0 {
+            if self.wi >= self.last / 64 {
+                return None;
+            }
+            self.wi += 1;
+            let word = self.n.occupied.get(self.wi)?;
+            self.bits = word.load(SeqCst) & word_mask(self.wi, self.first, self.last);
+        }
+        let i = self.wi * 64 + self.bits.trailing_zeros() as usize;
+        self.bits &= self.bits - 1;
+        Some(i)
+    }
+}
+
 /// Removes the marked one-entry mappings of `n` (at `level`, based at
 /// `base`) inside `lo..=hi`, descending into marked children.
 #[allow(clippy::too_many_arguments)]
@@ -72,70 +122,62 @@ fn remove_marked(
     let (first, last) = (index(lo, level), index(hi, level));
     let mut removed = 0u64;
     let mut result = Ok(());
-    'words: for wi in first / 64..=last / 64 {
-        let Some(word) = n.occupied.get(wi) else {
+    for i in marked(n, first, last) {
+        w.state.table.visited_slots += 1;
+        let Some(slot) = n.entries.get(i) else {
+            result = Err(GiveUp);
             break;
         };
-        let mut bits = word.load(SeqCst) & word_mask(wi, first, last);
-        while bits != 0 {
-            let i = wi * 64 + bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            w.state.table.visited_slots += 1;
-            let Some(slot) = n.entries.get(i) else {
-                result = Err(GiveUp);
-                break 'words;
-            };
-            let s_base = base + i as u64 * sz;
-            let s_last = s_base + (sz - 1);
-            let e = slot.load(Acquire);
-            if e == 0 {
-                // A mark left by an earlier removal: dropped here, where
-                // it is found, so removals themselves never pay for it.
-                n.unmark(i);
-                continue;
-            }
-            if entry::is_dir(e) {
-                if e & LOCKED != 0 || level == 0 {
-                    result = Err(GiveUp);
-                    break 'words;
-                }
-                let child = t.node(entry::addr(e));
-                if !t.pin(child, e, node::tag(s_base, level - 1)) {
-                    result = Err(GiveUp);
-                    break 'words;
-                }
-                w.state.table.pins.push(Pin {
-                    node: entry::addr(e),
-                    iova: s_base,
-                    level: level - 1,
-                });
-                let (sub_lo, sub_hi) = (lo.max(s_base), hi.min(s_last));
-                result = remove_marked(t, w, child, level - 1, s_base, sub_lo, sub_hi, tally);
-                if result.is_err() {
-                    break 'words;
-                }
-                continue;
-            }
-            let whole = e & (HEAD | TAIL) == HEAD | TAIL && lo <= s_base && s_last <= hi;
-            if !entry::is_valid(e) || entry::is_transient(e) || !whole {
-                result = Err(GiveUp);
-                break 'words;
-            }
-            if slot.compare_exchange(e, 0, AcqRel, Acquire).is_err() {
-                result = Err(GiveUp);
-                break 'words;
-            }
-            removed += 1;
-            if tally.mappings < MAX_RECORDS {
-                w.batch.record(t.domain, s_base, s_last);
-            }
-            if tally.mappings == 0 {
-                tally.first = s_base;
-            }
-            tally.mappings += 1;
-            tally.bytes += sz;
-            tally.end = s_last;
+        let s_base = base + i as u64 * sz;
+        let s_last = s_base + (sz - 1);
+        let e = slot.load(Acquire);
+        if e == 0 {
+            // A mark left by an earlier removal: dropped here, where
+            // it is found, so removals themselves never pay for it.
+            n.unmark(i);
+            continue;
         }
+        if entry::is_dir(e) {
+            if e & LOCKED != 0 || level == 0 {
+                result = Err(GiveUp);
+                break;
+            }
+            let child = t.node(entry::addr(e));
+            if !t.pin(child, e, node::tag(s_base, level - 1)) {
+                result = Err(GiveUp);
+                break;
+            }
+            w.state.table.pins.push(Pin {
+                node: entry::addr(e),
+                iova: s_base,
+                level: level - 1,
+            });
+            let (sub_lo, sub_hi) = (lo.max(s_base), hi.min(s_last));
+            result = remove_marked(t, w, child, level - 1, s_base, sub_lo, sub_hi, tally);
+            if result.is_err() {
+                break;
+            }
+            continue;
+        }
+        let whole = e & (HEAD | TAIL) == HEAD | TAIL && lo <= s_base && s_last <= hi;
+        if !entry::is_valid(e) || entry::is_transient(e) || !whole {
+            result = Err(GiveUp);
+            break;
+        }
+        if slot.compare_exchange(e, 0, AcqRel, Acquire).is_err() {
+            result = Err(GiveUp);
+            break;
+        }
+        removed += 1;
+        if tally.mappings < MAX_RECORDS {
+            w.batch.record(t.domain, s_base, s_last);
+        }
+        if tally.mappings == 0 {
+            tally.first = s_base;
+        }
+        tally.mappings += 1;
+        tally.bytes += sz;
+        tally.end = s_last;
     }
     if removed > 0 && level < ROOT_LEVEL {
         // Never reaches zero here: the sweep's pin is still counted.
@@ -179,43 +221,35 @@ fn remove_leaf(
     let mut visited = 0u64;
     let mut last_removed = None;
     let mut result = Ok(());
-    'words: for wi in first / 64..=last / 64 {
-        let Some(word) = n.occupied.get(wi) else {
+    for i in marked(n, first, last) {
+        visited += 1;
+        let Some(slot) = n.entries.get(i) else {
+            result = Err(GiveUp);
             break;
         };
-        let mut bits = word.load(SeqCst) & word_mask(wi, first, last);
-        while bits != 0 {
-            let i = wi * 64 + bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            visited += 1;
-            let Some(slot) = n.entries.get(i) else {
-                result = Err(GiveUp);
-                break 'words;
-            };
-            let e = slot.load(Acquire);
-            if e == 0 {
-                // As in `remove_marked`: a stale mark, dropped where found.
-                n.unmark(i);
-                continue;
-            }
-            // Visible, whole (head and tail: one page), held by no other
-            // operation, not a directory (corrupt at this level): else the
-            // range walk decides.
-            if e & (VALID | DIR | HEAD | TAIL | PENDING | LOCKED) != VALID | HEAD | TAIL {
-                result = Err(GiveUp);
-                break 'words;
-            }
-            if slot.compare_exchange(e, 0, AcqRel, Acquire).is_err() {
-                result = Err(GiveUp);
-                break 'words;
-            }
-            if removed < records_left {
-                let s_base = base + i as u64 * sz;
-                record_first(t, w, tally, removed, s_base, s_base + (sz - 1));
-            }
-            removed += 1;
-            last_removed = Some(i);
+        let e = slot.load(Acquire);
+        if e == 0 {
+            // As in `remove_marked`: a stale mark, dropped where found.
+            n.unmark(i);
+            continue;
         }
+        // Visible, whole (head and tail: one page), held by no other
+        // operation, not a directory (corrupt at this level): else the
+        // range walk decides.
+        if e & (VALID | DIR | HEAD | TAIL | PENDING | LOCKED) != VALID | HEAD | TAIL {
+            result = Err(GiveUp);
+            break;
+        }
+        if slot.compare_exchange(e, 0, AcqRel, Acquire).is_err() {
+            result = Err(GiveUp);
+            break;
+        }
+        if removed < records_left {
+            let s_base = base + i as u64 * sz;
+            record_first(t, w, tally, removed, s_base, s_base + (sz - 1));
+        }
+        removed += 1;
+        last_removed = Some(i);
     }
     w.state.table.visited_slots += visited;
     if let Some(i) = last_removed {
