@@ -463,7 +463,20 @@ void vvi_release_each(struct vvi_ep *ep, struct vvi_fq_ent *e,
 u64 vvi_map_at(struct vvi_ep *ep, unsigned long pfn, phys_addr_t phys,
 	       size_t size, u32 prot);
 void vvi_unmap_iova(struct vvi_ep *ep, u64 dma, size_t size, bool strict);
-bool vvi_hits_resv(struct vvi_ep *ep, u64 start, u64 last);
+
+/*
+ * Whether [start, last] meets a reserved region of the endpoint or the
+ * MSI window. Inline: identity asks it on every map.
+ */
+static inline bool vvi_hits_resv(struct vvi_ep *ep, u64 start, u64 last)
+{
+	int i;
+
+	for (i = 0; i < ep->nresv; i++)
+		if (start <= ep->resv[i].end && last >= ep->resv[i].start)
+			return true;
+	return start <= VVI_MSI_END && last >= VVI_MSI_START;
+}
 extern const struct vvi_policy_ops vvi_global_ops;
 int vvi_iova_init(void);
 void vvi_iova_exit(void);

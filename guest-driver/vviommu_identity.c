@@ -121,13 +121,45 @@ static void vvi_identity_put(struct vvi_ep *ep, int reg, unsigned long lo,
 			     unsigned long hi, bool strict);
 
 /*
+ * The common map: a page already mapped (or PENDING, its UNMAP queued)
+ * gets one more reference with one cmpxchg and nothing else. False sends
+ * the caller to the general path (unmapped, BUSY, count at its limit).
+ */
+static bool vvi_identity_ref_mapped(atomic_t *st)
+{
+	int v = atomic_read(st);
+
+	while (v && !(v & VVI_ID_BUSY) &&
+	       (v & VVI_ID_CNT_MASK) != VVI_ID_CNT_MASK)
+		if (atomic_try_cmpxchg(st, &v, v + 1))
+			return true;
+	return false;
+}
+
+/*
+ * The common unmap: a reference that is not the last, or the last of a
+ * page whose UNMAP is already queued, drops with one cmpxchg. False sends
+ * the caller to the general path (the last reference, BUSY).
+ */
+static bool vvi_identity_unref_kept(atomic_t *st)
+{
+	int v = atomic_read(st);
+
+	while (!(v & VVI_ID_BUSY) && (v & VVI_ID_CNT_MASK) &&
+	       ((v & VVI_ID_CNT_MASK) > 1 || (v & VVI_ID_PENDING)))
+		if (atomic_try_cmpxchg(st, &v, v - 1))
+			return true;
+	return false;
+}
+
+/*
  * Take a reference on every page of [phys, phys + size) in region @reg;
  * pages going from 0 to 1 reference get mapped (one kick for all).
  * Pages are taken in ascending order, so two mappers never wait on each
  * other in a cycle. Returns false if the caller must use the fallback.
  */
-static bool vvi_identity_get(struct vvi_ep *ep, phys_addr_t phys,
-			     size_t size, int reg, u32 prot, int *err)
+static noinline bool vvi_identity_get(struct vvi_ep *ep, phys_addr_t phys,
+				      size_t size, int reg, u32 prot, int *err)
 {
 	unsigned long lo = PHYS_PFN(phys), hi = PHYS_PFN(phys + size - 1);
 	unsigned long need[VVI_ID_MAX_PAGES], pfn, flags = 0;
@@ -199,8 +231,9 @@ undo:
 	return false;
 }
 
-static void vvi_identity_put(struct vvi_ep *ep, int reg, unsigned long lo,
-			     unsigned long hi, bool strict)
+static noinline void vvi_identity_put(struct vvi_ep *ep, int reg,
+				      unsigned long lo, unsigned long hi,
+				      bool strict)
 {
 	unsigned long drop[VVI_ID_MAX_PAGES], pfn, flags = 0;
 	u64 bits = vvi_region_bits(ep->vd, reg);
@@ -264,33 +297,50 @@ static int vvi_prot_region(u32 prot)
 	return VVI_REG_RW;
 }
 
+/*
+ * The pages of a buffer in one page, the common DMA: its page already
+ * mapped, it costs the one cmpxchg of vvi_identity_ref_mapped() and no
+ * call to the general path, whose stack frame is most of the rest.
+ */
 static u64 vvi_identity_map(struct vvi_ep *ep, phys_addr_t phys, size_t size,
 			    u32 prot, u64 mask)
 {
-	unsigned long n = PFN_UP(offset_in_page(phys) + size);
+	unsigned long pfn = PHYS_PFN(phys);
 	int reg = vvi_prot_region(prot), err;
 	u64 dma = phys | vvi_region_bits(ep->vd, reg);
 
 	if (dma + size - 1 <= min(mask, ep->limit) &&
-	    !vvi_hits_resv(ep, dma, dma + size - 1) &&
-	    vvi_identity_get(ep, phys, size, reg, prot, &err))
-		return dma;
+	    !vvi_hits_resv(ep, dma, dma + size - 1)) {
+		if (PHYS_PFN(phys + size - 1) == pfn && pfn < ep->id_npfn &&
+		    vvi_identity_ref_mapped(vvi_idst(ep, reg, pfn)))
+			return dma;
+		if (vvi_identity_get(ep, phys, size, reg, prot, &err))
+			return dma;
+	}
 	vvi_inc(ep, VVI_ST_FALLBACKS);
-	return vvi_map_at(ep, vvi_global_alloc(ep, n, mask), phys, size, prot);
+	return vvi_map_at(ep, vvi_global_alloc(ep, PFN_UP(offset_in_page(phys) +
+							  size), mask),
+			  phys, size, prot);
 }
 
 static void vvi_identity_unmap(struct vvi_ep *ep, u64 dma, size_t size,
 			       bool strict)
 {
+	unsigned long lo, hi;
 	u64 phys;
+	int reg;
 
 	if (!vvi_is_identity_iova(ep, dma)) {
 		vvi_unmap_iova(ep, dma, size, strict);
 		return;
 	}
 	phys = dma & ~(ep->vd->rbit | ep->vd->wbit);
-	vvi_identity_put(ep, vvi_iova_region(ep->vd, dma), PHYS_PFN(phys),
-			 PHYS_PFN(phys + size - 1), strict);
+	reg = vvi_iova_region(ep->vd, dma);
+	lo = PHYS_PFN(phys);
+	hi = PHYS_PFN(phys + size - 1);
+	if (lo == hi && vvi_identity_unref_kept(vvi_idst(ep, reg, lo)))
+		return;
+	vvi_identity_put(ep, reg, lo, hi, strict);
 }
 
 /* the rbtree serves the fallbacks only, from the fallback base up */

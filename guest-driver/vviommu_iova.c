@@ -65,16 +65,6 @@ void vvi_release_each(struct vvi_ep *ep, struct vvi_fq_ent *e,
 		vvi_pol->release(ep, e[i].iova, e[i].npages);
 }
 
-bool vvi_hits_resv(struct vvi_ep *ep, u64 start, u64 last)
-{
-	int i;
-
-	for (i = 0; i < ep->nresv; i++)
-		if (start <= ep->resv[i].end && last >= ep->resv[i].start)
-			return true;
-	return start <= VVI_MSI_END && last >= VVI_MSI_START;
-}
-
 /*
  * Map [@phys, @phys + @size) at the IOVA page @pfn an allocator gave
  * (0: it gave none).

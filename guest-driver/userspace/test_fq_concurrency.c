@@ -65,6 +65,53 @@ static const struct { int policy, inval; } cfgs[] = {
 	{ VVI_POL_GLOBAL, VVI_INV_LAZY_PERCPU },
 };
 
+/* the flush of an identity page, on CPU 1, with 20 ms of device time */
+static void *flusher(void *p)
+{
+	ut_set_cpu(1);
+	vvi_flush_all();
+	return NULL;
+}
+
+/*
+ * Identity, page-table mode: a page mapped again while the flush that
+ * took it is in flight (BUSY, its leaf cleared, the INVALIDATE running)
+ * must wait for that flush and map afresh; taking a reference on the BUSY
+ * page would hand out a mapping the flush is removing (the harness finds
+ * the fresh mapping unreachable).
+ */
+static void identity_map_during_flush(struct ut_env *e)
+{
+	u64 phys = (5ULL << 30) + 64, dma;
+	long inval0;
+	pthread_t th;
+	int i;
+
+	if (ut_env_setup(e, VVI_POL_IDENTITY, VVI_INV_LAZY_PERCPU, true)) {
+		ut_violation("setup failed");
+		return;
+	}
+	ut_set_cpu(0);
+	dma = ut_map(e, phys, 512, DMA_FROM_DEVICE);
+	ut_unmap(e, dma, phys, 512, false);	/* PENDING, queued on CPU 0 */
+	inval0 = __atomic_load_n(&ut_dev_inval_reqs, __ATOMIC_ACQUIRE);
+	ut_dev_inval_ns = 20 * 1000 * 1000;
+	pthread_create(&th, NULL, flusher, NULL);
+	/* the INVALIDATE has begun: the page is BUSY for 20 ms */
+	for (i = 0; i < 2000000 && __atomic_load_n(&ut_dev_inval_reqs,
+						   __ATOMIC_ACQUIRE) == inval0;
+	     i++)
+		sched_yield();
+	if (__atomic_load_n(&ut_dev_inval_reqs, __ATOMIC_ACQUIRE) == inval0)
+		ut_violation("identity: the flush sent no INVALIDATE");
+	dma = ut_map(e, phys, 512, DMA_FROM_DEVICE);
+	ut_unmap(e, dma, phys, 512, false);
+	pthread_join(th, NULL);
+	ut_dev_inval_ns = 0;
+	ut_set_cpu(0);
+	ut_env_teardown(e);
+}
+
 int main(void)
 {
 	long before = ut_violations;
@@ -105,6 +152,7 @@ int main(void)
 					pgt ? "pgtable" : "map");
 		}
 	}
+	identity_map_during_flush(e);
 	return ut_report("guest_allocator_native_flush_queue_concurrency",
 			 before);
 }

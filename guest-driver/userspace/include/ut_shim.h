@@ -71,6 +71,7 @@ typedef unsigned int gfp_t;
 #define ____cacheline_aligned_in_smp __attribute__((aligned(64)))
 #define __init
 #define __exit
+#define noinline __attribute__((noinline))
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
 #ifndef KBUILD_MODNAME
@@ -162,6 +163,10 @@ typedef struct { s64 counter; } atomic64_t;
 #define atomic_cmpxchg(v, o, n) ({ __typeof__((v)->counter) _o = (o); \
 	__atomic_compare_exchange_n(&(v)->counter, &_o, (n), false, \
 				    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); _o; })
+/* the kernel's: on failure *o gets the value found, as a cmpxchg loop wants */
+#define atomic_try_cmpxchg(v, o, n) \
+	__atomic_compare_exchange_n(&(v)->counter, (o), (n), false, \
+				    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)
 #define atomic64_read atomic_read
 #define atomic64_set atomic_set
 #define atomic64_set_release atomic_set_release
