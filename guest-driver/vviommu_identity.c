@@ -297,30 +297,41 @@ static int vvi_prot_region(u32 prot)
 	return VVI_REG_RW;
 }
 
+/* every map but vvi_identity_map()'s common case */
+static noinline u64 vvi_identity_map_slow(struct vvi_ep *ep, phys_addr_t phys,
+					  size_t size, u32 prot, u64 mask)
+{
+	int reg = vvi_prot_region(prot), err;
+	u64 dma = phys | vvi_region_bits(ep->vd, reg);
+
+	if (dma + size - 1 <= min(mask, ep->limit) &&
+	    !vvi_hits_resv(ep, dma, dma + size - 1) &&
+	    vvi_identity_get(ep, phys, size, reg, prot, &err))
+		return dma;
+	vvi_inc(ep, VVI_ST_FALLBACKS);
+	return vvi_map_at(ep, vvi_global_alloc(ep, PFN_UP(offset_in_page(phys) +
+							  size), mask),
+			  phys, size, prot);
+}
+
 /*
- * The pages of a buffer in one page, the common DMA: its page already
- * mapped, it costs the one cmpxchg of vvi_identity_ref_mapped() and no
- * call to the general path, whose stack frame is most of the rest.
+ * The common DMA, a buffer within one page already mapped, costs the one
+ * cmpxchg of vvi_identity_ref_mapped() and a few tests; everything else
+ * is a tail call, so this path needs no stack frame.
  */
 static u64 vvi_identity_map(struct vvi_ep *ep, phys_addr_t phys, size_t size,
 			    u32 prot, u64 mask)
 {
 	unsigned long pfn = PHYS_PFN(phys);
-	int reg = vvi_prot_region(prot), err;
+	int reg = vvi_prot_region(prot);
 	u64 dma = phys | vvi_region_bits(ep->vd, reg);
 
-	if (dma + size - 1 <= min(mask, ep->limit) &&
-	    !vvi_hits_resv(ep, dma, dma + size - 1)) {
-		if (PHYS_PFN(phys + size - 1) == pfn && pfn < ep->id_npfn &&
-		    vvi_identity_ref_mapped(vvi_idst(ep, reg, pfn)))
-			return dma;
-		if (vvi_identity_get(ep, phys, size, reg, prot, &err))
-			return dma;
-	}
-	vvi_inc(ep, VVI_ST_FALLBACKS);
-	return vvi_map_at(ep, vvi_global_alloc(ep, PFN_UP(offset_in_page(phys) +
-							  size), mask),
-			  phys, size, prot);
+	if (PHYS_PFN(phys + size - 1) == pfn && pfn < ep->id_npfn &&
+	    dma + size - 1 <= min(mask, ep->limit) &&
+	    !vvi_hits_resv(ep, dma, dma + size - 1) &&
+	    vvi_identity_ref_mapped(vvi_idst(ep, reg, pfn)))
+		return dma;
+	return vvi_identity_map_slow(ep, phys, size, prot, mask);
 }
 
 static void vvi_identity_unmap(struct vvi_ep *ep, u64 dma, size_t size,
