@@ -334,7 +334,7 @@ def measured(r, recs):
 
 
 def default_paths(repo):
-    inputs = os.path.join(repo, "docs/results/2026-11-27-projection-2")
+    inputs = os.path.join(repo, "docs/results/2026-11-27-projection-3")
     return {"alloc": os.path.join(inputs, "alloc-bench-3-runs.jsonl"),
             "host": os.path.join(inputs, "host-bench-3-runs.jsonl")}
 
