@@ -13,6 +13,32 @@
 #include <linux/string.h>
 #include "vviommu.h"
 
+/*
+ * Depot lock held, the depot empty: fill the empty loaded magazine @ld
+ * from the rbtree in one go, so that its IOVAs are adjacent. WHY: CPUs
+ * that refilled one IOVA at a time at the same moment took every other
+ * IOVA each, for good (a CPU's IOVAs come back to its own magazines); a
+ * flush then found few neighbours to merge, and in MAP mode sent an UNMAP
+ * per entry instead of one per run (the runner: 1.48 requests per DMA
+ * pair with two vCPUs, 1.01 with one; test_fq_concurrency's CPUs taking
+ * turns: 0.73 UNMAPs per pair, 0.07 now). Serialised by the depot lock,
+ * a CPU's refill is one run of the rbtree's top-down allocation; popped
+ * from the top, its lowest IOVA goes first, so a CPU's DMAs get
+ * ascending neighbours.
+ */
+static void vvi_mag_refill(struct vvi_ep *ep, unsigned int o,
+			   struct vvi_mag *ld)
+{
+	unsigned long pfn;
+
+	while (ld->n < VVI_MAG_SIZE) {
+		pfn = vvi_global_alloc(ep, 1UL << o, DMA_BIT_MASK(64));
+		if (!pfn)
+			break;
+		ld->pfn[ld->n++] = pfn;
+	}
+}
+
 /* per-CPU magazines over a depot over the global allocator */
 unsigned long vvi_mag_alloc(struct vvi_ep *ep, unsigned long n, u64 mask)
 {
@@ -41,20 +67,23 @@ unsigned long vvi_mag_alloc(struct vvi_ep *ep, unsigned long n, u64 mask)
 			d->n--;
 			memcpy(ld, &d->mags[d->n], sizeof(*ld));
 			pfn = ld->pfn[--ld->n];
-		}
-		spin_unlock(&d->lock);
-		if (pfn) {
+		} else {
+			/* counted as rbtree allocations (VVI_ST_SLOW) */
+			vvi_mag_refill(ep, o, ld);
+			if (ld->n)
+				pfn = ld->pfn[--ld->n];
+			spin_unlock(&d->lock);
 			local_irq_restore(flags);
-			vvi_inc(ep, VVI_ST_DEPOT);
 			return pfn;
 		}
-	}
-	local_irq_restore(flags);
-	if (pfn) {
-		vvi_inc(ep, VVI_ST_FAST);
+		spin_unlock(&d->lock);
+		local_irq_restore(flags);
+		vvi_inc(ep, VVI_ST_DEPOT);
 		return pfn;
 	}
-	return vvi_global_alloc(ep, 1UL << o, mask);
+	local_irq_restore(flags);
+	vvi_inc(ep, VVI_ST_FAST);
+	return pfn;
 }
 
 /*

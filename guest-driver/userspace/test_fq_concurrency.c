@@ -14,6 +14,8 @@
 #define NTHREADS 4
 #define OPS 12000
 
+static struct ut_env *turn_env;
+
 struct arg {
 	struct ut_env *e;
 	int cpu;
@@ -112,6 +114,67 @@ static void identity_map_during_flush(struct ut_env *e)
 	ut_env_teardown(e);
 }
 
+#define TURN_PAIRS 3000
+static volatile int turn;
+
+/* CPU (int)p's half of the turn-taking: one map and unmap per turn */
+static void *turn_taker(void *p)
+{
+	struct ut_env *e = turn_env;
+	int cpu = (int)(long)p, i;
+	u64 base = (1ULL + cpu) << 30;
+
+	ut_set_cpu(cpu);
+	for (i = 0; i < TURN_PAIRS; i++) {
+		u64 phys = base + ((u64)(i % 64) << PAGE_SHIFT) + 128, dma;
+
+		while (turn != cpu)
+			sched_yield();
+		dma = ut_map(e, phys, 1500, DMA_FROM_DEVICE);
+		ut_unmap(e, dma, phys, 1500, false);
+		turn = !cpu;
+	}
+	return NULL;
+}
+
+/*
+ * Magazine, lazy-percpu, MAP mode: two CPUs that take turns from the very
+ * first map refill their empty magazines at the same time. Each must
+ * still get runs of neighbouring IOVAs, which its flushes merge into few
+ * UNMAPs; refilled one IOVA at a time they took every other IOVA each
+ * and sent about one UNMAP per unmap.
+ */
+static void magazine_refills_keep_neighbours(struct ut_env *e)
+{
+	long unmaps0;
+	pthread_t th[2];
+	double per_pair;
+	int t;
+
+	if (ut_env_setup(e, VVI_POL_MAGAZINE, VVI_INV_LAZY_PERCPU, false)) {
+		ut_violation("setup failed");
+		return;
+	}
+	turn_env = e;
+	turn = 0;
+	unmaps0 = __atomic_load_n(&ut_dev_unmap_reqs, __ATOMIC_ACQUIRE);
+	for (t = 0; t < 2; t++)
+		pthread_create(&th[t], NULL, turn_taker, (void *)(long)t);
+	for (t = 0; t < 2; t++)
+		pthread_join(th[t], NULL);
+	ut_set_cpu(0);
+	vvi_flush_sync();
+	per_pair = (double)(__atomic_load_n(&ut_dev_unmap_reqs,
+					    __ATOMIC_ACQUIRE) - unmaps0) /
+		   (2 * TURN_PAIRS);
+	fprintf(stderr, "magazine, two CPUs taking turns: %.3f UNMAPs per pair\n",
+		per_pair);
+	if (per_pair > 0.25)
+		ut_violation("magazine: %.3f UNMAP requests per pair with two CPUs taking turns",
+			     per_pair);
+	ut_env_teardown(e);
+}
+
 int main(void)
 {
 	long before = ut_violations;
@@ -153,6 +216,7 @@ int main(void)
 		}
 	}
 	identity_map_during_flush(e);
+	magazine_refills_keep_neighbours(e);
 	return ut_report("guest_allocator_native_flush_queue_concurrency",
 			 before);
 }
