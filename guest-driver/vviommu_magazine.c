@@ -19,9 +19,9 @@
  * that refilled one IOVA at a time at the same moment took every other
  * IOVA each, for good (a CPU's IOVAs come back to its own magazines); a
  * flush then found few neighbours to merge, and in MAP mode sent an UNMAP
- * per entry instead of one per run (the runner: 1.48 requests per DMA
- * pair with two vCPUs, 1.01 with one; test_fq_concurrency's CPUs taking
- * turns: 0.73 UNMAPs per pair, 0.07 now). Serialised by the depot lock,
+ * per entry instead of one per run (the runner, 2 vCPUs: 1.48 requests
+ * per DMA pair before, 1.05 with this; 1.01 with one vCPU:
+ * docs/results/2026-11-27-magazine-refill). Serialised by the depot lock,
  * a CPU's refill is one run of the rbtree's top-down allocation; popped
  * from the top, its lowest IOVA goes first, so a CPU's DMAs get
  * ascending neighbours.
