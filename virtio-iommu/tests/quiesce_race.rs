@@ -34,12 +34,23 @@ use virtio_iommu::quiesce::Quiescer;
 /// Upper bounds of one run: whichever comes first.
 const ROUNDS: u64 = 400_000;
 const RUN: Duration = Duration::from_secs(4);
+/// A run goes on past [`RUN`] (up to [`RUN_MAX`]) until this many
+/// sections saw the mapping. WHY: on a loaded machine (`make test` runs
+/// the fresh-system check beside the unit tests) the two threads share a
+/// core for long stretches; one clean-clone run managed 517 rounds in 4 s
+/// in which no section saw the mapping, and so proved nothing. An idle
+/// 2-core machine sees tens of thousands in [`RUN`].
+const MIN_SAW: u64 = 1_000;
+const RUN_MAX: Duration = Duration::from_secs(60);
 
 struct Shared {
     /// The round both sides may start (the writer publishes it).
     go: AtomicU64,
     /// The last round the device thread finished.
     done: AtomicU64,
+    /// The round the device thread is spinning for: the writer starts a
+    /// round only once it is, so that both sides run at its start.
+    ready: AtomicU64,
     /// The mapping: set before a round starts, cleared by the UNMAP.
     mapped: AtomicBool,
     /// The round whose page the guest has reused (after the sync).
@@ -129,6 +140,7 @@ fn race(kind: barrier::BarrierKind, between: Between) {
     let s = Arc::new(Shared {
         go: AtomicU64::new(0),
         done: AtomicU64::new(0),
+        ready: AtomicU64::new(0),
         mapped: AtomicBool::new(false),
         reused: AtomicU64::new(0),
         saw_mapping: AtomicU64::new(0),
@@ -144,6 +156,7 @@ fn race(kind: barrier::BarrierKind, between: Between) {
                 if between == Between::Parks {
                     slot.park();
                 }
+                s.ready.store(round, Ordering::Release);
                 while s.go.load(Ordering::Acquire) < round {
                     if s.stop.load(Ordering::Acquire) {
                         return;
@@ -183,8 +196,12 @@ fn race(kind: barrier::BarrierKind, between: Between) {
     let start = Instant::now();
     let mut rounds = 0;
     for round in 1..=ROUNDS {
-        if start.elapsed() > RUN {
+        let spent = start.elapsed();
+        if spent > RUN && (s.saw_mapping.load(Ordering::Relaxed) >= MIN_SAW || spent > RUN_MAX) {
             break;
+        }
+        while s.ready.load(Ordering::Acquire) < round {
+            std::hint::spin_loop();
         }
         for l in &s.copied {
             l.0.store(round, Ordering::Relaxed);
