@@ -297,6 +297,18 @@ static int vvi_prot_region(u32 prot)
 	return VVI_REG_RW;
 }
 
+/*
+ * Whether identity may hand out [dma, dma + size): below the caller's
+ * mask and the endpoint's limit, clear of reserved regions. Always
+ * inline: a call here would give vvi_identity_map()'s hit a stack frame.
+ */
+static __always_inline bool vvi_identity_fits(struct vvi_ep *ep, u64 dma,
+					      size_t size, u64 mask)
+{
+	return dma + size - 1 <= min(mask, ep->limit) &&
+	       !vvi_hits_resv(ep, dma, dma + size - 1);
+}
+
 /* every map but vvi_identity_map()'s common case */
 static noinline u64 vvi_identity_map_slow(struct vvi_ep *ep, phys_addr_t phys,
 					  size_t size, u32 prot, u64 mask)
@@ -304,8 +316,7 @@ static noinline u64 vvi_identity_map_slow(struct vvi_ep *ep, phys_addr_t phys,
 	int reg = vvi_prot_region(prot), err;
 	u64 dma = phys | vvi_region_bits(ep->vd, reg);
 
-	if (dma + size - 1 <= min(mask, ep->limit) &&
-	    !vvi_hits_resv(ep, dma, dma + size - 1) &&
+	if (vvi_identity_fits(ep, dma, size, mask) &&
 	    vvi_identity_get(ep, phys, size, reg, prot, &err))
 		return dma;
 	vvi_inc(ep, VVI_ST_FALLBACKS);
@@ -327,8 +338,7 @@ static u64 vvi_identity_map(struct vvi_ep *ep, phys_addr_t phys, size_t size,
 	u64 dma = phys | vvi_region_bits(ep->vd, reg);
 
 	if (PHYS_PFN(phys + size - 1) == pfn && pfn < ep->id_npfn &&
-	    dma + size - 1 <= min(mask, ep->limit) &&
-	    !vvi_hits_resv(ep, dma, dma + size - 1) &&
+	    vvi_identity_fits(ep, dma, size, mask) &&
 	    vvi_identity_ref_mapped(vvi_idst(ep, reg, pfn)))
 		return dma;
 	return vvi_identity_map_slow(ep, phys, size, prot, mask);

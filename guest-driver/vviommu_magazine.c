@@ -47,6 +47,7 @@ unsigned long vvi_mag_alloc(struct vvi_ep *ep, unsigned long n, u64 mask)
 	struct vvi_mag *ld, *pv;
 	struct vvi_depot *d;
 	unsigned long flags, pfn = 0;
+	bool from_depot;
 
 	if (o >= VVI_MAG_ORDERS || min(ep->limit, mask) != ep->limit)
 		return vvi_global_alloc(ep, n, mask);
@@ -63,22 +64,17 @@ unsigned long vvi_mag_alloc(struct vvi_ep *ep, unsigned long n, u64 mask)
 	} else {
 		d = &ep->depot[o];
 		spin_lock(&d->lock);
-		if (d->n) {
-			d->n--;
-			memcpy(ld, &d->mags[d->n], sizeof(*ld));
-			pfn = ld->pfn[--ld->n];
-		} else {
-			/* counted as rbtree allocations (VVI_ST_SLOW) */
+		from_depot = d->n;
+		if (from_depot)
+			memcpy(ld, &d->mags[--d->n], sizeof(*ld));
+		else	/* counted as rbtree allocations (VVI_ST_SLOW) */
 			vvi_mag_refill(ep, o, ld);
-			if (ld->n)
-				pfn = ld->pfn[--ld->n];
-			spin_unlock(&d->lock);
-			local_irq_restore(flags);
-			return pfn;
-		}
+		if (ld->n)
+			pfn = ld->pfn[--ld->n];
 		spin_unlock(&d->lock);
 		local_irq_restore(flags);
-		vvi_inc(ep, VVI_ST_DEPOT);
+		if (from_depot)
+			vvi_inc(ep, VVI_ST_DEPOT);
 		return pfn;
 	}
 	local_irq_restore(flags);

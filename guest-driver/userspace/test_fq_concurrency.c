@@ -14,8 +14,6 @@
 #define NTHREADS 4
 #define OPS 12000
 
-static struct ut_env *turn_env;
-
 struct arg {
 	struct ut_env *e;
 	int cpu;
@@ -117,11 +115,12 @@ static void identity_map_during_flush(struct ut_env *e)
 #define TURN_PAIRS 3000
 static volatile int turn;
 
-/* CPU (int)p's half of the turn-taking: one map and unmap per turn */
+/* a CPU's half of the turn-taking: one map and unmap per turn */
 static void *turn_taker(void *p)
 {
-	struct ut_env *e = turn_env;
-	int cpu = (int)(long)p, i;
+	struct arg *a = p;
+	struct ut_env *e = a->e;
+	int cpu = a->cpu, i;
 	u64 base = (1ULL + cpu) << 30;
 
 	ut_set_cpu(cpu);
@@ -149,6 +148,7 @@ static void *turn_taker(void *p)
 static void magazine_refills_keep_neighbours(struct ut_env *e)
 {
 	unsigned int timeout = vvi_fq_timeout_ms;
+	struct arg args[2];
 	long unmaps0;
 	pthread_t th[2];
 	double per_pair;
@@ -160,11 +160,13 @@ static void magazine_refills_keep_neighbours(struct ut_env *e)
 		ut_violation("setup failed");
 		return;
 	}
-	turn_env = e;
 	turn = 0;
 	unmaps0 = __atomic_load_n(&ut_dev_unmap_reqs, __ATOMIC_ACQUIRE);
-	for (t = 0; t < 2; t++)
-		pthread_create(&th[t], NULL, turn_taker, (void *)(long)t);
+	for (t = 0; t < 2; t++) {
+		args[t].e = e;
+		args[t].cpu = t;
+		pthread_create(&th[t], NULL, turn_taker, &args[t]);
+	}
 	for (t = 0; t < 2; t++)
 		pthread_join(th[t], NULL);
 	ut_set_cpu(0);
